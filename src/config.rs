@@ -1,0 +1,663 @@
+//! Typed configuration: embedded defaults, then a TOML file, then `HOOKRELAY_*` environment
+//! variables, then [`Config::validate`] for the rules that span fields.
+//!
+//! Every setting `key` of section `[section]` can be overridden by `HOOKRELAY_<SECTION>_<KEY>`;
+//! the top-level `ladder` and `subscriptions` paths by `HOOKRELAY_LADDER` and
+//! `HOOKRELAY_SUBSCRIPTIONS`; `HOOKRELAY_CONFIG` names the file. The environment is read through
+//! [`Env`] so tests pass a map instead of mutating the process environment.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Variables with a meaning of their own rather than `<SECTION>_<KEY>`.
+const CONFIG_VAR: &str = "HOOKRELAY_CONFIG";
+const ENV_PREFIX: &str = "HOOKRELAY_";
+
+/// What went wrong while loading or validating configuration. Every variant names its source.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("invalid setting {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+/// Where settings come from besides files. `ProcessEnv` in production, a map in tests.
+pub trait Env: Send + Sync {
+    fn var(&self, name: &str) -> Option<String>;
+    /// Every variable name starting with `HOOKRELAY_`.
+    fn hookrelay_names(&self) -> Vec<String>;
+}
+
+/// The real process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+    fn hookrelay_names(&self) -> Vec<String> {
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| k.starts_with(ENV_PREFIX))
+            .collect()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+    fn hookrelay_names(&self) -> Vec<String> {
+        self.keys()
+            .filter(|k| k.starts_with(ENV_PREFIX))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A URL that may carry credentials: `Debug` and `Display` never show the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+    /// The full URL, credentials included. Only for handing to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The URL with no user information at all, for showing as a link.
+    pub fn without_credentials(&self) -> String {
+        match (self.0.find("://"), self.0.rfind('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
+                format!("{}{}", &self.0[..scheme_end + 3], &self.0[at + 1..])
+            }
+            _ => self.0.clone(),
+        }
+    }
+
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        match (self.0.find("://"), self.0.rfind('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
+                let userinfo = &self.0[scheme_end + 3..at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{}{user}:***{}", &self.0[..scheme_end + 3], &self.0[at..])
+            }
+            _ => self.0.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// The whole configuration of one hookrelay process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The ladder file (`HOOKRELAY_LADDER`).
+    pub ladder: PathBuf,
+    /// The subscriptions file (`HOOKRELAY_SUBSCRIPTIONS`).
+    pub subscriptions: PathBuf,
+    pub amqp: AmqpConfig,
+    pub management: ManagementConfig,
+    pub broker: BrokerConfig,
+    pub worker: WorkerConfig,
+    pub http: HttpConfig,
+    pub limits: LimitsConfig,
+    pub secrets: SecretsConfig,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            ladder: PathBuf::from("topology/ladder.toml"),
+            subscriptions: PathBuf::from("subscriptions.toml"),
+            amqp: AmqpConfig::default(),
+            management: ManagementConfig::default(),
+            broker: BrokerConfig::default(),
+            worker: WorkerConfig::default(),
+            http: HttpConfig::default(),
+            limits: LimitsConfig::default(),
+            secrets: SecretsConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// `HOOKRELAY_AMQP_URL`. The vhost is the URL's path (`%2f` is `/`).
+    pub url: SecretUrl,
+    /// How long a republish may wait for the broker's confirm before the original is nacked.
+    #[serde(with = "humantime_serde")]
+    pub confirm_timeout: Duration,
+    /// First pause before reconnecting after the broker connection drops; doubles up to `reconnect_max`.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::new("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            confirm_timeout: Duration::from_secs(5),
+            reconnect_min: Duration::from_millis(200),
+            reconnect_max: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagementConfig {
+    /// `HOOKRELAY_MANAGEMENT_URL`: the RabbitMQ management HTTP API, credentials in the URL.
+    pub url: SecretUrl,
+}
+
+impl Default for ManagementConfig {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::new("http://guest:guest@127.0.0.1:15672"),
+        }
+    }
+}
+
+/// Facts about the broker that hookrelay relies on but cannot ask for over AMQP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// The broker's `consumer_timeout` (set in `rabbitmq/rabbitmq.conf`). A delivery held longer
+    /// than this closes the worker's channel, so the attempt budget must stay well below it.
+    #[serde(with = "humantime_serde")]
+    pub consumer_timeout: Duration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            consumer_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Prefetch (the in-flight bound) of the first-attempt lane's channel.
+    pub prefetch_first: u16,
+    /// Prefetch of the retry lane's channel.
+    pub prefetch_retry: u16,
+    /// Margin kept between the attempt budget and the broker's `consumer_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub lease_slack: Duration,
+    /// On SIGTERM, how long in-flight attempts may take to finish before the worker exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Pause before a delivery whose republish failed is returned to its lane, so a missing
+    /// tier or a blocked broker does not turn into a hot requeue loop.
+    #[serde(with = "humantime_serde")]
+    pub requeue_delay: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            prefetch_first: 200,
+            prefetch_retry: 100,
+            lease_slack: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+            requeue_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// The whole request, response body included.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// At most this much of a response body is read; the rest is dropped.
+    pub max_response_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            max_response_bytes: 64 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The largest body an envelope may carry.
+    pub max_body_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 256 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// How long a resolved secret reference is reused before it is read again. Rotation takes
+    /// effect on the first attempt after this much time.
+    #[serde(with = "humantime_serde")]
+    pub refresh: Duration,
+}
+
+impl Default for SecretsConfig {
+    fn default() -> Self {
+        Self {
+            refresh: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter such as `info` or `hookrelay=debug,lapin=warn`; `RUST_LOG` wins when set.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, then the file named by `file` or `HOOKRELAY_CONFIG` (if any), then the
+    /// environment, then validation.
+    pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::try_from(Config::default()).map_err(|e| {
+            ConfigError::invalid("defaults", format!("cannot serialise defaults: {e}"))
+        })?;
+        let file = file
+            .map(Path::to_path_buf)
+            .or_else(|| env.var(CONFIG_VAR).map(PathBuf::from));
+        if let Some(path) = &file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let overlay: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            merge(&mut table, overlay);
+        }
+        apply_env(&mut table, env)?;
+        let config: Config =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: file.unwrap_or_else(|| PathBuf::from("(defaults and environment)")),
+                    message: e.to_string(),
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rules that span fields. Called by [`Config::load`]; call it again after editing a config
+    /// in code.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.amqp
+            .url
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| ConfigError::invalid("amqp.url", format!("not an AMQP URI: {e}")))?;
+        reqwest::Url::parse(self.management.url.expose()).map_err(|e| {
+            ConfigError::invalid("management.url", format!("not an http(s) URL: {e}"))
+        })?;
+        for (field, value) in [
+            ("amqp.confirm_timeout", self.amqp.confirm_timeout),
+            ("amqp.reconnect_min", self.amqp.reconnect_min),
+            ("http.connect_timeout", self.http.connect_timeout),
+            ("http.request_timeout", self.http.request_timeout),
+            ("broker.consumer_timeout", self.broker.consumer_timeout),
+            ("worker.shutdown_grace", self.worker.shutdown_grace),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::invalid(field, "must be longer than zero"));
+            }
+        }
+        if self.amqp.reconnect_max < self.amqp.reconnect_min {
+            return Err(ConfigError::invalid(
+                "amqp.reconnect_max",
+                "must not be shorter than amqp.reconnect_min",
+            ));
+        }
+        if self.worker.prefetch_first == 0 || self.worker.prefetch_retry == 0 {
+            return Err(ConfigError::invalid(
+                "worker.prefetch_first/prefetch_retry",
+                "must be at least 1 (0 would mean unlimited in-flight deliveries)",
+            ));
+        }
+        if self.limits.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "limits.max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        let lease = self.lease_window();
+        if lease >= self.broker.consumer_timeout {
+            return Err(ConfigError::invalid(
+                "broker.consumer_timeout",
+                format!(
+                    "the attempt budget (connect {} + request {} + confirm {} + slack {} = {}) \
+                     must stay below the broker's consumer_timeout ({}); raise consumer_timeout \
+                     in rabbitmq.conf or lower the timeouts",
+                    fmt_duration(self.http.connect_timeout),
+                    fmt_duration(self.http.request_timeout),
+                    fmt_duration(self.amqp.confirm_timeout),
+                    fmt_duration(self.worker.lease_slack),
+                    fmt_duration(lease),
+                    fmt_duration(self.broker.consumer_timeout),
+                ),
+            ));
+        }
+        if self.worker.shutdown_grace <= self.attempt_budget() {
+            return Err(ConfigError::invalid(
+                "worker.shutdown_grace",
+                format!(
+                    "must be longer than one attempt (connect + request + confirm = {}) so a \
+                     drain can finish what is in flight",
+                    fmt_duration(self.attempt_budget())
+                ),
+            ));
+        }
+        match self.log.format.as_str() {
+            "text" | "json" => {}
+            other => {
+                return Err(ConfigError::invalid(
+                    "log.format",
+                    format!("expected \"text\" or \"json\", found {other:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The longest one delivery can legitimately be held: the HTTP attempt plus the confirm of
+    /// its republish.
+    pub fn attempt_budget(&self) -> Duration {
+        self.http.connect_timeout + self.http.request_timeout + self.amqp.confirm_timeout
+    }
+
+    /// The attempt budget plus slack: what the broker's `consumer_timeout` must exceed.
+    pub fn lease_window(&self) -> Duration {
+        self.attempt_budget() + self.worker.lease_slack
+    }
+
+    /// Every environment variable that overrides a setting, in `section.key` order.
+    pub fn env_names() -> Vec<String> {
+        let mut names = vec![CONFIG_VAR.to_owned()];
+        if let Ok(table) = toml::Table::try_from(Config::default()) {
+            names.extend(env_slots(&table).into_keys());
+        }
+        names
+    }
+}
+
+/// Formats a duration the way config files write it (`10s`, `1m30s`, `500ms`).
+pub fn fmt_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
+fn merge(base: &mut toml::Table, overlay: toml::Table) {
+    for (key, value) in overlay {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// `HOOKRELAY_<SECTION>_<KEY>` -> (section, key) for every setting the defaults have.
+fn env_slots(table: &toml::Table) -> BTreeMap<String, (Option<String>, String)> {
+    let mut slots = BTreeMap::new();
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(section) => {
+                for inner in section.keys() {
+                    let var = format!("{ENV_PREFIX}{key}_{inner}").to_uppercase();
+                    slots.insert(var, (Some(key.clone()), inner.clone()));
+                }
+            }
+            _ => {
+                let var = format!("{ENV_PREFIX}{key}").to_uppercase();
+                slots.insert(var, (None, key.clone()));
+            }
+        }
+    }
+    slots
+}
+
+fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> {
+    let slots = env_slots(table);
+    let mut names = env.hookrelay_names();
+    names.sort();
+    for var in names {
+        if var == CONFIG_VAR {
+            continue;
+        }
+        let Some((section, key)) = slots.get(&var) else {
+            return Err(ConfigError::Env {
+                var,
+                message: format!(
+                    "not a hookrelay setting; known variables: {}",
+                    Config::env_names().join(", ")
+                ),
+            });
+        };
+        let Some(raw) = env.var(&var) else { continue };
+        let target = match section {
+            Some(s) => table
+                .get_mut(s)
+                .and_then(toml::Value::as_table_mut)
+                .expect("env slots come from this table"),
+            None => &mut *table,
+        };
+        let typed = match target.get(key.as_str()) {
+            Some(toml::Value::Integer(_)) => raw
+                .trim()
+                .parse::<i64>()
+                .map(toml::Value::Integer)
+                .map_err(|_| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("expected a whole number, found {raw:?}"),
+                })?,
+            Some(toml::Value::Boolean(_)) => raw
+                .trim()
+                .parse::<bool>()
+                .map(toml::Value::Boolean)
+                .map_err(|_| ConfigError::Env {
+                var: var.clone(),
+                message: format!("expected true or false, found {raw:?}"),
+            })?,
+            _ => toml::Value::String(raw),
+        };
+        target.insert(key.clone(), typed);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_validate_and_keep_the_lease_rule() {
+        let config = Config::load(None, &env(&[])).unwrap();
+        assert_eq!(config, Config::default());
+        // The shipped defaults: 3s + 10s + 5s + 30s slack is well below the 5m consumer_timeout
+        // that rabbitmq/rabbitmq.conf sets.
+        assert!(config.lease_window() * 4 <= config.broker.consumer_timeout);
+    }
+
+    #[test]
+    fn shipped_rabbitmq_conf_matches_the_default_consumer_timeout() {
+        let conf = include_str!("../rabbitmq/rabbitmq.conf");
+        let ms: u64 = conf
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("consumer_timeout"))
+            .and_then(|rest| rest.trim().strip_prefix('='))
+            .map(|v| v.trim().parse().unwrap())
+            .expect("rabbitmq.conf sets consumer_timeout");
+        assert_eq!(
+            Duration::from_millis(ms),
+            BrokerConfig::default().consumer_timeout
+        );
+        assert!(Config::default().lease_window() < Duration::from_millis(ms));
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_is_typed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[http]\nrequest_timeout = \"20s\"\n[worker]\nprefetch_first = 7\n",
+        )
+        .unwrap();
+        let config = Config::load(
+            Some(&path),
+            &env(&[
+                ("HOOKRELAY_WORKER_PREFETCH_FIRST", "9"),
+                ("HOOKRELAY_AMQP_URL", "amqp://u:p@h:1/v"),
+                ("HOOKRELAY_LADDER", "x.toml"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.http.request_timeout, Duration::from_secs(20));
+        assert_eq!(config.worker.prefetch_first, 9);
+        assert_eq!(config.amqp.url.expose(), "amqp://u:p@h:1/v");
+        assert_eq!(config.ladder, PathBuf::from("x.toml"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err =
+            Config::load(None, &env(&[("HOOKRELAY_WORKER_PREFETCH_FIRST", "lots")])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("HOOKRELAY_WORKER_PREFETCH_FIRST: expected a whole number")
+        );
+
+        let err = Config::load(None, &env(&[("HOOKRELAY_WORKR_PREFETCH", "1")])).unwrap_err();
+        assert!(err.to_string().contains("not a hookrelay setting"));
+
+        let err = Config::load(
+            None,
+            &env(&[("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "10 parsecs")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("request_timeout"), "{err}");
+
+        let err =
+            Config::load(None, &env(&[("HOOKRELAY_BROKER_CONSUMER_TIMEOUT", "20s")])).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid setting broker.consumer_timeout"),
+            "{err}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[http]\nrequest_timout = \"20s\"\n").unwrap();
+        let err = Config::load(Some(&path), &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("request_timout"), "{err}");
+    }
+
+    #[test]
+    fn credentials_never_reach_debug_output() {
+        let config = Config::default();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("guest:guest"), "{shown}");
+        assert!(shown.contains("guest:***@127.0.0.1:5672"));
+    }
+
+    #[test]
+    fn every_setting_has_an_environment_name() {
+        let names = Config::env_names();
+        for expected in [
+            "HOOKRELAY_AMQP_URL",
+            "HOOKRELAY_MANAGEMENT_URL",
+            "HOOKRELAY_LADDER",
+            "HOOKRELAY_SUBSCRIPTIONS",
+            "HOOKRELAY_CONFIG",
+            "HOOKRELAY_HTTP_CONNECT_TIMEOUT",
+        ] {
+            assert!(names.iter().any(|n| n == expected), "{expected} missing");
+        }
+    }
+}

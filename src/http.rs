@@ -1,0 +1,155 @@
+//! The HTTP edge: builds the signed webhook request and sends it with enforced timeouts, no
+//! redirects and a capped response read. Classifying what came back is [`crate::outcome`]'s job.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
+
+use crate::config::HttpConfig;
+use crate::outcome::{AttemptResult, parse_retry_after};
+
+pub const USER_AGENT_VALUE: &str = concat!("hookrelay/", env!("CARGO_PKG_VERSION"));
+
+/// One attempt, ready to send.
+#[derive(Debug, Clone)]
+pub struct WebhookRequest<'a> {
+    pub url: &'a reqwest::Url,
+    pub id: &'a str,
+    /// 1-based.
+    pub attempt: u32,
+    /// Seconds since the epoch; part of the signed content.
+    pub timestamp: u64,
+    /// The `webhook-signature` value.
+    pub signature: String,
+    pub body: Bytes,
+}
+
+impl WebhookRequest<'_> {
+    /// The Standard Webhooks headers plus the idempotency and attempt headers.
+    pub fn headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::with_capacity(8);
+        let value = |s: &str| HeaderValue::from_str(s).expect("ids and signatures are ASCII");
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        h.insert(HeaderName::from_static("webhook-id"), value(self.id));
+        h.insert(
+            HeaderName::from_static("webhook-timestamp"),
+            HeaderValue::from(self.timestamp),
+        );
+        h.insert(
+            HeaderName::from_static("webhook-signature"),
+            value(&self.signature),
+        );
+        h.insert(HeaderName::from_static("idempotency-key"), value(self.id));
+        h.insert(
+            HeaderName::from_static("x-delivery-attempt"),
+            HeaderValue::from(self.attempt),
+        );
+        h
+    }
+}
+
+/// What an attempt produced, with its latency and the start of the response body for logs.
+#[derive(Debug, Clone)]
+pub struct AttemptReport {
+    pub result: AttemptResult,
+    pub latency: Duration,
+    pub response_excerpt: String,
+}
+
+/// Sends webhooks over one pooled client shared by every task.
+#[derive(Debug, Clone)]
+pub struct HttpSender {
+    client: reqwest::Client,
+    max_response_bytes: usize,
+}
+
+impl HttpSender {
+    pub fn new(config: &HttpConfig) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Self {
+            client,
+            max_response_bytes: config.max_response_bytes,
+        })
+    }
+
+    pub async fn send(&self, request: WebhookRequest<'_>) -> AttemptReport {
+        let started = Instant::now();
+        let sent = self
+            .client
+            .post(request.url.clone())
+            .headers(request.headers())
+            .body(request.body)
+            .send()
+            .await;
+        let (result, response_excerpt) = match sent {
+            Err(e) => (classify_error(&e), String::new()),
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, SystemTime::now()));
+                // Read at most the cap; a body cut short still leaves the status standing. A
+                // timeout while reading the body is a timeout of the attempt.
+                let mut excerpt = Vec::new();
+                let mut read = 0usize;
+                let mut timed_out = false;
+                while read < self.max_response_bytes {
+                    match response.chunk().await {
+                        Ok(Some(chunk)) => {
+                            read += chunk.len();
+                            if excerpt.len() < 256 {
+                                let take = (256 - excerpt.len()).min(chunk.len());
+                                excerpt.extend_from_slice(&chunk[..take]);
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            timed_out = e.is_timeout();
+                            break;
+                        }
+                    }
+                }
+                let result = if timed_out {
+                    AttemptResult::Timeout
+                } else {
+                    AttemptResult::Response {
+                        status,
+                        retry_after,
+                    }
+                };
+                (result, String::from_utf8_lossy(&excerpt).into_owned())
+            }
+        };
+        AttemptReport {
+            result,
+            latency: started.elapsed(),
+            response_excerpt,
+        }
+    }
+}
+
+fn classify_error(e: &reqwest::Error) -> AttemptResult {
+    if e.is_timeout() {
+        return AttemptResult::Timeout;
+    }
+    // The innermost cause says what actually happened ("Connection refused").
+    let mut detail = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        detail = inner.to_string();
+        source = inner.source();
+    }
+    let kind = if e.is_connect() { "connect" } else { "request" };
+    AttemptResult::Transport(format!("{kind}: {detail}"))
+}

@@ -1,0 +1,35 @@
+//! hookrelay: a webhook dispatcher on RabbitMQ. Producers publish events to an ingress exchange;
+//! workers deliver each one as a signed HTTP POST, move failures through a ladder of TTL tiers,
+//! and dead-letter what cannot be delivered, with a reason.
+//!
+//! One message through `src/`, in order:
+//!
+//! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
+//! - [`envelope`]: the contract producers follow, and how a delivery is read back.
+//! - [`topology`]: the ladder file and the exchanges, lanes, tiers and sink it declares.
+//! - [`publish`]: confirmed, mandatory publishing, for producers and for every republish.
+//! - [`worker`]: consumes the lanes, one task per delivery, settles each one.
+//! - [`subscriptions`]: who receives what, and secret references resolved at dispatch.
+//! - [`signing`]: Standard Webhooks signatures.
+//! - [`http`]: the signed POST, with enforced timeouts and a capped response read.
+//! - [`outcome`]: the pure decision: ack, which tier, or dead-letter with which reason.
+//! - [`metrics`]: the worker's Prometheus vital signs.
+//! - [`management`]: the RabbitMQ management API, for `topology plan` and tools.
+//! - [`receiver`]: an embedded, verifying webhook endpoint for the demo and tests.
+//! - [`demo`]: `hookrelay demo`, the whole path end to end.
+//! - [`cli`]: the command line.
+
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod envelope;
+pub mod http;
+pub mod management;
+pub mod metrics;
+pub mod outcome;
+pub mod publish;
+pub mod receiver;
+pub mod signing;
+pub mod subscriptions;
+pub mod topology;
+pub mod worker;

@@ -1,0 +1,50 @@
+//! The `hookrelay` binary: parse the command line, load configuration, start tracing, run the
+//! command, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use hookrelay::cli::{self, Cli};
+use hookrelay::config::{Config, ProcessEnv};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The demo draws a progress bar and a table; its worker's log lines would bury them.
+    let level = match cli.command {
+        cli::Command::Demo(_) => "error",
+        _ => config.log.level.as_str(),
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if config.log.format == "json" {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(cli.command, config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

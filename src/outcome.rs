@@ -1,0 +1,297 @@
+//! What happens to a delivery, decided without I/O: acknowledge it, move it to a tier, or
+//! dead-letter it with a reason. The worker carries the decision out; tests call it directly.
+
+use std::time::Duration;
+
+use crate::topology::Ladder;
+
+/// What one HTTP attempt produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// The endpoint answered. `retry_after` is its `Retry-After`, if any.
+    Response {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
+    /// No complete answer within the request timeout.
+    Timeout,
+    /// Connection refused, reset, TLS failure, DNS failure...
+    Transport(String),
+    /// The attempt could not be signed or sent for a reason of ours (no secret resolved); worth
+    /// trying again once configuration is fixed.
+    NotSent(String),
+}
+
+impl AttemptResult {
+    /// A short text for logs and the last-error header.
+    pub fn describe(&self) -> String {
+        match self {
+            AttemptResult::Response { status, .. } => format!("HTTP {status}"),
+            AttemptResult::Timeout => "timeout".to_owned(),
+            AttemptResult::Transport(e) => format!("transport error: {e}"),
+            AttemptResult::NotSent(e) => format!("not sent: {e}"),
+        }
+    }
+}
+
+/// Why a message ends in the dead sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    /// A 4xx that retrying cannot fix.
+    Rejected,
+    /// The retry budget is spent.
+    Exhausted,
+    /// The message is not a valid envelope, or names nothing we can deliver to.
+    Invalid,
+}
+
+impl DeadReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::Rejected => "rejected",
+            DeadReason::Exhausted => "exhausted",
+            DeadReason::Invalid => "invalid",
+        }
+    }
+}
+
+/// The decision for one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx: acknowledge.
+    Delivered { status: u16 },
+    /// Republish into `tier` carrying `attempts_made`, then acknowledge.
+    Retry {
+        tier: usize,
+        attempts_made: u32,
+        error: String,
+    },
+    /// Publish to the dead sink with the reason, then acknowledge.
+    Dead {
+        reason: DeadReason,
+        status: Option<u16>,
+        error: String,
+        attempts_made: u32,
+    },
+}
+
+impl Outcome {
+    pub fn invalid(error: impl Into<String>, attempts_made: u32) -> Self {
+        Outcome::Dead {
+            reason: DeadReason::Invalid,
+            status: None,
+            error: error.into(),
+            attempts_made,
+        }
+    }
+
+    /// The outcome's kind as metrics and logs name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Delivered { .. } => "delivered",
+            Outcome::Retry { .. } => "retried",
+            Outcome::Dead { reason, .. } => reason.as_str(),
+        }
+    }
+}
+
+/// Whether a status is worth retrying. Redirects are not followed, so they are retried: the
+/// endpoint may be mid-migration.
+pub fn is_retryable_status(status: u16) -> bool {
+    matches!(status, 300..=399 | 408 | 425 | 429 | 500..=599) || !(100..=599).contains(&status)
+}
+
+/// Decides what follows an attempt. `attempts_before` counts attempts made before this one.
+///
+/// A retry waits in the tier the schedule names for the next attempt; a `Retry-After` on 429 or
+/// 503 lengthens that wait to the smallest tier not shorter than it, and never shortens it.
+pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> Outcome {
+    let attempts_made = attempts_before.saturating_add(1);
+    let (status, retry_after) = match result {
+        AttemptResult::Response {
+            status,
+            retry_after,
+        } => (Some(*status), *retry_after),
+        _ => (None, None),
+    };
+    if let Some(status) = status {
+        if (200..=299).contains(&status) {
+            return Outcome::Delivered { status };
+        }
+        if !is_retryable_status(status) {
+            return Outcome::Dead {
+                reason: DeadReason::Rejected,
+                status: Some(status),
+                error: result.describe(),
+                attempts_made,
+            };
+        }
+    }
+    let Some(scheduled) = ladder.tier_after(attempts_made) else {
+        return Outcome::Dead {
+            reason: DeadReason::Exhausted,
+            status,
+            error: result.describe(),
+            attempts_made,
+        };
+    };
+    let tier = match (status, retry_after) {
+        (Some(429 | 503), Some(wait)) => scheduled.max(ladder.tier_not_shorter_than(wait)),
+        _ => scheduled,
+    };
+    Outcome::Retry {
+        tier,
+        attempts_made,
+        error: result.describe(),
+    }
+}
+
+/// Parses a `Retry-After` value: delay-seconds or an HTTP date.
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Ladder;
+
+    fn ladder() -> Ladder {
+        Ladder::parse(include_str!("../topology/ladder.toml")).unwrap()
+    }
+
+    fn status(code: u16) -> AttemptResult {
+        AttemptResult::Response {
+            status: code,
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn success_acks() {
+        for code in [200, 201, 204, 299] {
+            assert_eq!(
+                decide(&ladder(), 0, &status(code)),
+                Outcome::Delivered { status: code }
+            );
+        }
+    }
+
+    #[test]
+    fn retryable_failures_walk_the_schedule() {
+        let l = ladder();
+        let retryable = [
+            status(500),
+            status(502),
+            status(503),
+            status(408),
+            status(425),
+            status(429),
+            status(301),
+            status(302),
+            AttemptResult::Timeout,
+            AttemptResult::Transport("connection refused".into()),
+            AttemptResult::NotSent("no secret".into()),
+        ];
+        for result in &retryable {
+            for (before, tier) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (8, 4)] {
+                match decide(&l, before, result) {
+                    Outcome::Retry {
+                        tier: t,
+                        attempts_made,
+                        ..
+                    } => {
+                        assert_eq!((t, attempts_made), (tier, before + 1), "{result:?}");
+                    }
+                    other => panic!("{result:?} after {before}: {other:?}"),
+                }
+            }
+            match decide(&l, 9, result) {
+                Outcome::Dead {
+                    reason: DeadReason::Exhausted,
+                    attempts_made: 10,
+                    ..
+                } => {}
+                other => panic!("{result:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_client_errors_are_rejected_at_once() {
+        for code in [400, 401, 403, 404, 405, 410, 413, 422] {
+            assert_eq!(
+                decide(&ladder(), 0, &status(code)),
+                Outcome::Dead {
+                    reason: DeadReason::Rejected,
+                    status: Some(code),
+                    error: format!("HTTP {code}"),
+                    attempts_made: 1,
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_lengthens_never_shortens() {
+        let l = ladder();
+        let throttled = |code, secs| AttemptResult::Response {
+            status: code,
+            retry_after: Some(Duration::from_secs(secs)),
+        };
+        // After the first attempt the schedule says 10s; 30s asks for more: the 1m tier.
+        assert!(matches!(
+            decide(&l, 0, &throttled(429, 30)),
+            Outcome::Retry { tier: 1, .. }
+        ));
+        assert!(matches!(
+            decide(&l, 0, &throttled(503, 600)),
+            Outcome::Retry { tier: 2, .. }
+        ));
+        // Longer than every tier: the longest.
+        assert!(matches!(
+            decide(&l, 0, &throttled(429, 86_400)),
+            Outcome::Retry { tier: 4, .. }
+        ));
+        // Shorter than the schedule's wait: the schedule wins.
+        assert!(matches!(
+            decide(&l, 3, &throttled(429, 1)),
+            Outcome::Retry { tier: 3, .. }
+        ));
+        // Only 429 and 503 carry a meaningful Retry-After.
+        assert!(matches!(
+            decide(&l, 0, &throttled(500, 600)),
+            Outcome::Retry { tier: 0, .. }
+        ));
+        // It does not extend the budget.
+        assert!(matches!(
+            decide(&l, 9, &throttled(429, 5)),
+            Outcome::Dead {
+                reason: DeadReason::Exhausted,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn retry_after_parses_seconds_and_dates() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(
+            parse_retry_after(&later, now),
+            Some(Duration::from_secs(90))
+        );
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
+}

@@ -1,0 +1,232 @@
+//! An embedded webhook endpoint on loopback, for the demo and the tests: it verifies each
+//! request's Standard Webhooks signature with an independent implementation (the
+//! `standardwebhooks` crate), records what arrived, and answers as a script says.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::envelope::now_ms;
+
+/// How the endpoint answers one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Status(u16),
+    /// A status with `Retry-After: <seconds>`.
+    RetryAfter(u16, u64),
+    /// Waits, then answers with the status (longer than the request timeout: a timeout).
+    Slow(Duration, u16),
+}
+
+/// What the script sees of a request.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    pub id: &'a str,
+    /// `X-Delivery-Attempt`, 0 when absent.
+    pub attempt: u32,
+    pub path: &'a str,
+    pub body: &'a [u8],
+}
+
+/// One request as it arrived.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub id: String,
+    pub attempt: u32,
+    pub idempotency_key: String,
+    pub path: String,
+    /// What the endpoint answered.
+    pub status: u16,
+    /// For each configured secret, whether the signature verified with it.
+    pub verified_with: Vec<bool>,
+    pub received_at_ms: u64,
+    pub body: Bytes,
+}
+
+type Script = dyn Fn(&Incoming<'_>) -> Reply + Send + Sync;
+
+struct Inner {
+    verifiers: Vec<standardwebhooks::Webhook>,
+    script: Box<Script>,
+    records: Mutex<Vec<Record>>,
+    /// Successful (2xx) answers per webhook id.
+    delivered: Mutex<HashMap<String, u32>>,
+}
+
+/// A running endpoint. Dropping it stops the server.
+pub struct Receiver {
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    /// Binds `127.0.0.1:0` and serves. `secrets` are `whsec_` secrets to verify with (none: no
+    /// verification); `script` picks each answer.
+    pub async fn start(
+        secrets: &[String],
+        script: impl Fn(&Incoming<'_>) -> Reply + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        let verifiers = secrets
+            .iter()
+            .map(|s| {
+                standardwebhooks::Webhook::new(s).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let inner = Arc::new(Inner {
+            verifiers,
+            script: Box::new(script),
+            records: Mutex::new(Vec::new()),
+            delivered: Mutex::new(HashMap::new()),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new()
+            .fallback(axum::routing::post(receive))
+            .with_state(Arc::clone(&inner));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Self {
+            addr,
+            inner,
+            stop: Some(stop),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        lock(&self.inner.records).clone()
+    }
+
+    /// Every request for one webhook id, in arrival order.
+    pub fn records_for(&self, id: &str) -> Vec<Record> {
+        lock(&self.inner.records)
+            .iter()
+            .filter(|r| r.id == id)
+            .cloned()
+            .collect()
+    }
+
+    pub fn request_count(&self) -> usize {
+        lock(&self.inner.records).len()
+    }
+
+    /// Distinct webhook ids answered with 2xx.
+    pub fn delivered_count(&self) -> usize {
+        lock(&self.inner.delivered).len()
+    }
+
+    /// 2xx answers per webhook id.
+    pub fn delivered(&self) -> HashMap<String, u32> {
+        lock(&self.inner.delivered).clone()
+    }
+
+    /// Webhook ids answered with 2xx more than once, and how many extra times.
+    pub fn duplicates(&self) -> usize {
+        lock(&self.inner.delivered)
+            .values()
+            .map(|&n| n.saturating_sub(1) as usize)
+            .sum()
+    }
+
+    /// Polls until `done` holds or `timeout` passes; returns whether it held.
+    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if done(self) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn receive(
+    State(inner): State<Arc<Inner>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let id = text("webhook-id");
+    let attempt = text("x-delivery-attempt").parse().unwrap_or(0);
+    let verified_with = inner
+        .verifiers
+        .iter()
+        .map(|v| v.verify(&body, &headers).is_ok())
+        .collect();
+    let reply = (inner.script)(&Incoming {
+        id: &id,
+        attempt,
+        path: uri.path(),
+        body: &body,
+    });
+    let status = match reply {
+        Reply::Status(s) | Reply::RetryAfter(s, _) => s,
+        Reply::Slow(wait, s) => {
+            tokio::time::sleep(wait).await;
+            s
+        }
+    };
+    if (200..300).contains(&status) {
+        *lock(&inner.delivered).entry(id.clone()).or_default() += 1;
+    }
+    lock(&inner.records).push(Record {
+        idempotency_key: text("idempotency-key"),
+        id,
+        attempt,
+        path: uri.path().to_owned(),
+        status,
+        verified_with,
+        received_at_ms: now_ms(),
+        body,
+    });
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match reply {
+        Reply::RetryAfter(_, secs) => (code, [("retry-after", secs.to_string())]).into_response(),
+        _ => code.into_response(),
+    }
+}
