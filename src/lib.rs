@@ -19,6 +19,8 @@
 //! - [`demo`]: `hookrelay demo`, the whole path end to end.
 //! - [`cli`]: the command line.
 
+#![warn(clippy::unwrap_used)]
+
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -1,0 +1,273 @@
+//! Shared by the integration tests: every test owns a ladder under a unique prefix on the real
+//! broker, and removes it when done (also when it panics).
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookrelay::config::{Config, ProcessEnv};
+use hookrelay::envelope::NewEvent;
+use hookrelay::management::Management;
+use hookrelay::metrics::Metrics;
+use hookrelay::publish::Publisher;
+use hookrelay::receiver::Receiver;
+use hookrelay::signing::generate_secret;
+use hookrelay::subscriptions::{SecretRef, SecretStore, Subscription, Subscriptions};
+use hookrelay::topology::{Ladder, QueueType};
+use hookrelay::worker::Worker;
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::task::JoinHandle;
+
+/// The configuration tests run with: the machine's broker (or `HOOKRELAY_*` overrides), with
+/// timeouts short enough for tests.
+pub fn config() -> Config {
+    let mut config = Config::load(None, &ProcessEnv).expect("test configuration");
+    config.http.connect_timeout = Duration::from_secs(1);
+    config.http.request_timeout = Duration::from_secs(2);
+    config.worker.shutdown_grace = Duration::from_secs(10);
+    config.worker.requeue_delay = Duration::from_millis(200);
+    config.amqp.reconnect_min = Duration::from_millis(100);
+    config.amqp.reconnect_max = Duration::from_secs(1);
+    config.validate().expect("test configuration is valid");
+    config
+}
+
+pub fn unique(name: &str) -> String {
+    format!(
+        "t-{name}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+pub fn management(config: &Config) -> Management {
+    Management::new(&config.management.url, "/").expect("management client")
+}
+
+pub async fn connect(config: &Config) -> Connection {
+    Connection::connect(
+        config.amqp.url.expose(),
+        ConnectionProperties::default().with_connection_name("hookrelay tests".into()),
+    )
+    .await
+    .expect("the broker answers (run rabbitmq/up)")
+}
+
+/// A ladder applied under its own prefix; removed on drop.
+pub struct TestLadder {
+    pub ladder: Ladder,
+    pub config: Config,
+    pub conn: Connection,
+    pub channel: Channel,
+}
+
+impl TestLadder {
+    /// Short tiers for tests, e.g. `&["300ms", "600ms"]`.
+    pub async fn apply(name: &str, tiers: &[&str], schedule: &[&str]) -> Self {
+        Self::apply_typed(name, QueueType::Quorum, tiers, schedule).await
+    }
+
+    pub async fn apply_typed(
+        name: &str,
+        queue_type: QueueType,
+        tiers: &[&str],
+        schedule: &[&str],
+    ) -> Self {
+        let config = config();
+        let ladder = Ladder::build(&unique(name), queue_type, tiers, schedule).unwrap();
+        let conn = connect(&config).await;
+        let channel = conn.create_channel().await.unwrap();
+        ladder.objects().apply(&channel).await.unwrap();
+        Self {
+            ladder,
+            config,
+            conn,
+            channel,
+        }
+    }
+
+    /// Messages in a queue (ready ones; nobody consumes the sink).
+    pub async fn depth(&self, queue: &str) -> u32 {
+        let channel = self.conn.create_channel().await.unwrap();
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "".into()).await;
+        q.message_count()
+    }
+
+    /// Takes every message out of the dead sink.
+    pub async fn drain_dead(&self) -> Vec<BasicGetMessage> {
+        let mut out = Vec::new();
+        while let Some(m) = self
+            .channel
+            .basic_get(
+                self.ladder.dead().as_str().into(),
+                BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap()
+        {
+            out.push(m);
+        }
+        out
+    }
+
+    /// Waits until the dead sink holds at least `n` messages.
+    pub async fn wait_dead(&self, n: u32, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if self.depth(&self.ladder.dead()).await >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    pub async fn publisher(&self) -> Publisher {
+        Publisher::connect(
+            &self.config.amqp.url,
+            &format!("{} producer", self.ladder.prefix),
+            self.config.amqp.confirm_timeout,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for TestLadder {
+    fn drop(&mut self) {
+        let topology = self.ladder.objects();
+        let url = self.config.amqp.url.clone();
+        // Async cleanup from a destructor: a thread with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                if let Ok(conn) =
+                    Connection::connect(url.expose(), ConnectionProperties::default()).await
+                    && let Ok(ch) = conn.create_channel().await
+                {
+                    let _ = topology.delete(&ch).await;
+                    let _ = conn.close(200, "".into()).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A secret written to a file, with the subscription that references it.
+pub struct Secret {
+    pub whsec: String,
+    pub reference: SecretRef,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+pub fn secret() -> Secret {
+    let dir = tempfile::tempdir().unwrap();
+    let whsec = generate_secret();
+    let path = dir.path().join("secret");
+    std::fs::write(&path, &whsec).unwrap();
+    Secret {
+        whsec,
+        reference: SecretRef::File(path),
+        _dir: Arc::new(dir),
+    }
+}
+
+pub fn subscription(id: &str, tenant: &str, url: &str, secret: &Secret) -> Subscription {
+    Subscription {
+        id: id.into(),
+        tenant: tenant.into(),
+        url: url.parse().unwrap(),
+        event_types: None,
+        secrets: vec![secret.reference.clone()],
+    }
+}
+
+pub fn event(id: &str, tenant: &str, subscription: &str) -> NewEvent {
+    NewEvent {
+        id: id.into(),
+        tenant: tenant.into(),
+        event_type: "order.paid".into(),
+        subscription: subscription.into(),
+        timestamp: None,
+        body: format!(r#"{{"id":"{id}","amount":42}}"#).into_bytes(),
+    }
+}
+
+/// A worker running in the background until [`RunningWorker::stop`].
+pub struct RunningWorker {
+    pub metrics: Metrics,
+    pub name: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), hookrelay::worker::WorkerError>>>,
+}
+
+impl RunningWorker {
+    pub async fn start(t: &TestLadder, subscriptions: Vec<Subscription>) -> Self {
+        Self::start_with(t, t.config.clone(), subscriptions).await
+    }
+
+    pub async fn start_with(
+        t: &TestLadder,
+        config: Config,
+        subscriptions: Vec<Subscription>,
+    ) -> Self {
+        let name = format!("{} worker", t.ladder.prefix);
+        let worker = Worker::start(
+            config,
+            t.ladder.clone(),
+            Subscriptions::from_list(subscriptions),
+            SecretStore::new(Duration::from_millis(100)),
+            &name,
+        )
+        .await
+        .unwrap();
+        let metrics = worker.metrics();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(worker.run(async {
+            let _ = stopped.await;
+        }));
+        Self {
+            metrics,
+            name,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Asks the worker to drain and waits for it to return.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+/// An endpoint that answers 204 to everything and verifies with `secret`.
+pub async fn ok_receiver(secret: &Secret) -> Receiver {
+    Receiver::start(std::slice::from_ref(&secret.whsec), |_| {
+        hookrelay::receiver::Reply::Status(204)
+    })
+    .await
+    .unwrap()
+}

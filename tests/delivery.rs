@@ -1,0 +1,262 @@
+//! Signed delivery, the retry ladder and the dead sink, end to end on the real broker.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
+use hookrelay::envelope::{self, ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER};
+use hookrelay::receiver::{Receiver, Reply};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_delivery_verifies_with_the_standardwebhooks_crate() {
+    let t = TestLadder::apply("signed", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/hook"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    let e = event("evt_signed_1", "acme", "sub_a");
+    publisher
+        .publish_event(&t.ladder.ingress(), &e, 1024)
+        .await
+        .unwrap();
+
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    let record = &receiver.records()[0];
+    assert_eq!(record.verified_with, vec![true]);
+    assert_eq!(record.id, "evt_signed_1");
+    assert_eq!(record.idempotency_key, "evt_signed_1");
+    assert_eq!(record.attempt, 1);
+    assert_eq!(record.path, "/hook");
+    assert_eq!(&record.body[..], &e.body[..]);
+    worker.stop().await;
+    assert_eq!(
+        t.depth(&t.ladder.first_lane()).await,
+        0,
+        "the delivery was acked"
+    );
+}
+
+#[tokio::test]
+async fn two_failures_then_success_walk_the_first_two_tiers() {
+    let t = TestLadder::apply("ladder", &["300ms", "600ms"], &["300ms", "600ms", "600ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 | 2 => Reply::Status(503),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &event("evt_ladder", "acme", "sub_a"),
+            1024,
+        )
+        .await
+        .unwrap();
+
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    let records = receiver.records_for("evt_ladder");
+    let attempts: Vec<u32> = records.iter().map(|r| r.attempt).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    assert!(records.iter().all(|r| r.idempotency_key == "evt_ladder"));
+    assert!(records.iter().all(|r| r.verified_with == vec![true]));
+    // The waits between attempts are the tiers': at least 300 ms, then at least 600 ms.
+    let gap1 = records[1].received_at_ms - records[0].received_at_ms;
+    let gap2 = records[2].received_at_ms - records[1].received_at_ms;
+    assert!(gap1 >= 300 && gap2 >= 600, "gaps {gap1} ms, {gap2} ms");
+    // After the drain every settled outcome is counted.
+    let m = worker.metrics.clone();
+    worker.stop().await;
+    assert_eq!(
+        m.count("hookrelay_retries_total", &[("tier", "retry-300ms")]),
+        1
+    );
+    assert_eq!(
+        m.count("hookrelay_retries_total", &[("tier", "retry-600ms")]),
+        1
+    );
+    assert_eq!(
+        m.count(
+            "hookrelay_outcomes_total",
+            &[("lane", "retry"), ("outcome", "delivered")]
+        ),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_client_error_is_dead_lettered_with_its_reason_and_the_original_message() {
+    let t = TestLadder::apply("rejected", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(422))
+        .await
+        .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    let e = event("evt_rejected", "acme", "sub_a");
+    publisher
+        .publish_event(&t.ladder.ingress(), &e, 1024)
+        .await
+        .unwrap();
+    assert!(t.wait_dead(1, WAIT).await);
+    worker.stop().await;
+
+    let dead = t.drain_dead().await;
+    assert_eq!(dead.len(), 1);
+    let p = &dead[0].delivery.properties;
+    assert_eq!(p.message_id().as_ref().unwrap().as_str(), "evt_rejected");
+    assert_eq!(&dead[0].delivery.data[..], &e.body[..]);
+    assert_eq!(
+        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(envelope::read_u64_header(p, STATUS_HEADER), Some(422));
+    assert_eq!(envelope::read_u64_header(p, ATTEMPTS_HEADER), Some(1));
+    assert_eq!(
+        envelope::read_str_header(p, envelope::SUBSCRIPTION_HEADER).as_deref(),
+        Some("sub_a")
+    );
+    assert!(envelope::read_u64_header(p, envelope::DEAD_AT_HEADER).is_some());
+    assert_eq!(receiver.request_count(), 1, "a 4xx is not retried");
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_dead_lettered_as_exhausted() {
+    let t = TestLadder::apply("exhausted", &["200ms", "400ms"], &["200ms", "400ms"]).await;
+    let s = secret();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Reply::Status(500)
+    })
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &event("evt_exhausted", "acme", "sub_a"),
+            1024,
+        )
+        .await
+        .unwrap();
+    assert!(t.wait_dead(1, WAIT).await);
+    worker.stop().await;
+
+    // 1 + 2 schedule entries = 3 attempts, then nothing more.
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let dead = t.drain_dead().await;
+    let p = &dead[0].delivery.properties;
+    assert_eq!(
+        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        Some("exhausted")
+    );
+    assert_eq!(envelope::read_u64_header(p, ATTEMPTS_HEADER), Some(3));
+    assert_eq!(
+        envelope::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
+        Some("HTTP 500")
+    );
+    // The broker's dead-letter headers of the last tier are not carried into the sink.
+    assert!(
+        !p.headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .contains_key("x-death")
+    );
+}
+
+#[tokio::test]
+async fn timeouts_and_refused_connections_are_retried() {
+    let t = TestLadder::apply("transport", &["200ms"], &["200ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 => Reply::Slow(Duration::from_secs(4), 200),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    // Nothing listens on this port: bind and drop to find a free one.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![
+            subscription("sub_slow", "acme", &receiver.url("/"), &s),
+            subscription("sub_closed", "acme", &format!("http://{closed}/"), &s),
+        ],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &event("evt_slow", "acme", "sub_slow"),
+            1024,
+        )
+        .await
+        .unwrap();
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &event("evt_closed", "acme", "sub_closed"),
+            1024,
+        )
+        .await
+        .unwrap();
+    // The slow one times out (request timeout 2 s), then succeeds on attempt 2.
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r
+                .records_for("evt_slow")
+                .iter()
+                .any(|x| x.attempt == 2))
+            .await
+    );
+    // The refused one runs out of its two attempts.
+    assert!(t.wait_dead(1, WAIT).await);
+    // One retry each: the timeout and the refused connection.
+    assert_eq!(worker.metrics.count("hookrelay_retries_total", &[]), 2);
+    worker.stop().await;
+    let dead = t.drain_dead().await;
+    let p = &dead[0].delivery.properties;
+    assert_eq!(p.message_id().as_ref().unwrap().as_str(), "evt_closed");
+    let error = envelope::read_str_header(p, LAST_ERROR_HEADER).unwrap();
+    assert!(error.starts_with("transport error: connect"), "{error}");
+}

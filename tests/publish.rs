@@ -1,0 +1,176 @@
+//! `hookrelay publish` and the library's `Publisher`: validation before anything is durable,
+//! confirmed publishing, and loud failures.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{TestLadder, event};
+use hookrelay::envelope::SUBSCRIPTION_HEADER;
+use hookrelay::publish::PublishError;
+use lapin::options::BasicGetOptions;
+
+fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("ladder.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "prefix = \"{}\"\ntiers = [\"1s\"]\nschedule = [\"1s\"]\n",
+            t.ladder.prefix
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs `hookrelay publish` with `args`, adding tenant, type and subscription where `args` has none.
+fn publish(ladder: &std::path::Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookrelay"));
+    cmd.arg("publish").arg("--ladder").arg(ladder).args(args);
+    for (flag, value) in [
+        ("--tenant", "acme"),
+        ("--type", "order.paid"),
+        ("--subscription", "sub_a"),
+    ] {
+        if !args.contains(&flag) {
+            cmd.args([flag, value]);
+        }
+    }
+    cmd.output().unwrap()
+}
+
+#[tokio::test]
+async fn the_cli_refuses_bad_input_and_publishes_nothing() {
+    let t = TestLadder::apply("cli-bad", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, format!("\"{}\"", "a".repeat(300 * 1024))).unwrap();
+    for (args, expected) in [
+        (
+            vec!["--id", "a.b", "--data", "{}"],
+            "message_id \"a.b\" is not an envelope id",
+        ),
+        (vec!["--id", "ok", "--data", "{nope"], "body is not JSON"),
+        (
+            vec!["--id", "ok", "--file", big.to_str().unwrap()],
+            "over the 262144-byte limit",
+        ),
+        (
+            vec!["--id", "ok", "--data", "{}", "--type", "order paid"],
+            "type \"order paid\"",
+        ),
+        (
+            vec!["--id", "ok", "--data", "{}", "--tenant", "ac.me"],
+            "tenant \"ac.me\"",
+        ),
+    ] {
+        let out = publish(&ladder, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("not published"), "{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
+}
+
+#[tokio::test]
+async fn the_cli_publishes_per_the_contract_and_prints_the_id() {
+    let t = TestLadder::apply("cli-ok", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let out = publish(&ladder, &["--id", "evt_cli_1", "--data", r#"{"n":1}"#]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "evt_cli_1");
+    // Without --id a fresh id is made and printed.
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, r#"{"n":2}"#).unwrap();
+    let out = publish(&ladder, &["--file", body.to_str().unwrap()]);
+    assert!(out.status.success());
+    let generated = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(generated.starts_with("evt_"), "{generated}");
+
+    let mut seen = Vec::new();
+    while let Some(m) = t
+        .channel
+        .basic_get(
+            t.ladder.first_lane().as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        let p = &m.delivery.properties;
+        assert_eq!(m.delivery.routing_key.as_str(), "acme");
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(p.kind().as_ref().unwrap().as_str(), "order.paid");
+        assert!(p.timestamp().is_some());
+        let sub = p
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .get(SUBSCRIPTION_HEADER)
+            .cloned();
+        assert_eq!(
+            sub,
+            Some(lapin::types::AMQPValue::LongString("sub_a".into()))
+        );
+        seen.push((
+            p.message_id().as_ref().unwrap().to_string(),
+            m.delivery.data.clone(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            ("evt_cli_1".to_owned(), br#"{"n":1}"#.to_vec()),
+            (generated, br#"{"n":2}"#.to_vec())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn publishing_without_the_topology_fails_loudly_and_the_publisher_recovers() {
+    let t = TestLadder::apply("missing", &["1s"], &["1s"]).await;
+    let publisher = t.publisher().await;
+    let e = event("evt_nowhere", "acme", "sub_a");
+    // An exchange that does not exist: the broker closes the channel; the error says so.
+    let err = publisher
+        .publish_event("no-such-exchange", &e, 1024)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PublishError::Broker(_)), "{err}");
+    // A routable exchange whose key leads nowhere: returned, not silently dropped.
+    let err = publisher
+        .publish(
+            &t.ladder.delay_exchange(),
+            "retry-9h.acme",
+            b"{}",
+            e.properties(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PublishError::Unroutable { .. }), "{err}");
+    assert!(err.to_string().contains("NO_ROUTE"), "{err}");
+    // The same publisher still works afterwards (a fresh channel).
+    publisher
+        .publish_event(&t.ladder.ingress(), &e, 1024)
+        .await
+        .unwrap();
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
+    // Invalid input never reaches the broker.
+    let mut bad = e.clone();
+    bad.id = "has.dot".into();
+    assert!(matches!(
+        publisher
+            .publish_event(&t.ladder.ingress(), &bad, 1024)
+            .await,
+        Err(PublishError::Invalid(_))
+    ));
+}

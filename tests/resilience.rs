@@ -1,0 +1,126 @@
+//! The worker keeps going when the broker drops its connections, and delivers a large batch with
+//! nothing lost and nothing doubled.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription};
+use futures_util::StreamExt;
+
+#[tokio::test]
+async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
+    let t = TestLadder::apply("reconnect", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    let ingress = t.ladder.ingress();
+    publisher
+        .publish_event(&ingress, &event("evt_before", "acme", "sub_a"), 1024)
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(10), |r| r.delivered_count() == 1)
+            .await
+    );
+
+    // The broker closes both of the worker's connections (as `rabbitmqctl close_connection` does).
+    let api = management(&t.config);
+    let consume = format!("{} consume", worker.name);
+    let publish = format!("{} publish", worker.name);
+    let mut closed = 0;
+    for _ in 0..50 {
+        closed = api.close_connections_named(&consume).await.unwrap()
+            + api.close_connections_named(&publish).await.unwrap();
+        if closed == 2 {
+            break;
+        }
+        // The management API lists a connection a moment after it opens.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(closed, 2, "both worker connections were found and closed");
+
+    publisher
+        .publish_event(&ingress, &event("evt_after", "acme", "sub_a"), 1024)
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 2)
+            .await
+    );
+    // The consumer came back under the same name (the API lists it within a few seconds).
+    let mut back = false;
+    for _ in 0..100 {
+        if api.connections_named(&consume).await.unwrap() >= 1 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "the worker's consume connection is back");
+    assert!(worker.metrics.count("hookrelay_reconnects_total", &[]) >= 1);
+    worker.stop().await;
+    assert_eq!(receiver.duplicates(), 0);
+}
+
+#[tokio::test]
+async fn ten_thousand_events_are_delivered_once_each() {
+    const N: usize = 10_000;
+    let t = TestLadder::apply("volume", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = Arc::new(t.publisher().await);
+    let ingress = t.ladder.ingress();
+    let failures = futures_util::stream::iter(0..N)
+        .map(|i| {
+            let publisher = Arc::clone(&publisher);
+            let ingress = ingress.clone();
+            async move {
+                publisher
+                    .publish_event(
+                        &ingress,
+                        &event(&format!("evt_{i:05}"), "acme", "sub_a"),
+                        1024,
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(200)
+        .filter(|r| std::future::ready(r.is_err()))
+        .count()
+        .await;
+    assert_eq!(failures, 0);
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(120), |r| r.delivered_count() == N)
+            .await,
+        "delivered {} of {N}",
+        receiver.delivered_count()
+    );
+    worker.stop().await;
+    let delivered = receiver.delivered();
+    assert_eq!(delivered.len(), N);
+    assert_eq!(receiver.duplicates(), 0);
+    assert!((0..N).all(|i| delivered.contains_key(&format!("evt_{i:05}"))));
+    assert!(
+        receiver
+            .records()
+            .iter()
+            .all(|r| r.verified_with == vec![true])
+    );
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+}

@@ -1,0 +1,159 @@
+//! `topology apply | plan | export` against the real broker.
+
+mod common;
+
+use std::process::Command;
+
+use common::{TestLadder, management};
+use hookrelay::topology::{Drift, QueueType};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+#[tokio::test]
+async fn apply_is_idempotent_and_plan_sees_no_drift() {
+    let t = TestLadder::apply("apply", &["1s", "5s"], &["1s", "5s", "5s"]).await;
+    // A second apply changes nothing and does not fail.
+    let applied = t.ladder.objects().apply(&t.channel).await.unwrap();
+    assert_eq!(
+        (applied.exchanges, applied.queues, applied.bindings),
+        (5, 5, 4)
+    );
+    let api = management(&t.config);
+    let objects = api.objects().await.unwrap();
+    let topology = t.ladder.objects();
+    assert_eq!(topology.diff(&objects), vec![]);
+    assert!(topology.extras(&t.ladder.prefix, &objects).is_empty());
+
+    // The broker sees what the ladder says: TTL, dead-letter target, at-least-once.
+    let tier = api.queue(&t.ladder.tier_queue(0)).await.unwrap().unwrap();
+    assert_eq!(tier["arguments"]["x-message-ttl"], 1000);
+    assert_eq!(
+        tier["arguments"]["x-dead-letter-exchange"],
+        t.ladder.promote_exchange()
+    );
+    assert_eq!(tier["arguments"]["x-dead-letter-strategy"], "at-least-once");
+    assert_eq!(tier["type"], "quorum");
+}
+
+#[tokio::test]
+async fn plan_names_each_difference() {
+    let t = TestLadder::apply("drift", &["1s", "5s"], &["1s", "5s"]).await;
+    // Someone deletes a tier and re-creates it by hand with another TTL; someone removes the sink.
+    let tier = t.ladder.tier_queue(1);
+    t.channel
+        .queue_delete(tier.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(60_000));
+    t.channel
+        .queue_declare(
+            tier.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+    t.channel
+        .queue_delete(
+            t.ladder.dead().as_str().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+
+    let objects = management(&t.config).objects().await.unwrap();
+    let drift = t.ladder.objects().diff(&objects);
+    let shown: Vec<String> = drift.iter().map(ToString::to_string).collect();
+    assert!(
+        drift.contains(&Drift::Missing(format!("queue {}", t.ladder.dead()))),
+        "{shown:#?}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "differs: queue {tier}: argument x-message-ttl is 60000 on the broker, the ladder says 5000"
+        )),
+        "{shown:#?}"
+    );
+    assert!(
+        shown.iter().any(|s| s.contains(&format!(
+            "queue {tier}: argument x-dead-letter-exchange is (absent)"
+        ))),
+        "{shown:#?}"
+    );
+
+    // The command line says the same and exits 3.
+    let dir = tempfile::tempdir().unwrap();
+    let ladder_file = dir.path().join("ladder.toml");
+    std::fs::write(
+        &ladder_file,
+        format!(
+            "prefix = \"{}\"\ntiers = [\"1s\", \"5s\"]\nschedule = [\"1s\", \"5s\"]\n",
+            t.ladder.prefix
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hookrelay"))
+        .args(["topology", "plan", "--ladder"])
+        .arg(&ladder_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(
+        stdout.contains(&format!("missing: queue {}", t.ladder.dead())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("x-message-ttl is 60000"), "{stdout}");
+
+    // Applying over the conflicting queue is refused with a pointer to `plan`.
+    let err = t.ladder.objects().apply(&t.channel).await.unwrap_err();
+    assert!(err.to_string().contains("topology plan"), "{err}");
+}
+
+#[tokio::test]
+async fn exported_definitions_import_into_a_vhost() {
+    let t = TestLadder::apply_typed("export", QueueType::Classic, &["1s"], &["1s"]).await;
+    let api = management(&t.config);
+    let vhost = common::unique("vhost");
+    api.put(&["vhosts", &vhost], &serde_json::json!({}))
+        .await
+        .unwrap();
+    let result = async {
+        let definitions = t.ladder.objects().export(&vhost);
+        api.post(&["definitions", &vhost], &definitions).await?;
+        let scoped = hookrelay::management::Management::new(&t.config.management.url, &vhost)?;
+        scoped.objects().await
+    }
+    .await;
+    api.delete(&["vhosts", &vhost]).await.unwrap();
+    let objects = result.unwrap();
+    assert_eq!(t.ladder.objects().diff(&objects), vec![]);
+}
+
+#[test]
+fn export_command_prints_the_shipped_definitions() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hookrelay"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["topology", "export"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shipped: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/rabbitmq/definitions.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(printed, shipped);
+}
