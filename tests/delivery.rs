@@ -112,7 +112,7 @@ async fn two_failures_then_success_walk_the_first_two_tiers() {
 async fn a_client_error_is_dead_lettered_with_its_reason_and_the_original_message() {
     let t = TestLadder::apply("rejected", &["300ms"], &["300ms"]).await;
     let s = secret();
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(422))
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(400))
         .await
         .unwrap();
     let worker = RunningWorker::start(
@@ -138,7 +138,7 @@ async fn a_client_error_is_dead_lettered_with_its_reason_and_the_original_messag
         envelope::read_str_header(p, REASON_HEADER).as_deref(),
         Some("rejected")
     );
-    assert_eq!(envelope::read_u64_header(p, STATUS_HEADER), Some(422));
+    assert_eq!(envelope::read_u64_header(p, STATUS_HEADER), Some(400));
     assert_eq!(envelope::read_u64_header(p, ATTEMPTS_HEADER), Some(1));
     assert_eq!(
         envelope::read_str_header(p, envelope::SUBSCRIPTION_HEADER).as_deref(),

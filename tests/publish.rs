@@ -174,3 +174,66 @@ async fn publishing_without_the_topology_fails_loudly_and_the_publisher_recovers
         Err(PublishError::Invalid(_))
     ));
 }
+
+/// A producer that is not ours, following README's contract with the AMQP types pika and
+/// amqplib send (string headers as long strings, a timestamp property).
+#[tokio::test]
+async fn a_foreign_client_following_the_readme_is_delivered() {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+
+    let t = TestLadder::apply("foreign", &["1s"], &["1s"]).await;
+    let s = common::secret();
+    let receiver = common::ok_receiver(&s).await;
+    let worker = common::RunningWorker::start(
+        &t,
+        vec![common::subscription(
+            "sub_orders",
+            "acme",
+            &receiver.url("/"),
+            &s,
+        )],
+    )
+    .await;
+    let ch = t.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-subscription".into(),
+        AMQPValue::LongString("sub_orders".into()),
+    );
+    let confirm = ch
+        .basic_publish(
+            t.ladder.ingress().as_str().into(),
+            "acme".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            br#"{"order": 1234, "amount": 990}"#,
+            lapin::BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id("ord_1234_paid".into())
+                .with_type("order.paid".into())
+                .with_timestamp(1_764_687_000)
+                .with_headers(headers),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirm.is_ack() && confirm.take_message().is_none());
+    assert!(
+        receiver
+            .wait_until(std::time::Duration::from_secs(10), |r| r.delivered_count()
+                == 1)
+            .await
+    );
+    worker.stop().await;
+    let record = &receiver.records()[0];
+    assert_eq!(record.id, "ord_1234_paid");
+    assert_eq!(record.verified_with, vec![true]);
+    assert_eq!(&record.body[..], br#"{"order": 1234, "amount": 990}"#);
+}
