@@ -14,9 +14,9 @@ use crate::config::Config;
 use crate::envelope::NewEvent;
 use crate::management::Management;
 use crate::publish::Publisher;
-use crate::subscriptions::{SecretStore, Subscriptions};
+use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
 use crate::topology::{Ladder, QueueType};
-use crate::worker::{Worker, shutdown_signal};
+use crate::worker::{Worker, WorkerSetup, shutdown_signal};
 
 /// Exit code when `topology plan` finds drift.
 pub const EXIT_DRIFT: u8 = 3;
@@ -64,6 +64,9 @@ pub enum Command {
     /// On a signal the worker stops consuming, lets in-flight attempts finish (ack or confirmed
     /// republish) within worker.shutdown_grace, and exits 0.
     Worker(WorkerArgs),
+    /// Check subscriptions files offline.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
     /// Run the whole path end to end on the configured broker and print a summary table.
     ///
     /// Applies a ladder with 1s/2s/4s tiers under its own prefix, starts an endpoint on loopback
@@ -95,6 +98,18 @@ pub enum TopologyCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionsCommand {
+    /// Validate a subscriptions file and explain each problem (line, field, what is expected).
+    ///
+    /// Exits 0 when the file is valid. Secret references that do not resolve on this machine
+    /// are listed as notes: they may well resolve where the worker runs.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+}
+
 #[derive(Debug, Args)]
 pub struct PublishArgs {
     #[command(flatten)]
@@ -105,9 +120,10 @@ pub struct PublishArgs {
     /// Event type, e.g. order.paid.
     #[arg(long = "type", value_name = "TYPE")]
     pub event_type: String,
-    /// Subscription id to deliver to.
+    /// Subscription id to deliver to. Without it the event fans out to every enabled
+    /// subscription of the tenant that receives its type.
     #[arg(long)]
-    pub subscription: String,
+    pub subscription: Option<String>,
     /// Envelope id (the idempotency key); a random `evt_...` id when absent. Publishing the same
     /// id twice means the same event.
     #[arg(long)]
@@ -151,7 +167,30 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Topology(cmd) => topology(cmd, &config).await,
         Command::Publish(args) => publish(args, &config).await,
         Command::Worker(args) => worker(args, config).await,
+        Command::Subscriptions(SubscriptionsCommand::Check { file }) => {
+            check_subscriptions(&file, &config)
+        }
         Command::Demo(args) => demo(args, &config).await,
+    }
+}
+
+fn check_subscriptions(file: &std::path::Path, config: &Config) -> anyhow::Result<ExitCode> {
+    match Subscriptions::load(file) {
+        Ok(subs) => {
+            println!("{}: {} subscription(s), valid", file.display(), subs.len());
+            let secrets = SecretStore::new(config.secrets.refresh);
+            for (sub, e) in secrets.unresolved(&subs) {
+                println!("note: subscription {sub}: {e} (here; it must resolve where the worker runs)");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                println!("{e}");
+            }
+            println!("{}: {} problem(s)", file.display(), errors.0.len());
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 
@@ -310,15 +349,17 @@ async fn worker(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
         .subscriptions
         .clone()
         .unwrap_or_else(|| config.subscriptions.clone());
-    let subscriptions = Subscriptions::load(&path)?;
+    let subscriptions = LiveSubscriptions::from_file(&path)?;
     tracing::info!(
-        subscriptions = subscriptions.len(),
+        subscriptions = subscriptions.current().len(),
+        file = %path.display(),
         ladder = %ladder.prefix,
         lease_window = %crate::config::fmt_duration(config.lease_window()),
         "Starting worker"
     );
-    let secrets = SecretStore::new(config.secrets.refresh);
-    let worker = Worker::start(config, ladder, subscriptions, secrets, &args.name).await?;
+    let mut setup = WorkerSetup::new(config, ladder, subscriptions);
+    setup.name = args.name;
+    let worker = Worker::start(setup).await?;
     worker.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }

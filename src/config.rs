@@ -143,6 +143,8 @@ pub struct Config {
     pub http: HttpConfig,
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
+    pub reload: ReloadConfig,
+    pub egress: crate::egress::EgressConfig,
     pub log: LogConfig,
 }
 
@@ -158,6 +160,8 @@ impl Default for Config {
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
+            reload: ReloadConfig::default(),
+            egress: crate::egress::EgressConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -309,6 +313,22 @@ impl Default for SecretsConfig {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct ReloadConfig {
+    /// How often the worker looks at the subscriptions file for changes; SIGHUP reloads at once.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// A `tracing` filter such as `info` or `hookrelay=debug,lapin=warn`; `RUST_LOG` wins when set.
     pub level: String,
@@ -376,6 +396,7 @@ impl Config {
             ("http.request_timeout", self.http.request_timeout),
             ("broker.consumer_timeout", self.broker.consumer_timeout),
             ("worker.shutdown_grace", self.worker.shutdown_grace),
+            ("reload.interval", self.reload.interval),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::invalid(field, "must be longer than zero"));
@@ -426,6 +447,12 @@ impl Config {
                 ),
             ));
         }
+        crate::egress::EgressPolicy::from_config(&self.egress).map_err(|e| {
+            ConfigError::invalid(
+                if e.field == "allow" { "egress.allow" } else { "egress.proxy" },
+                e.message,
+            )
+        })?;
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => {
@@ -529,6 +556,17 @@ fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> 
                     var: var.clone(),
                     message: format!("expected a whole number, found {raw:?}"),
                 })?,
+            // Lists are comma-separated: HOOKRELAY_EGRESS_ALLOW="127.0.0.0/8,10.20.0.0/16".
+            Some(toml::Value::Array(_)) => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|item| !item.is_empty())
+                    .map(|item| match item.parse::<i64>() {
+                        Ok(n) => toml::Value::Integer(n),
+                        Err(_) => toml::Value::String(item.to_owned()),
+                    })
+                    .collect(),
+            ),
             Some(toml::Value::Boolean(_)) => raw
                 .trim()
                 .parse::<bool>()
@@ -595,9 +633,15 @@ mod tests {
                 ("HOOKRELAY_WORKER_PREFETCH_FIRST", "9"),
                 ("HOOKRELAY_AMQP_URL", "amqp://u:p@h:1/v"),
                 ("HOOKRELAY_LADDER", "x.toml"),
+                ("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8, 10.20.0.0/16"),
+                ("HOOKRELAY_EGRESS_ALLOWED_PORTS", "443,8443"),
+                ("HOOKRELAY_EGRESS_HTTPS_ONLY", "true"),
             ]),
         )
         .unwrap();
+        assert_eq!(config.egress.allow, vec!["127.0.0.0/8", "10.20.0.0/16"]);
+        assert_eq!(config.egress.allowed_ports, vec![443, 8443]);
+        assert!(config.egress.https_only);
         assert_eq!(config.http.request_timeout, Duration::from_secs(20));
         assert_eq!(config.worker.prefetch_first, 9);
         assert_eq!(config.amqp.url.expose(), "amqp://u:p@h:1/v");

@@ -18,9 +18,11 @@ use crate::envelope::{self, NewEvent, now_ms};
 use crate::publish::Publisher;
 use crate::receiver::{Receiver, Reply};
 use crate::signing::generate_secret;
-use crate::subscriptions::{EventFilter, SecretRef, SecretStore, Subscription, Subscriptions};
+use crate::subscriptions::{
+    EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
+};
 use crate::topology::{Ladder, QueueType};
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerSetup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -150,28 +152,29 @@ async fn run_inside(
         script(index_of(req.id), req.attempt)
     })
     .await?;
-    let subscriptions = Subscriptions::from_list([Subscription {
-        id: "demo_orders".into(),
-        tenant: "demo".into(),
-        url: receiver
+    let mut subscription = Subscription::new(
+        "demo_orders",
+        "demo",
+        receiver
             .url("/webhooks")
             .parse()
             .map_err(|e| DemoError::Other(format!("receiver URL: {e}")))?,
-        event_types: Some(vec![EventFilter::Prefix("order.".into())]),
-        secrets: vec![SecretRef::File(secret_file.path.clone())],
-    }]);
+        SecretRef::File(secret_file.path.clone()),
+    );
+    subscription.event_types = Some(vec![EventFilter::Prefix("order.".into())]);
     let mut worker_config = config.clone();
     worker_config.http.connect_timeout = Duration::from_secs(1);
     worker_config.http.request_timeout = Duration::from_secs(1);
     worker_config.worker.shutdown_grace = Duration::from_secs(5);
-    let worker = Worker::start(
+    // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
+    worker_config.egress.allow.push("127.0.0.0/8".into());
+    let mut setup = WorkerSetup::new(
         worker_config,
         ladder.clone(),
-        subscriptions,
-        SecretStore::new(Duration::from_secs(1)),
-        &format!("{prefix} worker"),
-    )
-    .await?;
+        LiveSubscriptions::fixed(Subscriptions::from_list([subscription])),
+    );
+    setup.name = format!("{prefix} worker");
+    let worker = Worker::start(setup).await?;
     let metrics = worker.metrics();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let worker_task = tokio::spawn(worker.run(async {
@@ -202,7 +205,7 @@ async fn run_inside(
                     id: format!("evt-{}-{i:05}", &prefix[prefix.len() - 8..]),
                     tenant: "demo".into(),
                     event_type: "order.paid".into(),
-                    subscription: "demo_orders".into(),
+                    subscription: Some("demo_orders".into()),
                     timestamp: None,
                     body: format!(r#"{{"order":{i},"sent_at_ms":{}}}"#, now_ms()).into_bytes(),
                 };

@@ -12,8 +12,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-/// Header naming the subscription to deliver to (set by the producer).
+/// Header naming the subscription to deliver to (set by the producer). Without it the event
+/// fans out to every matching subscription of its tenant.
 pub const SUBSCRIPTION_HEADER: &str = "x-subscription";
+/// On a delivery made by fan-out: the `message_id` of the event it came from.
+pub const EVENT_ID_HEADER: &str = "x-hookrelay-event-id";
+/// The endpoint the last attempt went to (`host#hash`), to notice a repointed subscription.
+pub const ENDPOINT_HEADER: &str = "x-hookrelay-endpoint";
 /// The tenant, carried once a message leaves the ingress (whose routing key was the tenant).
 pub const TENANT_HEADER: &str = "x-hookrelay-tenant";
 /// Attempts already made. Ours alone: the broker's `x-death` counts are never trusted.
@@ -66,7 +71,10 @@ pub enum InvalidEnvelope {
     MissingType,
     #[error("type {0:?} is not an event type: use 1 to 128 letters, digits, '.', '_', '-' or ':'")]
     BadType(String),
-    #[error("header x-subscription is missing; it names the subscription to deliver to")]
+    #[error(
+        "header x-subscription is missing; only a new event on the first-attempt lane may leave \
+         it out (to fan out)"
+    )]
     MissingSubscription,
     #[error("header {header} must be {expected}, found {found}")]
     BadHeader {
@@ -144,7 +152,9 @@ pub struct NewEvent {
     pub id: String,
     pub tenant: String,
     pub event_type: String,
-    pub subscription: String,
+    /// The subscription to deliver to; `None` fans the event out to every enabled subscription
+    /// of the tenant that receives its type.
+    pub subscription: Option<String>,
     /// Seconds since the epoch; set to now when `None`.
     pub timestamp: Option<u64>,
     pub body: Vec<u8>,
@@ -155,7 +165,7 @@ impl NewEvent {
         check_id(&self.id)?;
         check_tenant(&self.tenant)?;
         check_event_type(&self.event_type)?;
-        if self.subscription.is_empty() {
+        if self.subscription.as_deref() == Some("") {
             return Err(InvalidEnvelope::MissingSubscription);
         }
         check_body(&self.body, max_body)
@@ -164,10 +174,12 @@ impl NewEvent {
     /// The AMQP properties the contract asks for. Call [`NewEvent::validate`] first.
     pub fn properties(&self) -> BasicProperties {
         let mut headers = FieldTable::default();
-        headers.insert(
-            SUBSCRIPTION_HEADER.into(),
-            AMQPValue::LongString(self.subscription.as_str().into()),
-        );
+        if let Some(subscription) = &self.subscription {
+            headers.insert(
+                SUBSCRIPTION_HEADER.into(),
+                AMQPValue::LongString(subscription.as_str().into()),
+            );
+        }
         BasicProperties::default()
             .with_message_id(ShortString::from(self.id.as_str()))
             .with_type(ShortString::from(self.event_type.as_str()))
@@ -184,11 +196,16 @@ pub struct Envelope {
     pub id: String,
     pub tenant: String,
     pub event_type: String,
-    pub subscription: String,
+    /// `None`: an event to fan out.
+    pub subscription: Option<String>,
+    /// For a delivery made by fan-out, the event's own id.
+    pub event_id: Option<String>,
     /// Attempts made before this one.
     pub attempts_made: u32,
     /// When this attempt became due (ms since the epoch), for a message promoted from a tier.
     pub due_ms: Option<u64>,
+    /// Where the previous attempt went ([`endpoint_fingerprint`]).
+    pub last_endpoint: Option<String>,
 }
 
 impl Envelope {
@@ -215,9 +232,9 @@ impl Envelope {
             .ok_or(InvalidEnvelope::MissingType)?
             .as_str();
         check_event_type(event_type)?;
-        let subscription = header_str(headers, SUBSCRIPTION_HEADER)?
-            .filter(|s| !s.is_empty())
-            .ok_or(InvalidEnvelope::MissingSubscription)?;
+        let subscription = header_str(headers, SUBSCRIPTION_HEADER)?.filter(|s| !s.is_empty());
+        let event_id = header_str(headers, EVENT_ID_HEADER)?;
+        let last_endpoint = header_str(headers, ENDPOINT_HEADER)?;
         let attempts_made = match header_u64(headers, ATTEMPTS_HEADER)? {
             None => 0,
             Some(n) if n <= MAX_PLAUSIBLE_ATTEMPTS => n as u32,
@@ -235,11 +252,69 @@ impl Envelope {
             id: id.to_owned(),
             tenant: tenant.to_owned(),
             event_type: event_type.to_owned(),
-            subscription: subscription.to_owned(),
+            subscription: subscription.map(str::to_owned),
+            event_id: event_id.map(str::to_owned),
             attempts_made,
             due_ms,
+            last_endpoint: last_endpoint.map(str::to_owned),
         })
     }
+
+    /// Whether the subscription was known to exist when this envelope was made or last tried,
+    /// so its absence now means it was deleted rather than never existed.
+    pub fn subscription_existed(&self) -> bool {
+        self.attempts_made > 0 || self.event_id.is_some()
+    }
+}
+
+/// The id of the delivery of event `event_id` to subscription `subscription_id` made by fan-out:
+/// `d_` and the first 32 hex digits of SHA-256 of `"{event_id}\n{subscription_id}"`. The same
+/// event fanned out twice gives the same ids, so a consumer never sees two ids for one event and
+/// subscription.
+pub fn derived_id(event_id: &str, subscription_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(event_id.as_bytes())
+        .chain_update(b"\n")
+        .chain_update(subscription_id.as_bytes())
+        .finalize();
+    let mut id = String::with_capacity(34);
+    id.push_str("d_");
+    for byte in &digest[..16] {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    id
+}
+
+/// A short, comparable trace of an endpoint URL: its host and a hash of the whole URL (which
+/// may carry a token, so it is never stored as is).
+pub fn endpoint_fingerprint(url: &reqwest::Url) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(url.as_str().as_bytes());
+    format!(
+        "{}#{:02x}{:02x}{:02x}{:02x}",
+        url.host_str().unwrap_or_default(),
+        digest[0],
+        digest[1],
+        digest[2],
+        digest[3]
+    )
+}
+
+/// Properties for one delivery of a fan-out: the event's properties with the derived id, the
+/// subscription, and the event id.
+pub fn fanout_properties(
+    original: &BasicProperties,
+    derived: &str,
+    subscription: &str,
+    event_id: &str,
+) -> BasicProperties {
+    let (props, mut headers) = carried(original);
+    put_str(&mut headers, SUBSCRIPTION_HEADER, subscription);
+    put_str(&mut headers, EVENT_ID_HEADER, event_id);
+    props
+        .with_message_id(ShortString::from(derived))
+        .with_headers(headers)
 }
 
 fn header<'a>(headers: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
@@ -391,9 +466,13 @@ pub fn retry_properties(
     attempts_made: u32,
     due_ms: u64,
     last_error: &str,
+    endpoint: Option<&str>,
 ) -> BasicProperties {
     let (props, mut headers) = carried(original);
     put_str(&mut headers, TENANT_HEADER, tenant);
+    if let Some(endpoint) = endpoint {
+        put_str(&mut headers, ENDPOINT_HEADER, endpoint);
+    }
     put_u64(&mut headers, ATTEMPTS_HEADER, attempts_made.into());
     put_u64(&mut headers, DUE_HEADER, due_ms);
     put_str(&mut headers, LAST_ERROR_HEADER, cut(last_error));
@@ -451,7 +530,7 @@ mod tests {
             id: "evt_123-abc".into(),
             tenant: "acme".into(),
             event_type: "order.paid".into(),
-            subscription: "sub_orders".into(),
+            subscription: Some("sub_orders".into()),
             timestamp: Some(1_700_000_000),
             body: br#"{"order":1}"#.to_vec(),
         }
@@ -468,9 +547,11 @@ mod tests {
                 id: e.id.clone(),
                 tenant: "acme".into(),
                 event_type: "order.paid".into(),
-                subscription: "sub_orders".into(),
+                subscription: Some("sub_orders".into()),
+                event_id: None,
                 attempts_made: 0,
                 due_ms: None,
+                last_endpoint: None,
             }
         );
     }
@@ -494,7 +575,7 @@ mod tests {
                 "type \"order paid\"",
             ),
             (
-                Box::new(|e| e.subscription = String::new()),
+                Box::new(|e| e.subscription = Some(String::new())),
                 "x-subscription is missing",
             ),
             (Box::new(|e| e.body = b"{nope".to_vec()), "body is not JSON"),
@@ -571,13 +652,15 @@ mod tests {
         original = original
             .with_headers(headers)
             .with_expiration("1000".into());
-        let retry = retry_properties(&original, "acme", 2, 99, "HTTP 503");
+        let retry = retry_properties(&original, "acme", 2, 99, "HTTP 503", Some("h#01020304"));
         assert_eq!(retry.expiration(), &None);
         assert_eq!(retry.message_id(), original.message_id());
         let envelope = Envelope::from_delivery(&retry, "retry-10s.acme", &e.body, 1024).unwrap();
         assert_eq!(envelope.tenant, "acme");
         assert_eq!(envelope.attempts_made, 2);
         assert_eq!(envelope.due_ms, Some(99));
+        assert_eq!(envelope.last_endpoint.as_deref(), Some("h#01020304"));
+        assert!(envelope.subscription_existed());
         let h = retry.headers().as_ref().unwrap();
         assert!(!h.inner().contains_key("x-death"));
         assert!(!h.inner().contains_key("x-delivery-count"));
@@ -610,5 +693,24 @@ mod tests {
             read_str_header(&dead, SUBSCRIPTION_HEADER).as_deref(),
             Some("sub_orders")
         );
+    }
+
+    #[test]
+    fn fan_out_ids_are_stable_and_distinct() {
+        let a = derived_id("evt_1", "sub_a");
+        assert_eq!(a, derived_id("evt_1", "sub_a"));
+        assert_ne!(a, derived_id("evt_1", "sub_b"));
+        assert_ne!(derived_id("evt_1", "sub_a"), derived_id("evt_1s", "ub_a"));
+        assert_eq!(a.len(), 34);
+        check_id(&a).unwrap();
+        // The documented rule, computed independently: sha256("evt_1\nsub_a").
+        assert_eq!(a, "d_b4db08b1e96c8c46ed81d22d25ca9c0e");
+        let e = event();
+        let child = fanout_properties(&e.properties(), &a, "sub_a", &e.id);
+        let envelope = Envelope::from_delivery(&child, "acme", &e.body, 1024).unwrap();
+        assert_eq!(envelope.id, a);
+        assert_eq!(envelope.subscription.as_deref(), Some("sub_a"));
+        assert_eq!(envelope.event_id.as_deref(), Some("evt_123-abc"));
+        assert!(envelope.subscription_existed());
     }
 }

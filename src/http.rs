@@ -6,7 +6,10 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
 
+use std::sync::Arc;
+
 use crate::config::HttpConfig;
+use crate::egress::{EgressPolicy, GuardedResolver, Lookup, find_denial};
 use crate::outcome::{AttemptResult, parse_retry_after};
 
 pub const USER_AGENT_VALUE: &str = concat!("hookrelay/", env!("CARGO_PKG_VERSION"));
@@ -58,31 +61,69 @@ pub struct AttemptReport {
     pub response_excerpt: String,
 }
 
-/// Sends webhooks over one pooled client shared by every task.
+/// Sends webhooks over one pooled client shared by every task. Every address it connects to
+/// passed the egress policy.
 #[derive(Debug, Clone)]
 pub struct HttpSender {
     client: reqwest::Client,
     max_response_bytes: usize,
+    policy: Arc<EgressPolicy>,
+    resolver: GuardedResolver,
 }
 
 impl HttpSender {
-    pub fn new(config: &HttpConfig) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    pub fn new(
+        config: &HttpConfig,
+        policy: Arc<EgressPolicy>,
+        lookup: Arc<dyn Lookup>,
+    ) -> Result<Self, reqwest::Error> {
+        let resolver = GuardedResolver::new(Arc::clone(&policy), lookup);
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
+            .dns_resolver(Arc::new(resolver.clone()))
             .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true)
-            .build()?;
+            .tcp_nodelay(true);
+        builder = match policy.proxy() {
+            Some(proxy) => builder.proxy(reqwest::Proxy::all(proxy.clone())?),
+            None => builder.no_proxy(),
+        };
         Ok(Self {
-            client,
+            client: builder.build()?,
             max_response_bytes: config.max_response_bytes,
+            policy,
+            resolver,
         })
+    }
+
+    /// The policy's verdict before any connection: scheme, port, IP-literal hosts, and (through a
+    /// proxy, where the client resolves only the proxy) the target's addresses.
+    async fn precheck(&self, url: &reqwest::Url) -> Option<AttemptResult> {
+        if let Err(denied) = self.policy.check_url(url) {
+            return Some(AttemptResult::EgressDenied(denied.to_string()));
+        }
+        if self.policy.proxy().is_some()
+            && let Some(url::Host::Domain(host)) = url.host()
+            && let Err(e) = self.resolver.resolve_checked(host).await
+        {
+            return Some(match e {
+                crate::egress::ResolveError::Denied(d) => AttemptResult::EgressDenied(d.to_string()),
+                other => AttemptResult::Transport(other.to_string()),
+            });
+        }
+        None
     }
 
     pub async fn send(&self, request: WebhookRequest<'_>) -> AttemptReport {
         let started = Instant::now();
+        if let Some(result) = self.precheck(request.url).await {
+            return AttemptReport {
+                result,
+                latency: started.elapsed(),
+                response_excerpt: String::new(),
+            };
+        }
         let sent = self
             .client
             .post(request.url.clone())
@@ -140,6 +181,9 @@ impl HttpSender {
 }
 
 fn classify_error(e: &reqwest::Error) -> AttemptResult {
+    if let Some(denied) = find_denial(e) {
+        return AttemptResult::EgressDenied(denied.to_string());
+    }
     if e.is_timeout() {
         return AttemptResult::Timeout;
     }

@@ -24,7 +24,10 @@
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod dispatch;
+pub mod egress;
 pub mod envelope;
+pub mod events;
 pub mod http;
 pub mod management;
 pub mod metrics;

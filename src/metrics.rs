@@ -23,6 +23,14 @@ pub struct Metrics {
     pub republish_failures: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
+    /// Envelopes completed without delivery because their subscription changed, by reason.
+    pub cancellations: IntCounterVec,
+    /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
+    pub subscription_reloads: IntCounterVec,
+    /// Notices (operational events, attempt log) dropped because the buffer was full.
+    pub notices_dropped: IntCounter,
+    /// Notices the broker did not confirm.
+    pub notices_failed: IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -90,6 +98,32 @@ impl Metrics {
             "Broker sessions re-established after a drop",
         )
         .expect("valid metric");
+        let cancellations = IntCounterVec::new(
+            Opts::new(
+                "hookrelay_cancellations_total",
+                "Envelopes completed without delivery because their subscription changed, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        let subscription_reloads = IntCounterVec::new(
+            Opts::new(
+                "hookrelay_subscription_reloads_total",
+                "Changed subscriptions files looked at, by result (applied, refused)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let notices_dropped = IntCounter::new(
+            "hookrelay_notices_dropped_total",
+            "Operational events and attempt-log entries dropped because the buffer was full",
+        )
+        .expect("valid metric");
+        let notices_failed = IntCounter::new(
+            "hookrelay_notices_failed_total",
+            "Operational events and attempt-log entries the broker did not confirm",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(outcomes.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(retries.clone()),
@@ -98,6 +132,10 @@ impl Metrics {
             Box::new(in_flight.clone()),
             Box::new(republish_failures.clone()),
             Box::new(reconnects.clone()),
+            Box::new(cancellations.clone()),
+            Box::new(subscription_reloads.clone()),
+            Box::new(notices_dropped.clone()),
+            Box::new(notices_failed.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -110,6 +148,10 @@ impl Metrics {
             in_flight,
             republish_failures,
             reconnects,
+            cancellations,
+            subscription_reloads,
+            notices_dropped,
+            notices_failed,
         }
     }
 

@@ -20,6 +20,8 @@ pub enum AttemptResult {
     /// The attempt could not be signed or sent for a reason of ours (no secret resolved); worth
     /// trying again once configuration is fixed.
     NotSent(String),
+    /// The egress policy refused the endpoint's address; no connection was made.
+    EgressDenied(String),
 }
 
 impl AttemptResult {
@@ -30,6 +32,7 @@ impl AttemptResult {
             AttemptResult::Timeout => "timeout".to_owned(),
             AttemptResult::Transport(e) => format!("transport error: {e}"),
             AttemptResult::NotSent(e) => format!("not sent: {e}"),
+            AttemptResult::EgressDenied(e) => e.clone(),
         }
     }
 }
@@ -43,6 +46,10 @@ pub enum DeadReason {
     Exhausted,
     /// The message is not a valid envelope, or names nothing we can deliver to.
     Invalid,
+    /// The endpoint answered 410 Gone: it asks not to be sent anything more.
+    Gone,
+    /// The egress policy refuses the endpoint's address.
+    EgressDenied,
 }
 
 impl DeadReason {
@@ -51,6 +58,30 @@ impl DeadReason {
             DeadReason::Rejected => "rejected",
             DeadReason::Exhausted => "exhausted",
             DeadReason::Invalid => "invalid",
+            DeadReason::Gone => "gone",
+            DeadReason::EgressDenied => "egress_denied",
+        }
+    }
+}
+
+/// Why an envelope completes without delivery and without being an error: the subscription
+/// changed while it waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CancelReason {
+    /// The subscription no longer exists.
+    Deleted,
+    /// The subscription is disabled.
+    Disabled,
+    /// The subscription no longer receives this event type (or, for a fan-out, none does).
+    Filtered,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::Deleted => "deleted",
+            CancelReason::Disabled => "disabled",
+            CancelReason::Filtered => "filtered",
         }
     }
 }
@@ -66,6 +97,11 @@ pub enum Outcome {
         attempts_made: u32,
         error: String,
     },
+    /// Acknowledge without delivering; recorded with its reason.
+    Cancelled { reason: CancelReason, detail: String },
+    /// An event without a subscription: publish one delivery per subscription (each with its
+    /// derived id), then acknowledge.
+    FanOut { subscriptions: Vec<String> },
     /// Publish to the dead sink with the reason, then acknowledge.
     Dead {
         reason: DeadReason,
@@ -90,6 +126,8 @@ impl Outcome {
         match self {
             Outcome::Delivered { .. } => "delivered",
             Outcome::Retry { .. } => "retried",
+            Outcome::Cancelled { .. } => "cancelled",
+            Outcome::FanOut { .. } => "fanned_out",
             Outcome::Dead { reason, .. } => reason.as_str(),
         }
     }
@@ -114,9 +152,25 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
         } => (Some(*status), *retry_after),
         _ => (None, None),
     };
+    if let AttemptResult::EgressDenied(error) = result {
+        return Outcome::Dead {
+            reason: DeadReason::EgressDenied,
+            status: None,
+            error: error.clone(),
+            attempts_made,
+        };
+    }
     if let Some(status) = status {
         if (200..=299).contains(&status) {
             return Outcome::Delivered { status };
+        }
+        if status == 410 {
+            return Outcome::Dead {
+                reason: DeadReason::Gone,
+                status: Some(status),
+                error: result.describe(),
+                attempts_made,
+            };
         }
         if !is_retryable_status(status) {
             return Outcome::Dead {
@@ -224,7 +278,7 @@ mod tests {
 
     #[test]
     fn other_client_errors_are_rejected_at_once() {
-        for code in [400, 401, 403, 404, 405, 410, 413, 422] {
+        for code in [400, 401, 403, 404, 405, 413, 422] {
             assert_eq!(
                 decide(&ladder(), 0, &status(code)),
                 Outcome::Dead {
@@ -235,6 +289,24 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn gone_and_egress_denials_end_at_once() {
+        assert!(matches!(
+            decide(&ladder(), 3, &status(410)),
+            Outcome::Dead { reason: DeadReason::Gone, status: Some(410), attempts_made: 4, .. }
+        ));
+        let denied = AttemptResult::EgressDenied("egress denied: x resolves to 10.0.0.1 (private)".into());
+        assert_eq!(
+            decide(&ladder(), 0, &denied),
+            Outcome::Dead {
+                reason: DeadReason::EgressDenied,
+                status: None,
+                error: "egress denied: x resolves to 10.0.0.1 (private)".into(),
+                attempts_made: 1,
+            }
+        );
     }
 
     #[test]

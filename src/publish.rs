@@ -2,6 +2,7 @@
 //! library) and by the worker for every republish into a tier or the dead sink: a publish only
 //! counts once the broker confirmed it and did not return it as unroutable.
 
+use std::future::Future;
 use std::time::Duration;
 
 use deadpool_lapin::{Pool, PoolConfig, Runtime};
@@ -113,34 +114,54 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
+        self.send(exchange, routing_key, body, properties, true)
+            .await?
+            .await
+    }
+
+    /// Sends one message and returns the wait for its confirm, so a caller can keep many in
+    /// flight. Without `mandatory` an unroutable message is confirmed and dropped by the broker
+    /// (right for notices nobody may be listening to).
+    pub async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<impl Future<Output = Result<(), PublishError>> + Send + 'static, PublishError> {
         let channel = self.channel().await?;
         let confirm = channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory,
                     ..BasicPublishOptions::default()
                 },
                 body,
                 properties,
             )
             .await?;
-        let confirmation = tokio::time::timeout(self.confirm_timeout, confirm)
-            .await
-            .map_err(|_| PublishError::ConfirmTimeout(self.confirm_timeout))??;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(PublishError::Unroutable {
-                    exchange: exchange.to_owned(),
-                    routing_key: routing_key.to_owned(),
-                    reply: format!("{} {}", returned.reply_code, returned.reply_text),
-                })
+        let timeout = self.confirm_timeout;
+        let (exchange, routing_key) = (exchange.to_owned(), routing_key.to_owned());
+        Ok(async move {
+            let confirmation = tokio::time::timeout(timeout, confirm)
+                .await
+                .map_err(|_| PublishError::ConfirmTimeout(timeout))??;
+            match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Err(PublishError::Unroutable {
+                        exchange,
+                        routing_key,
+                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
+                    })
+                }
+                Confirmation::Nack(None) => Err(PublishError::Nacked),
+                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
             }
-            Confirmation::Nack(None) => Err(PublishError::Nacked),
-            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
-        }
+        })
     }
 
     /// Validates `event` against the envelope contract and publishes it to `ingress` with the

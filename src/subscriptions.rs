@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use arc_swap::ArcSwap;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -44,7 +45,25 @@ struct Entry {
     url: Spanned<String>,
     #[serde(default)]
     event_types: Option<Spanned<Vec<String>>>,
-    secrets: Spanned<Vec<String>>,
+    secrets: Spanned<Vec<SecretEntry>>,
+    #[serde(default = "enabled_by_default")]
+    enabled: bool,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// `"env:NAME"`, or `{ ref = "env:NAME", expires = "2027-01-31T00:00:00Z" }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SecretEntry {
+    Plain(String),
+    Detailed {
+        #[serde(rename = "ref")]
+        reference: String,
+        expires: Option<String>,
+    },
 }
 
 /// Which event types a subscription receives: exact names and `prefix.*` wildcards.
@@ -117,6 +136,26 @@ impl std::fmt::Display for SecretRef {
     }
 }
 
+/// A secret reference and when it stops being used for signing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretSpec {
+    pub reference: SecretRef,
+    pub expires: Option<SystemTime>,
+}
+
+impl SecretSpec {
+    pub fn new(reference: SecretRef) -> Self {
+        Self {
+            reference,
+            expires: None,
+        }
+    }
+
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        self.expires.is_some_and(|at| now >= at)
+    }
+}
+
 /// One subscription as it is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscription {
@@ -126,10 +165,24 @@ pub struct Subscription {
     /// `None`: every event type.
     pub event_types: Option<Vec<EventFilter>>,
     /// Newest first.
-    pub secrets: Vec<SecretRef>,
+    pub secrets: Vec<SecretSpec>,
+    /// A disabled subscription receives nothing; what waits for it is cancelled.
+    pub enabled: bool,
 }
 
 impl Subscription {
+    /// A subscription with every event type, one secret, enabled.
+    pub fn new(id: &str, tenant: &str, url: reqwest::Url, secret: SecretRef) -> Self {
+        Self {
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+            url,
+            event_types: None,
+            secrets: vec![SecretSpec::new(secret)],
+            enabled: true,
+        }
+    }
+
     pub fn accepts(&self, event_type: &str) -> bool {
         self.event_types
             .as_ref()
@@ -246,8 +299,27 @@ impl Subscriptions {
             };
             let mut secrets = Vec::new();
             for raw in entry.secrets.get_ref() {
-                match SecretRef::parse(raw) {
-                    Ok(r) => secrets.push(r),
+                let (reference, expires) = match raw {
+                    SecretEntry::Plain(r) => (r, None),
+                    SecretEntry::Detailed { reference, expires } => (reference, expires.as_ref()),
+                };
+                let expires = match expires.map(|t| humantime::parse_rfc3339_weak(t)) {
+                    None => None,
+                    Some(Ok(at)) => Some(at),
+                    Some(Err(e)) => {
+                        errors.push(error(
+                            entry.secrets.span().start,
+                            "secrets.expires",
+                            format!(
+                                "{:?} is not a time like \"2027-01-31T00:00:00Z\": {e}",
+                                expires.map_or("", |t| t.as_str())
+                            ),
+                        ));
+                        None
+                    }
+                };
+                match SecretRef::parse(reference) {
+                    Ok(reference) => secrets.push(SecretSpec { reference, expires }),
                     Err(message) => {
                         errors.push(error(entry.secrets.span().start, "secrets", message))
                     }
@@ -271,6 +343,7 @@ impl Subscriptions {
                         url,
                         event_types,
                         secrets,
+                        enabled: entry.enabled,
                     }),
                 );
             }
@@ -297,6 +370,19 @@ impl Subscriptions {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Subscription>> {
         self.by_id.values()
+    }
+
+    /// The enabled subscriptions of `tenant` that receive `event_type`, by id: a fan-out's
+    /// targets.
+    pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<Subscription>> {
+        let mut found: Vec<Arc<Subscription>> = self
+            .by_id
+            .values()
+            .filter(|s| s.enabled && s.tenant == tenant && s.accepts(event_type))
+            .cloned()
+            .collect();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        found
     }
 
     pub fn len(&self) -> usize {
@@ -393,16 +479,17 @@ impl SecretStore {
             })
     }
 
-    /// The keys of every secret of `subscription` that resolves, newest first, and the errors
-    /// of those that do not.
+    /// The keys of every unexpired secret of `subscription` that resolves, newest first, and
+    /// the errors of those that do not.
     pub fn keys_for(
         &self,
         subscription: &Subscription,
     ) -> (Vec<Arc<SigningKey>>, Vec<SecretError>) {
+        let now = SystemTime::now();
         let mut keys = Vec::with_capacity(subscription.secrets.len());
         let mut errors = Vec::new();
-        for reference in &subscription.secrets {
-            match self.resolve(reference) {
+        for spec in subscription.secrets.iter().filter(|s| !s.is_expired(now)) {
+            match self.resolve(&spec.reference) {
                 Ok(k) => keys.push(k),
                 Err(e) => errors.push(e),
             }
@@ -422,6 +509,118 @@ impl SecretStore {
         missing.sort_by(|a, b| a.0.cmp(&b.0));
         missing
     }
+}
+
+/// The subscriptions in force, replaced whole when the file changes and the new version is
+/// valid. Readers take a snapshot per attempt without locking.
+#[derive(Debug)]
+pub struct LiveSubscriptions {
+    current: ArcSwap<Subscriptions>,
+    path: Option<PathBuf>,
+    /// The file content last put in force, and the error last reported for a refused one.
+    state: Mutex<(Vec<u8>, Option<String>)>,
+}
+
+/// What one look at the file found.
+#[derive(Debug)]
+pub enum Reload {
+    Unchanged,
+    /// A new version is in force, with this many subscriptions.
+    Applied(usize),
+    /// A changed file was refused; the previous version stays. `first` is false when the same
+    /// problems were already reported.
+    Refused { errors: SubscriptionErrors, first: bool },
+}
+
+impl LiveSubscriptions {
+    /// Subscriptions that never change (tests, the demo).
+    pub fn fixed(subscriptions: Subscriptions) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(subscriptions),
+            path: None,
+            state: Mutex::new((Vec::new(), None)),
+        }
+    }
+
+    /// Loads the file; it must be valid now.
+    pub fn from_file(path: &Path) -> Result<Self, SubscriptionErrors> {
+        let content = read_file(path)?;
+        let subscriptions = Self::parse_bytes(path, &content)?;
+        Ok(Self {
+            current: ArcSwap::from_pointee(subscriptions),
+            path: Some(path.to_path_buf()),
+            state: Mutex::new((content, None)),
+        })
+    }
+
+    fn parse_bytes(path: &Path, content: &[u8]) -> Result<Subscriptions, SubscriptionErrors> {
+        let text = std::str::from_utf8(content).map_err(|_| {
+            SubscriptionErrors(vec![SubscriptionError {
+                path: path.display().to_string(),
+                line: 0,
+                field: "(file)".into(),
+                message: "not UTF-8 text".into(),
+            }])
+        })?;
+        Subscriptions::parse(&path.display().to_string(), text)
+    }
+
+    /// The version in force now.
+    pub fn current(&self) -> Arc<Subscriptions> {
+        self.current.load_full()
+    }
+
+    /// The file this was loaded from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Reads the file again. A changed, valid version replaces the current one, after `accept`
+    /// agrees (the worker checks that its secrets resolve); anything else leaves it in force.
+    pub fn reload(
+        &self,
+        accept: impl Fn(&Subscriptions) -> Result<(), SubscriptionErrors>,
+    ) -> Reload {
+        let Some(path) = &self.path else {
+            return Reload::Unchanged;
+        };
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let content = match read_file(path) {
+            Ok(c) => c,
+            Err(errors) => return refuse(&mut state, errors),
+        };
+        if content == state.0 {
+            state.1 = None;
+            return Reload::Unchanged;
+        }
+        match Self::parse_bytes(path, &content).and_then(|s| accept(&s).map(|()| s)) {
+            Ok(subscriptions) => {
+                let n = subscriptions.len();
+                self.current.store(Arc::new(subscriptions));
+                *state = (content, None);
+                Reload::Applied(n)
+            }
+            Err(errors) => refuse(&mut state, errors),
+        }
+    }
+}
+
+fn refuse(state: &mut (Vec<u8>, Option<String>), errors: SubscriptionErrors) -> Reload {
+    let shown = errors.to_string();
+    let first = state.1.as_deref() != Some(shown.as_str());
+    state.1 = Some(shown);
+    Reload::Refused { errors, first }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, SubscriptionErrors> {
+    std::fs::read(path).map_err(|e| {
+        SubscriptionErrors(vec![SubscriptionError {
+            path: path.display().to_string(),
+            line: 0,
+            field: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        }])
+    })
 }
 
 #[cfg(test)]
@@ -452,10 +651,11 @@ secrets = ["env:X"]
         assert_eq!(
             orders.secrets,
             vec![
-                SecretRef::Env("ACME_WHSEC_V2".into()),
-                SecretRef::File("/run/secrets/acme_v1".into())
+                SecretSpec::new(SecretRef::Env("ACME_WHSEC_V2".into())),
+                SecretSpec::new(SecretRef::File("/run/secrets/acme_v1".into()))
             ]
         );
+        assert!(orders.enabled);
         assert!(orders.accepts("order.paid"));
         assert!(orders.accepts("order.refund.created"));
         assert!(orders.accepts("invoice.paid"));
@@ -505,13 +705,13 @@ secrets = []
         let v2 = crate::signing::generate_secret();
         let env: HashMap<String, String> = [("V2".to_string(), v2.clone())].into();
         let store = SecretStore::with_env(Duration::ZERO, Arc::new(env));
-        let sub = Subscription {
-            id: "s".into(),
-            tenant: "t".into(),
-            url: "http://x.example".parse().unwrap(),
-            event_types: None,
-            secrets: vec![SecretRef::Env("V2".into()), SecretRef::File(path.clone())],
-        };
+        let mut sub = Subscription::new(
+            "s",
+            "t",
+            "http://x.example".parse().unwrap(),
+            SecretRef::Env("V2".into()),
+        );
+        sub.secrets.push(SecretSpec::new(SecretRef::File(path.clone())));
         let (keys, errors) = store.keys_for(&sub);
         assert_eq!((keys.len(), errors.len()), (2, 0));
         let expected = SigningKey::from_whsec(&v2).unwrap().sign("i", 1, b"{}");
@@ -527,5 +727,102 @@ secrets = []
         );
         let subs = Subscriptions::from_list([sub]);
         assert_eq!(store.unresolved(&subs).len(), 1);
+    }
+
+    #[test]
+    fn expired_secrets_stop_signing_and_disabled_subscriptions_get_no_fan_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old");
+        let new = dir.path().join("new");
+        std::fs::write(&old, crate::signing::generate_secret()).unwrap();
+        std::fs::write(&new, crate::signing::generate_secret()).unwrap();
+        let text = format!(
+            r#"
+[[subscription]]
+id = "b_rotating"
+tenant = "acme"
+url = "https://a.example"
+secrets = ["file:{new}", {{ ref = "file:{old}", expires = "2001-01-01T00:00:00Z" }}]
+
+[[subscription]]
+id = "a_current"
+tenant = "acme"
+url = "https://b.example"
+event_types = ["order.paid"]
+secrets = [{{ ref = "file:{old}", expires = "2999-01-01T00:00:00Z" }}]
+
+[[subscription]]
+id = "c_off"
+tenant = "acme"
+url = "https://c.example"
+enabled = false
+secrets = ["file:{new}"]
+"#,
+            new = new.display(),
+            old = old.display()
+        );
+        let subs = Subscriptions::parse("s.toml", &text).unwrap();
+        let store = SecretStore::new(Duration::ZERO);
+        assert_eq!(store.keys_for(subs.get("b_rotating").unwrap()).0.len(), 1);
+        assert_eq!(store.keys_for(subs.get("a_current").unwrap()).0.len(), 1);
+        let ids: Vec<_> = subs
+            .matching("acme", "order.paid")
+            .iter()
+            .map(|s| s.id.clone())
+            .collect();
+        assert_eq!(ids, vec!["a_current", "b_rotating"]);
+        assert_eq!(subs.matching("acme", "order.sent").len(), 1);
+        assert!(subs.matching("globex", "order.paid").is_empty());
+
+        let err = Subscriptions::parse(
+            "s.toml",
+            "[[subscription]]\nid = \"x\"\ntenant = \"t\"\nurl = \"https://x.example\"\nsecrets = [{ ref = \"env:A\", expires = \"soon\" }]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("secrets.expires"), "{err}");
+    }
+
+    #[test]
+    fn a_reload_applies_valid_versions_and_keeps_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("subs.toml");
+        let version = |url: &str| {
+            format!(
+                "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"{url}\"\nsecrets = [\"env:X\"]\n"
+            )
+        };
+        std::fs::write(&path, version("https://one.example")).unwrap();
+        let live = LiveSubscriptions::from_file(&path).unwrap();
+        let url = |live: &LiveSubscriptions| live.current().get("s").unwrap().url.to_string();
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Unchanged));
+
+        std::fs::write(&path, version("https://two.example")).unwrap();
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Applied(1)));
+        assert_eq!(url(&live), "https://two.example/");
+
+        std::fs::write(&path, "[[subscription]]\nid = ").unwrap();
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Refused { first: true, .. }));
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Refused { first: false, .. }));
+        assert_eq!(url(&live), "https://two.example/");
+
+        // Valid, but the caller refuses it (say, a secret that does not resolve).
+        std::fs::write(&path, version("https://three.example")).unwrap();
+        let refuse = |_: &Subscriptions| {
+            Err(SubscriptionErrors(vec![SubscriptionError {
+                path: "p".into(),
+                line: 0,
+                field: "secrets".into(),
+                message: "does not resolve".into(),
+            }]))
+        };
+        assert!(matches!(live.reload(refuse), Reload::Refused { first: true, .. }));
+        assert_eq!(url(&live), "https://two.example/");
+        // Once the caller agrees, the same file goes into force.
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Applied(1)));
+        assert_eq!(url(&live), "https://three.example/");
+
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(live.reload(|_| Ok(())), Reload::Refused { .. }));
+        assert_eq!(url(&live), "https://three.example/");
     }
 }

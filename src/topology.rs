@@ -266,6 +266,10 @@ impl Ladder {
     fn promote_unrouted(&self) -> String {
         self.name("promote.unrouted")
     }
+    /// Operational events (`subscription.gone`, `delivery.cancelled`, ...).
+    pub fn events_exchange(&self) -> String {
+        self.name("events")
+    }
     /// The dead-letter sink.
     pub fn dead(&self) -> String {
         self.name("dead")
@@ -314,6 +318,7 @@ impl Ladder {
             Exchange::new(&self.promote_unrouted(), "fanout"),
             Exchange::new(&self.promote_exchange(), "topic")
                 .arg("alternate-exchange", Arg::Str(self.promote_unrouted())),
+            Exchange::new(&self.events_exchange(), "topic"),
         ];
 
         let mut queues = vec![

@@ -1,36 +1,36 @@
-//! The worker: consumes the ready lanes, makes one attempt per delivery, and settles it: ack on
-//! 2xx; otherwise republish to a tier or the dead sink, wait for the broker's confirm, then ack.
-//! A republish that is not confirmed sends the original back to its lane instead; nothing is
-//! acknowledged before what replaces it is safely stored.
+//! The worker: consumes the ready lanes and hands every delivery to [`crate::dispatch`] in a task
+//! of its own, the moment the broker hands it over, so each channel's prefetch is the
+//! concurrency bound and the broker's `consumer_timeout` measures real work.
 //!
-//! Every delivery gets its own task the moment the broker hands it over, so the channel's
-//! prefetch is the concurrency bound and the broker's `consumer_timeout` measures real work.
+//! It reconnects with backoff when the broker connection drops, keeps the subscriptions file in
+//! force as it changes (polling and SIGHUP), and on shutdown stops consuming, lets in-flight
+//! deliveries finish, and returns.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::{self, BoxStream};
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::envelope::{self, DeadLetter, Envelope, now_ms};
-use crate::http::{HttpSender, WebhookRequest};
+use crate::dispatch::{Dispatcher, LaneKind};
+use crate::egress::{EgressPolicy, Lookup, SystemLookup};
+use crate::events::{Notices, OperationalEvent};
+use crate::http::HttpSender;
 use crate::metrics::Metrics;
-use crate::outcome::{AttemptResult, DeadReason, Outcome, decide};
 use crate::publish::{PublishError, Publisher};
-use crate::signing::signature_header;
-use crate::subscriptions::{SecretStore, Subscriptions};
+use crate::subscriptions::{
+    LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
+};
 use crate::topology::Ladder;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +39,8 @@ pub enum WorkerError {
     Publisher(#[from] PublishError),
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    #[error("{0}")]
+    Config(String),
     #[error(
         "secret references do not resolve, so deliveries could not be signed:\n{0}\n\
          Set the variables or create the files, or fix the subscriptions file"
@@ -48,31 +50,44 @@ pub enum WorkerError {
     Consume(String),
 }
 
+/// What a worker is made of. [`WorkerSetup::new`] fills in the production defaults; tests swap
+/// the resolver or the secret store.
+pub struct WorkerSetup {
+    pub config: Config,
+    pub ladder: Ladder,
+    pub subscriptions: LiveSubscriptions,
+    pub secrets: SecretStore,
+    /// Name resolution for endpoints (the egress policy checks what it returns).
+    pub lookup: Arc<dyn Lookup>,
+    /// Labels the worker's connections in the management UI: `<name> consume`, `<name> publish`.
+    pub name: String,
+}
+
+impl WorkerSetup {
+    pub fn new(config: Config, ladder: Ladder, subscriptions: LiveSubscriptions) -> Self {
+        Self {
+            secrets: SecretStore::new(config.secrets.refresh),
+            config,
+            ladder,
+            subscriptions,
+            lookup: Arc::new(SystemLookup),
+            name: "hookrelay-worker".into(),
+        }
+    }
+}
+
 /// One ready queue the worker consumes, with its own channel and prefetch.
 #[derive(Debug, Clone)]
 struct Lane {
-    /// `first` or `retry`: the metrics label.
-    label: &'static str,
+    kind: LaneKind,
     queue: String,
     prefetch: u16,
 }
 
-/// Everything one delivery's task needs, shared by all tasks.
-struct Shared {
-    config: Config,
-    ladder: Ladder,
-    subscriptions: Arc<Subscriptions>,
-    secrets: SecretStore,
-    http: HttpSender,
-    publisher: Publisher,
-    metrics: Metrics,
-    delay_exchange: String,
-    dead_queue: String,
-}
-
 /// A configured worker, connected for publishing and ready to [`Worker::run`].
 pub struct Worker {
-    shared: Arc<Shared>,
+    dispatcher: Arc<Dispatcher>,
+    notices_task: tokio::task::JoinHandle<()>,
     name: String,
     lanes: Vec<Lane>,
 }
@@ -93,64 +108,98 @@ enum SessionEnd {
     Failed { error: String, connected: bool },
 }
 
+/// The subscriptions' secrets must resolve before they are put in force.
+fn check_secrets(
+    secrets: &SecretStore,
+    subscriptions: &Subscriptions,
+) -> Result<(), SubscriptionErrors> {
+    let unresolved = secrets.unresolved(subscriptions);
+    if unresolved.is_empty() {
+        return Ok(());
+    }
+    Err(SubscriptionErrors(
+        unresolved
+            .into_iter()
+            .map(|(sub, e)| SubscriptionError {
+                path: "(subscriptions)".into(),
+                line: 0,
+                field: format!("subscription {sub}: secrets"),
+                message: e.to_string(),
+            })
+            .collect(),
+    ))
+}
+
 impl Worker {
-    /// Checks that every secret resolves and connects the publishing side. `name` labels the
-    /// worker's connections in the management UI (`<name> consume`, `<name> publish`).
-    pub async fn start(
-        config: Config,
-        ladder: Ladder,
-        subscriptions: Subscriptions,
-        secrets: SecretStore,
-        name: &str,
-    ) -> Result<Self, WorkerError> {
-        let unresolved = secrets.unresolved(&subscriptions);
-        if !unresolved.is_empty() {
+    /// Checks that every secret resolves and connects the publishing side.
+    pub async fn start(setup: WorkerSetup) -> Result<Self, WorkerError> {
+        let WorkerSetup {
+            config,
+            ladder,
+            subscriptions,
+            secrets,
+            lookup,
+            name,
+        } = setup;
+        if let Err(errors) = check_secrets(&secrets, &subscriptions.current()) {
             return Err(WorkerError::Secrets(
-                unresolved
+                errors
+                    .0
                     .iter()
-                    .map(|(sub, e)| format!("  subscription {sub}: {e}"))
+                    .map(|e| format!("  {}: {}", e.field, e.message))
                     .collect::<Vec<_>>()
                     .join("\n"),
             ));
         }
-        let http = HttpSender::new(&config.http)?;
-        let publisher = Publisher::connect(
-            &config.amqp.url,
-            &format!("{name} publish"),
-            config.amqp.confirm_timeout,
-        )
-        .await?;
+        let policy = EgressPolicy::from_config(&config.egress)
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        let http = HttpSender::new(&config.http, Arc::new(policy), lookup)?;
+        let publisher = Arc::new(
+            Publisher::connect(
+                &config.amqp.url,
+                &format!("{name} publish"),
+                config.amqp.confirm_timeout,
+            )
+            .await?,
+        );
+        let metrics = Metrics::new();
+        let (notices, notices_task) = Notices::start(
+            Arc::clone(&publisher),
+            ladder.events_exchange(),
+            metrics.clone(),
+        );
         let lanes = vec![
             Lane {
-                label: "first",
+                kind: LaneKind::First,
                 queue: ladder.first_lane(),
                 prefetch: config.worker.prefetch_first,
             },
             Lane {
-                label: "retry",
+                kind: LaneKind::Retry,
                 queue: ladder.retry_lane(),
                 prefetch: config.worker.prefetch_retry,
             },
         ];
+        let dispatcher = Dispatcher::new(
+            config,
+            ladder,
+            Arc::new(subscriptions),
+            Arc::new(secrets),
+            http,
+            publisher,
+            notices,
+            metrics,
+        );
         Ok(Self {
-            shared: Arc::new(Shared {
-                delay_exchange: ladder.delay_exchange(),
-                dead_queue: ladder.dead(),
-                config,
-                ladder,
-                subscriptions: Arc::new(subscriptions),
-                secrets,
-                http,
-                publisher,
-                metrics: Metrics::new(),
-            }),
-            name: name.to_owned(),
+            dispatcher: Arc::new(dispatcher),
+            notices_task,
+            name,
             lanes,
         })
     }
 
     pub fn metrics(&self) -> Metrics {
-        self.shared.metrics.clone()
+        self.dispatcher.metrics.clone()
     }
 
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
@@ -158,17 +207,23 @@ impl Worker {
     /// broker connection drops; fails only if the very first session cannot consume.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let tracker = TaskTracker::new();
+        let stop_reloads = CancellationToken::new();
+        let reloads = tokio::spawn(reload_loop(
+            Arc::clone(&self.dispatcher),
+            stop_reloads.clone(),
+        ));
         let mut shutdown = std::pin::pin!(shutdown);
-        let amqp = &self.shared.config.amqp;
+        let amqp = &self.dispatcher.config.amqp;
         let mut backoff = amqp.reconnect_min;
         let mut ever_connected = false;
+        let mut result = Ok(());
         loop {
             match self.session(&mut shutdown, &tracker).await {
                 SessionEnd::Shutdown => break,
                 SessionEnd::Failed { error, connected } => {
                     if !ever_connected && !connected {
-                        self.shared.publisher.close().await;
-                        return Err(WorkerError::Consume(error));
+                        result = Err(WorkerError::Consume(error));
+                        break;
                     }
                     ever_connected = true;
                     if connected {
@@ -180,15 +235,26 @@ impl Worker {
                         () = &mut shutdown => break,
                     }
                     backoff = (backoff * 2).min(amqp.reconnect_max);
-                    self.shared.metrics.reconnects.inc();
+                    self.dispatcher.metrics.reconnects.inc();
                 }
             }
         }
         // Tasks of sessions that failed may still be finishing their republishes.
-        drain(&tracker, self.shared.config.worker.shutdown_grace).await;
-        self.shared.publisher.close().await;
+        drain(&tracker, self.dispatcher.config.worker.shutdown_grace).await;
+        stop_reloads.cancel();
+        let _ = reloads.await;
+        let Worker {
+            dispatcher,
+            notices_task,
+            ..
+        } = self;
+        // Dropping the last `Notices` lets its task send what is buffered and end.
+        let publisher = Arc::clone(&dispatcher.publisher);
+        drop(dispatcher);
+        let _ = tokio::time::timeout(Duration::from_secs(5), notices_task).await;
+        publisher.close().await;
         info!("Worker stopped");
-        Ok(())
+        result
     }
 
     async fn session(
@@ -197,20 +263,18 @@ impl Worker {
         tracker: &TaskTracker,
     ) -> SessionEnd {
         let failed = |error: String, connected| SessionEnd::Failed { error, connected };
+        let config = &self.dispatcher.config;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} consume", self.name).into());
-        let conn = match Connection::connect(self.shared.config.amqp.url.expose(), props).await {
+        let conn = match Connection::connect(config.amqp.url.expose(), props).await {
             Ok(c) => c,
             Err(e) => {
-                return failed(
-                    format!("connecting to {}: {e}", self.shared.config.amqp.url),
-                    false,
-                );
+                return failed(format!("connecting to {}: {e}", config.amqp.url), false);
             }
         };
         let mut channels: Vec<(Channel, String)> = Vec::new();
-        let mut streams: Vec<BoxStream<'static, (usize, Option<lapin::Result<Delivery>>)>> =
-            Vec::new();
+        type Item = (usize, Option<lapin::Result<Delivery>>);
+        let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
         for (i, lane) in self.lanes.iter().enumerate() {
             let consumer = async {
                 let ch = conn.create_channel().await?;
@@ -260,8 +324,8 @@ impl Worker {
                 () = &mut *shutdown => break,
                 next = deliveries.next() => match next {
                     Some((i, Some(Ok(delivery)))) => {
-                        let lane = self.lanes[i].clone();
-                        tracker.spawn(Arc::clone(&self.shared).handle(lane, delivery));
+                        let kind = self.lanes[i].kind;
+                        tracker.spawn(Arc::clone(&self.dispatcher).handle(kind, delivery));
                     }
                     Some((i, Some(Err(e)))) => {
                         return failed(format!("consumer of {}: {e}", self.lanes[i].queue), true);
@@ -286,7 +350,7 @@ impl Worker {
                 warn!(error = %e, "Cancelling a consumer failed");
             }
         }
-        drain(tracker, self.shared.config.worker.shutdown_grace).await;
+        drain(tracker, config.worker.shutdown_grace).await;
         let _ = conn.close(200, "shutdown".into()).await;
         SessionEnd::Shutdown
     }
@@ -304,252 +368,65 @@ async fn drain(tracker: &TaskTracker, grace: Duration) {
     }
 }
 
-/// Decrements the in-flight gauge however the task ends.
-struct InFlight(prometheus::IntGauge);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
+/// Looks at the subscriptions file every `reload.interval` and on SIGHUP. A changed, valid file
+/// whose secrets resolve goes into force; anything else is refused, loudly, and the last good
+/// version stays.
+async fn reload_loop(dispatcher: Arc<Dispatcher>, stop: CancellationToken) {
+    if dispatcher.subscriptions.path().is_none() {
+        return;
     }
-}
-
-impl Shared {
-    async fn handle(self: Arc<Self>, lane: Lane, delivery: Delivery) {
-        let gauge = self.metrics.in_flight.with_label_values(&[lane.label]);
-        gauge.inc();
-        let _in_flight = InFlight(gauge);
-        let Delivery {
-            properties,
-            routing_key,
-            data,
-            acker,
-            ..
-        } = delivery;
-        let body = Bytes::from(data);
-        let max_body = self.config.limits.max_body_bytes;
-        match Envelope::from_delivery(&properties, routing_key.as_str(), &body, max_body) {
-            Ok(envelope) => {
-                let outcome = self.attempt(&lane, &envelope, &body).await;
-                self.settle(&lane, &acker, &properties, &body, Some(&envelope), outcome)
-                    .await;
-            }
-            Err(invalid) => {
-                let attempts =
-                    envelope::read_u64_header(&properties, envelope::ATTEMPTS_HEADER).unwrap_or(0);
-                let outcome =
-                    Outcome::invalid(invalid.to_string(), attempts.min(u32::MAX.into()) as u32);
-                self.settle(&lane, &acker, &properties, &body, None, outcome)
-                    .await;
-            }
-        }
-    }
-
-    /// Resolves the subscription as it is now, signs with its current secrets, sends, decides.
-    async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Outcome {
-        let Some(sub) = self.subscriptions.get(&envelope.subscription) else {
-            return Outcome::invalid(
-                format!("unknown subscription {:?}", envelope.subscription),
-                envelope.attempts_made,
-            );
-        };
-        if sub.tenant != envelope.tenant {
-            return Outcome::invalid(
-                format!(
-                    "subscription {:?} belongs to tenant {:?}, not {:?}",
-                    sub.id, sub.tenant, envelope.tenant
-                ),
-                envelope.attempts_made,
-            );
-        }
-        if !sub.accepts(&envelope.event_type) {
-            return Outcome::invalid(
-                format!(
-                    "subscription {:?} does not receive event type {:?}",
-                    sub.id, envelope.event_type
-                ),
-                envelope.attempts_made,
-            );
-        }
-        if envelope.attempts_made >= self.ladder.max_attempts() {
-            return Outcome::Dead {
-                reason: DeadReason::Exhausted,
-                status: None,
-                error: format!(
-                    "arrived with {} attempts made, the whole budget",
-                    envelope.attempts_made
-                ),
-                attempts_made: envelope.attempts_made,
-            };
-        }
-        let (keys, errors) = self.secrets.keys_for(sub);
-        for e in &errors {
-            warn!(subscription = %sub.id, error = %e, "Secret reference does not resolve");
-        }
-        let result = if keys.is_empty() {
-            AttemptResult::NotSent(format!(
-                "no secret of subscription {} resolves: {}",
-                sub.id,
-                errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
-        } else {
-            let timestamp = now_ms() / 1000;
-            let signature = signature_header(
-                keys.iter().map(AsRef::as_ref),
-                &envelope.id,
-                timestamp,
-                body,
-            );
-            let report = self
-                .http
-                .send(WebhookRequest {
-                    url: &sub.url,
-                    id: &envelope.id,
-                    attempt: envelope.attempts_made + 1,
-                    timestamp,
-                    signature,
-                    body: body.clone(),
-                })
-                .await;
-            self.metrics
-                .attempt_seconds
-                .with_label_values(&[lane.label])
-                .observe(report.latency.as_secs_f64());
-            debug!(
-                envelope = %envelope.id,
-                attempt = envelope.attempts_made + 1,
-                result = %report.result.describe(),
-                latency_ms = report.latency.as_millis() as u64,
-                response = %report.response_excerpt,
-                "Attempt made"
-            );
-            report.result
-        };
-        decide(&self.ladder, envelope.attempts_made, &result)
-    }
-
-    /// Carries out the decision. Acks only after a needed republish was confirmed.
-    async fn settle(
-        &self,
-        lane: &Lane,
-        acker: &Acker,
-        properties: &BasicProperties,
-        body: &[u8],
-        envelope: Option<&Envelope>,
-        outcome: Outcome,
-    ) {
-        let id = properties
-            .message_id()
-            .as_ref()
-            .map_or("(none)", |m| m.as_str());
-        let kind = outcome.kind();
-        let republished = match &outcome {
-            Outcome::Delivered { status } => {
-                debug!(envelope = %id, status, "Delivered");
-                Ok(())
-            }
-            Outcome::Retry {
-                tier,
-                attempts_made,
-                error,
-            } => {
-                let Some(envelope) = envelope else {
-                    error!(envelope = %id, "A retry without an envelope; keeping the message in its lane");
-                    return self.requeue(acker, "retry without envelope").await;
-                };
-                let tier_delay = self.ladder.tiers[*tier].delay;
-                let props = envelope::retry_properties(
-                    properties,
-                    &envelope.tenant,
-                    *attempts_made,
-                    now_ms() + tier_delay.as_millis() as u64,
-                    error,
-                );
-                let tier_name = &self.ladder.tiers[*tier].name;
-                let result = self
-                    .publisher
-                    .publish(
-                        &self.delay_exchange,
-                        &self.ladder.tier_routing_key(*tier, &envelope.tenant),
-                        body,
-                        props,
-                    )
-                    .await;
-                if result.is_ok() {
-                    self.metrics.retries.with_label_values(&[tier_name]).inc();
-                    info!(envelope = %id, tier = %tier_name, attempts = attempts_made, error = %error, "Scheduled retry");
+    let mut tick = tokio::time::interval(dispatcher.config.reload.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    #[cfg(unix)]
+    let mut hangup =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
                 }
-                result.map_err(|e| (e, tier_name.as_str()))
-            }
-            Outcome::Dead {
-                reason,
-                status,
-                error,
-                attempts_made,
-            } => {
-                let props = envelope::dead_properties(
-                    properties,
-                    &DeadLetter {
-                        reason: reason.as_str(),
-                        error,
-                        status: *status,
-                        attempts_made: *attempts_made,
-                        tenant: envelope.map(|e| e.tenant.as_str()),
-                    },
-                );
-                let result = self
-                    .publisher
-                    .publish("", &self.dead_queue, body, props)
-                    .await;
-                if result.is_ok() {
-                    if let (DeadReason::Rejected, Some(status)) = (reason, status) {
-                        self.metrics
-                            .rejections
-                            .with_label_values(&[&status.to_string()])
-                            .inc();
-                    }
-                    warn!(envelope = %id, reason = reason.as_str(), attempts = attempts_made, error = %error, "Dead-lettered");
-                }
-                result.map_err(|e| (e, "dead"))
+                None => std::future::pending().await,
             }
         };
-        match republished {
-            Ok(()) => {
-                self.metrics
-                    .outcomes
-                    .with_label_values(&[lane.label, kind])
-                    .inc();
-                if let Err(e) = acker.ack(BasicAckOptions::default()).await {
-                    // The channel is gone; the broker redelivers the message (a duplicate,
-                    // never a loss).
-                    warn!(envelope = %id, error = %e, "Ack failed; the broker will redeliver");
-                }
-            }
-            Err((e, target)) => {
-                self.metrics
-                    .republish_failures
-                    .with_label_values(&[target])
-                    .inc();
-                error!(envelope = %id, target, error = %e, "Republish not confirmed; returning the message to its lane");
-                self.requeue(acker, target).await;
-            }
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<()>();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+            () = hup => info!("SIGHUP: reloading subscriptions"),
         }
-    }
-
-    /// Returns a delivery to its lane after a pause, so a persistent fault is not a hot loop.
-    async fn requeue(&self, acker: &Acker, why: &str) {
-        tokio::time::sleep(self.config.worker.requeue_delay).await;
-        if let Err(e) = acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            })
-            .await
+        let secrets = Arc::clone(&dispatcher.secrets);
+        match dispatcher
+            .subscriptions
+            .reload(|s| check_secrets(&secrets, s))
         {
-            warn!(why, error = %e, "Nack failed; the broker will redeliver when the channel closes");
+            Reload::Unchanged => {}
+            Reload::Applied(n) => {
+                dispatcher
+                    .metrics
+                    .subscription_reloads
+                    .with_label_values(&["applied"])
+                    .inc();
+                info!(subscriptions = n, "Subscriptions reloaded");
+            }
+            Reload::Refused { errors, first } => {
+                if first {
+                    dispatcher
+                        .metrics
+                        .subscription_reloads
+                        .with_label_values(&["refused"])
+                        .inc();
+                    for e in &errors.0 {
+                        error!(problem = %e, "Subscriptions file refused; the previous version stays in force");
+                    }
+                    dispatcher.notices.operational(
+                        OperationalEvent::new("subscriptions.reload_failed", "invalid")
+                            .detail(&errors.to_string()),
+                    );
+                }
+            }
         }
     }
 }

@@ -122,13 +122,6 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
             "type (the event type) is missing",
         ),
         (
-            "no_sub",
-            "acme",
-            good.to_vec(),
-            props(Some("no_sub"), Some("order.paid"), None),
-            "x-subscription is missing",
-        ),
-        (
             "int_sub",
             "acme",
             good.to_vec(),
@@ -181,13 +174,6 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
             props(Some("absurd"), Some("order.paid"), None).with_headers(absurd),
             "x-hookrelay-attempts",
         ),
-        (
-            "filtered",
-            "acme",
-            good.to_vec(),
-            props(Some("filtered"), Some("invoice.paid"), sub("sub_orders")),
-            "does not receive event type",
-        ),
     ];
     let mut expected = std::collections::HashMap::new();
     for (i, (label, key, body, p, error)) in cases.into_iter().enumerate() {
@@ -216,7 +202,7 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
 
     assert!(
         receiver
-            .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 13)
+            .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 11)
             .await
     );
     assert!(

@@ -13,9 +13,11 @@ use hookrelay::metrics::Metrics;
 use hookrelay::publish::Publisher;
 use hookrelay::receiver::Receiver;
 use hookrelay::signing::generate_secret;
-use hookrelay::subscriptions::{SecretRef, SecretStore, Subscription, Subscriptions};
+use hookrelay::subscriptions::{
+    LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,
+};
 use hookrelay::topology::{Ladder, QueueType};
-use hookrelay::worker::Worker;
+use hookrelay::worker::{Worker, WorkerSetup};
 use lapin::message::BasicGetMessage;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -32,6 +34,9 @@ pub fn config() -> Config {
     config.worker.requeue_delay = Duration::from_millis(200);
     config.amqp.reconnect_min = Duration::from_millis(100);
     config.amqp.reconnect_max = Duration::from_secs(1);
+    config.reload.interval = Duration::from_millis(100);
+    // Test endpoints listen on loopback, which the egress policy blocks unless allowed.
+    config.egress.allow = vec!["127.0.0.0/8".into()];
     config.validate().expect("test configuration is valid");
     config
 }
@@ -191,13 +196,7 @@ pub fn secret() -> Secret {
 }
 
 pub fn subscription(id: &str, tenant: &str, url: &str, secret: &Secret) -> Subscription {
-    Subscription {
-        id: id.into(),
-        tenant: tenant.into(),
-        url: url.parse().unwrap(),
-        event_types: None,
-        secrets: vec![secret.reference.clone()],
-    }
+    Subscription::new(id, tenant, url.parse().unwrap(), secret.reference.clone())
 }
 
 pub fn event(id: &str, tenant: &str, subscription: &str) -> NewEvent {
@@ -205,7 +204,7 @@ pub fn event(id: &str, tenant: &str, subscription: &str) -> NewEvent {
         id: id.into(),
         tenant: tenant.into(),
         event_type: "order.paid".into(),
-        subscription: subscription.into(),
+        subscription: Some(subscription.into()),
         timestamp: None,
         body: format!(r#"{{"id":"{id}","amount":42}}"#).into_bytes(),
     }
@@ -229,16 +228,16 @@ impl RunningWorker {
         config: Config,
         subscriptions: Vec<Subscription>,
     ) -> Self {
+        let live = LiveSubscriptions::fixed(Subscriptions::from_list(subscriptions));
+        Self::start_setup(t, WorkerSetup::new(config, t.ladder.clone(), live)).await
+    }
+
+    /// Starts a worker from a setup; its name and a fast secret refresh are set here.
+    pub async fn start_setup(t: &TestLadder, mut setup: WorkerSetup) -> Self {
         let name = format!("{} worker", t.ladder.prefix);
-        let worker = Worker::start(
-            config,
-            t.ladder.clone(),
-            Subscriptions::from_list(subscriptions),
-            SecretStore::new(Duration::from_millis(100)),
-            &name,
-        )
-        .await
-        .unwrap();
+        setup.name = name.clone();
+        setup.secrets = SecretStore::new(Duration::from_millis(100));
+        let worker = Worker::start(setup).await.unwrap();
         let metrics = worker.metrics();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(worker.run(async {

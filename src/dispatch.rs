@@ -1,0 +1,489 @@
+//! One delivery, from the broker's hands to its settlement: read the envelope, look the
+//! subscription up as it is now, sign with its current secrets, send, decide, and carry the
+//! decision out. Acks only after what replaces the message (a retry, a dead letter, fan-out
+//! deliveries) is confirmed by the broker.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::{Acker, BasicProperties};
+use tracing::{debug, error, info, warn};
+
+use crate::config::Config;
+use crate::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
+use crate::events::{Notices, OperationalEvent};
+use crate::http::{HttpSender, WebhookRequest};
+use crate::metrics::Metrics;
+use crate::outcome::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
+use crate::publish::{PublishError, Publisher};
+use crate::signing::signature_header;
+use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
+use crate::topology::Ladder;
+
+/// Which lane a delivery came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneKind {
+    First,
+    Retry,
+}
+
+impl LaneKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            LaneKind::First => "first",
+            LaneKind::Retry => "retry",
+        }
+    }
+}
+
+/// Everything a delivery's task needs, shared by all of them.
+pub struct Dispatcher {
+    pub(crate) config: Config,
+    pub(crate) ladder: Ladder,
+    pub(crate) subscriptions: Arc<LiveSubscriptions>,
+    pub(crate) secrets: Arc<SecretStore>,
+    pub(crate) http: HttpSender,
+    pub(crate) publisher: Arc<Publisher>,
+    pub(crate) notices: Notices,
+    pub(crate) metrics: Metrics,
+    delay_exchange: String,
+    dead_queue: String,
+    ingress: String,
+}
+
+/// What the worker learned before (or instead of) an HTTP attempt, plus the endpoint the
+/// attempt went to.
+struct Attempted {
+    outcome: Outcome,
+    endpoint: Option<String>,
+}
+
+impl Attempted {
+    fn without_attempt(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            endpoint: None,
+        }
+    }
+}
+
+/// Decrements the in-flight gauge however the task ends.
+struct InFlight(prometheus::IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Dispatcher {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        config: Config,
+        ladder: Ladder,
+        subscriptions: Arc<LiveSubscriptions>,
+        secrets: Arc<SecretStore>,
+        http: HttpSender,
+        publisher: Arc<Publisher>,
+        notices: Notices,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            delay_exchange: ladder.delay_exchange(),
+            dead_queue: ladder.dead(),
+            ingress: ladder.ingress(),
+            config,
+            ladder,
+            subscriptions,
+            secrets,
+            http,
+            publisher,
+            notices,
+            metrics,
+        }
+    }
+
+    /// Handles one delivery to the end: an ack, or a nack back to its lane.
+    pub async fn handle(self: Arc<Self>, lane: LaneKind, delivery: Delivery) {
+        let gauge = self.metrics.in_flight.with_label_values(&[lane.label()]);
+        gauge.inc();
+        let _in_flight = InFlight(gauge);
+        let Delivery {
+            properties,
+            routing_key,
+            data,
+            acker,
+            ..
+        } = delivery;
+        let body = Bytes::from(data);
+        let max_body = self.config.limits.max_body_bytes;
+        let (envelope, attempted) =
+            match Envelope::from_delivery(&properties, routing_key.as_str(), &body, max_body) {
+                Ok(envelope) => {
+                    let attempted = self.attempt(lane, &envelope, &body).await;
+                    (Some(envelope), attempted)
+                }
+                Err(invalid) => {
+                    let attempts =
+                        envelope::read_u64_header(&properties, envelope::ATTEMPTS_HEADER)
+                            .unwrap_or(0)
+                            .min(u64::from(u32::MAX)) as u32;
+                    let outcome = Outcome::invalid(invalid.to_string(), attempts);
+                    (None, Attempted::without_attempt(outcome))
+                }
+            };
+        self.settle(lane, &acker, &properties, &body, envelope.as_ref(), attempted)
+            .await;
+    }
+
+    /// Decides what to do with a valid envelope, making the HTTP attempt when there is one to
+    /// make.
+    async fn attempt(&self, lane: LaneKind, envelope: &Envelope, body: &Bytes) -> Attempted {
+        let subscriptions = self.subscriptions.current();
+        let Some(sub_id) = &envelope.subscription else {
+            return Attempted::without_attempt(self.fan_out(lane, envelope, &subscriptions));
+        };
+        let made = envelope.attempts_made;
+        let sub = match subscriptions.get(sub_id) {
+            Some(sub) => sub,
+            None if envelope.subscription_existed() => {
+                return Attempted::without_attempt(Outcome::Cancelled {
+                    reason: CancelReason::Deleted,
+                    detail: format!("subscription {sub_id:?} was deleted"),
+                });
+            }
+            None => {
+                return Attempted::without_attempt(Outcome::invalid(
+                    format!("unknown subscription {sub_id:?}"),
+                    made,
+                ));
+            }
+        };
+        if sub.tenant != envelope.tenant {
+            return Attempted::without_attempt(Outcome::invalid(
+                format!(
+                    "subscription {:?} belongs to tenant {:?}, not {:?}",
+                    sub.id, sub.tenant, envelope.tenant
+                ),
+                made,
+            ));
+        }
+        if !sub.enabled {
+            return Attempted::without_attempt(Outcome::Cancelled {
+                reason: CancelReason::Disabled,
+                detail: format!("subscription {:?} is disabled", sub.id),
+            });
+        }
+        if !sub.accepts(&envelope.event_type) {
+            return Attempted::without_attempt(Outcome::Cancelled {
+                reason: CancelReason::Filtered,
+                detail: format!(
+                    "subscription {:?} does not receive event type {:?}",
+                    sub.id, envelope.event_type
+                ),
+            });
+        }
+        if made >= self.ladder.max_attempts() {
+            return Attempted::without_attempt(Outcome::Dead {
+                reason: DeadReason::Exhausted,
+                status: None,
+                error: format!("arrived with {made} attempts made, the whole budget"),
+                attempts_made: made,
+            });
+        }
+        let endpoint = envelope::endpoint_fingerprint(&sub.url);
+        if let Some(previous) = &envelope.last_endpoint
+            && *previous != endpoint
+        {
+            info!(
+                envelope = %envelope.id,
+                subscription = %sub.id,
+                old_host = previous.split('#').next().unwrap_or_default(),
+                new_host = sub.url.host_str().unwrap_or_default(),
+                "Subscription repointed; delivering to its new URL"
+            );
+        }
+        let result = self.send(lane, envelope, &sub, body).await;
+        Attempted {
+            outcome: decide(&self.ladder, made, &result),
+            endpoint: Some(endpoint),
+        }
+    }
+
+    /// Signs with every unexpired secret that resolves now, and sends.
+    async fn send(
+        &self,
+        lane: LaneKind,
+        envelope: &Envelope,
+        sub: &Subscription,
+        body: &Bytes,
+    ) -> AttemptResult {
+        let (keys, errors) = self.secrets.keys_for(sub);
+        for e in &errors {
+            warn!(subscription = %sub.id, error = %e, "Secret reference does not resolve");
+        }
+        if keys.is_empty() {
+            return AttemptResult::NotSent(format!(
+                "no unexpired secret of subscription {} resolves{}",
+                sub.id,
+                errors
+                    .iter()
+                    .map(|e| format!("; {e}"))
+                    .collect::<String>()
+            ));
+        }
+        let timestamp = now_ms() / 1000;
+        let signature =
+            signature_header(keys.iter().map(AsRef::as_ref), &envelope.id, timestamp, body);
+        let report = self
+            .http
+            .send(WebhookRequest {
+                url: &sub.url,
+                id: &envelope.id,
+                attempt: envelope.attempts_made + 1,
+                timestamp,
+                signature,
+                body: body.clone(),
+            })
+            .await;
+        self.metrics
+            .attempt_seconds
+            .with_label_values(&[lane.label()])
+            .observe(report.latency.as_secs_f64());
+        debug!(
+            envelope = %envelope.id,
+            attempt = envelope.attempts_made + 1,
+            result = %report.result.describe(),
+            latency_ms = report.latency.as_millis() as u64,
+            response = %report.response_excerpt,
+            "Attempt made"
+        );
+        report.result
+    }
+
+    /// An event without a subscription, fresh from the first-attempt lane, becomes one delivery
+    /// per matching subscription; anywhere else it is invalid.
+    fn fan_out(
+        &self,
+        lane: LaneKind,
+        envelope: &Envelope,
+        subscriptions: &crate::subscriptions::Subscriptions,
+    ) -> Outcome {
+        if lane != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some() {
+            return Outcome::invalid(
+                InvalidEnvelope::MissingSubscription.to_string(),
+                envelope.attempts_made,
+            );
+        }
+        let targets: Vec<String> = subscriptions
+            .matching(&envelope.tenant, &envelope.event_type)
+            .iter()
+            .map(|s| s.id.clone())
+            .collect();
+        if targets.is_empty() {
+            return Outcome::Cancelled {
+                reason: CancelReason::Filtered,
+                detail: format!(
+                    "no enabled subscription of tenant {:?} receives event type {:?}",
+                    envelope.tenant, envelope.event_type
+                ),
+            };
+        }
+        Outcome::FanOut {
+            subscriptions: targets,
+        }
+    }
+
+    /// Carries the decision out. Acks only after a needed publish was confirmed.
+    async fn settle(
+        &self,
+        lane: LaneKind,
+        acker: &Acker,
+        properties: &BasicProperties,
+        body: &[u8],
+        envelope: Option<&Envelope>,
+        attempted: Attempted,
+    ) {
+        let id = properties
+            .message_id()
+            .as_ref()
+            .map_or("(none)", |m| m.as_str());
+        let outcome = &attempted.outcome;
+        let stored: Result<(), (PublishError, &str)> = match outcome {
+            Outcome::Delivered { status } => {
+                debug!(envelope = %id, status, "Delivered");
+                Ok(())
+            }
+            Outcome::Cancelled { reason, detail } => {
+                info!(envelope = %id, reason = reason.as_str(), detail = %detail, "Cancelled");
+                Ok(())
+            }
+            Outcome::FanOut { subscriptions } => {
+                let Some(envelope) = envelope else {
+                    return self.requeue(acker, "fan-out without envelope").await;
+                };
+                self.publish_fan_out(properties, body, envelope, subscriptions)
+                    .await
+                    .map_err(|e| (e, "ingress"))
+            }
+            Outcome::Retry {
+                tier,
+                attempts_made,
+                error,
+            } => {
+                let Some(envelope) = envelope else {
+                    error!(envelope = %id, "A retry without an envelope; keeping the message in its lane");
+                    return self.requeue(acker, "retry without envelope").await;
+                };
+                let tier_spec = &self.ladder.tiers[*tier];
+                let props = envelope::retry_properties(
+                    properties,
+                    &envelope.tenant,
+                    *attempts_made,
+                    now_ms() + tier_spec.delay.as_millis() as u64,
+                    error,
+                    attempted.endpoint.as_deref(),
+                );
+                let result = self
+                    .publisher
+                    .publish(
+                        &self.delay_exchange,
+                        &self.ladder.tier_routing_key(*tier, &envelope.tenant),
+                        body,
+                        props,
+                    )
+                    .await;
+                if result.is_ok() {
+                    self.metrics
+                        .retries
+                        .with_label_values(&[tier_spec.name.as_str()])
+                        .inc();
+                    info!(envelope = %id, tier = %tier_spec.name, attempts = attempts_made, error = %error, "Scheduled retry");
+                }
+                result.map_err(|e| (e, tier_spec.name.as_str()))
+            }
+            Outcome::Dead {
+                reason,
+                status,
+                error,
+                attempts_made,
+            } => {
+                let props = envelope::dead_properties(
+                    properties,
+                    &DeadLetter {
+                        reason: reason.as_str(),
+                        error,
+                        status: *status,
+                        attempts_made: *attempts_made,
+                        tenant: envelope.map(|e| e.tenant.as_str()),
+                    },
+                );
+                let result = self
+                    .publisher
+                    .publish("", &self.dead_queue, body, props)
+                    .await;
+                if result.is_ok() {
+                    if let (DeadReason::Rejected, Some(status)) = (reason, status) {
+                        self.metrics
+                            .rejections
+                            .with_label_values(&[&status.to_string()])
+                            .inc();
+                    }
+                    warn!(envelope = %id, reason = reason.as_str(), attempts = attempts_made, error = %error, "Dead-lettered");
+                }
+                result.map_err(|e| (e, "dead"))
+            }
+        };
+        match stored {
+            Ok(()) => {
+                self.metrics
+                    .outcomes
+                    .with_label_values(&[lane.label(), outcome.kind()])
+                    .inc();
+                if let Err(e) = acker.ack(BasicAckOptions::default()).await {
+                    // The channel is gone; the broker redelivers the message (a duplicate,
+                    // never a loss).
+                    warn!(envelope = %id, error = %e, "Ack failed; the broker will redeliver");
+                }
+                if let Some(envelope) = envelope {
+                    self.announce(envelope, outcome);
+                }
+            }
+            Err((e, target)) => {
+                self.metrics
+                    .republish_failures
+                    .with_label_values(&[target])
+                    .inc();
+                error!(envelope = %id, target, error = %e, "Republish not confirmed; returning the message to its lane");
+                self.requeue(acker, target).await;
+            }
+        }
+    }
+
+    /// Publishes one delivery per target with its derived id, all confirmed.
+    async fn publish_fan_out(
+        &self,
+        properties: &BasicProperties,
+        body: &[u8],
+        envelope: &Envelope,
+        subscriptions: &[String],
+    ) -> Result<(), PublishError> {
+        let sends = subscriptions.iter().map(|sub| {
+            let derived = envelope::derived_id(&envelope.id, sub);
+            let props = envelope::fanout_properties(properties, &derived, sub, &envelope.id);
+            async move {
+                self.publisher
+                    .publish(&self.ingress, &envelope.tenant, body, props)
+                    .await
+            }
+        });
+        futures_util::future::try_join_all(sends).await?;
+        info!(event = %envelope.id, deliveries = subscriptions.len(), "Fanned out");
+        Ok(())
+    }
+
+    /// The operational events an outcome calls for.
+    fn announce(&self, envelope: &Envelope, outcome: &Outcome) {
+        let event = match outcome {
+            Outcome::Cancelled { reason, detail } => {
+                self.metrics
+                    .cancellations
+                    .with_label_values(&[reason.as_str()])
+                    .inc();
+                OperationalEvent::new("delivery.cancelled", reason.as_str()).detail(detail)
+            }
+            Outcome::Dead {
+                reason: DeadReason::Gone,
+                error,
+                ..
+            } => OperationalEvent::new("subscription.gone", "gone").detail(error),
+            Outcome::Dead {
+                reason: DeadReason::Exhausted,
+                error,
+                ..
+            } => OperationalEvent::new("delivery.exhausted", "exhausted").detail(error),
+            _ => return,
+        };
+        self.notices.operational(event.about(
+            &envelope.tenant,
+            envelope.subscription.as_deref(),
+            &envelope.id,
+        ));
+    }
+
+    /// Returns a delivery to its lane after a pause, so a persistent fault is not a hot loop.
+    async fn requeue(&self, acker: &Acker, why: &str) {
+        tokio::time::sleep(self.config.worker.requeue_delay).await;
+        if let Err(e) = acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            })
+            .await
+        {
+            warn!(why, error = %e, "Nack failed; the broker will redeliver when the channel closes");
+        }
+    }
+}
