@@ -180,7 +180,9 @@ fn check_subscriptions(file: &std::path::Path, config: &Config) -> anyhow::Resul
             println!("{}: {} subscription(s), valid", file.display(), subs.len());
             let secrets = SecretStore::new(config.secrets.refresh);
             for (sub, e) in secrets.unresolved(&subs) {
-                println!("note: subscription {sub}: {e} (here; it must resolve where the worker runs)");
+                println!(
+                    "note: subscription {sub}: {e} (here; it must resolve where the worker runs)"
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

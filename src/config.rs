@@ -449,7 +449,11 @@ impl Config {
         }
         crate::egress::EgressPolicy::from_config(&self.egress).map_err(|e| {
             ConfigError::invalid(
-                if e.field == "allow" { "egress.allow" } else { "egress.proxy" },
+                if e.field == "allow" {
+                    "egress.allow"
+                } else {
+                    "egress.proxy"
+                },
                 e.message,
             )
         })?;

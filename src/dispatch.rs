@@ -126,16 +126,22 @@ impl Dispatcher {
                     (Some(envelope), attempted)
                 }
                 Err(invalid) => {
-                    let attempts =
-                        envelope::read_u64_header(&properties, envelope::ATTEMPTS_HEADER)
-                            .unwrap_or(0)
-                            .min(u64::from(u32::MAX)) as u32;
+                    let attempts = envelope::read_u64_header(&properties, envelope::ATTEMPTS_HEADER)
+                        .unwrap_or(0)
+                        .min(u64::from(u32::MAX)) as u32;
                     let outcome = Outcome::invalid(invalid.to_string(), attempts);
                     (None, Attempted::without_attempt(outcome))
                 }
             };
-        self.settle(lane, &acker, &properties, &body, envelope.as_ref(), attempted)
-            .await;
+        self.settle(
+            lane,
+            &acker,
+            &properties,
+            &body,
+            envelope.as_ref(),
+            attempted,
+        )
+        .await;
     }
 
     /// Decides what to do with a valid envelope, making the HTTP attempt when there is one to
@@ -205,7 +211,7 @@ impl Dispatcher {
                 "Subscription repointed; delivering to its new URL"
             );
         }
-        let result = self.send(lane, envelope, &sub, body).await;
+        let result = self.send(lane, envelope, sub, body).await;
         Attempted {
             outcome: decide(&self.ladder, made, &result),
             endpoint: Some(endpoint),
@@ -228,15 +234,16 @@ impl Dispatcher {
             return AttemptResult::NotSent(format!(
                 "no unexpired secret of subscription {} resolves{}",
                 sub.id,
-                errors
-                    .iter()
-                    .map(|e| format!("; {e}"))
-                    .collect::<String>()
+                errors.iter().map(|e| format!("; {e}")).collect::<String>()
             ));
         }
         let timestamp = now_ms() / 1000;
-        let signature =
-            signature_header(keys.iter().map(AsRef::as_ref), &envelope.id, timestamp, body);
+        let signature = signature_header(
+            keys.iter().map(AsRef::as_ref),
+            &envelope.id,
+            timestamp,
+            body,
+        );
         let report = self
             .http
             .send(WebhookRequest {

@@ -20,7 +20,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The egress section of the configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EgressConfig {
     /// CIDRs allowed even though they are in a blocked class, e.g. `["127.0.0.0/8"]` for a local
@@ -34,17 +34,6 @@ pub struct EgressConfig {
     /// none. The proxy's own address is exempt from the policy; the target's addresses are
     /// checked by hookrelay before the request, and the proxy must enforce the rest.
     pub proxy: String,
-}
-
-impl Default for EgressConfig {
-    fn default() -> Self {
-        Self {
-            allow: Vec::new(),
-            https_only: false,
-            allowed_ports: Vec::new(),
-            proxy: String::new(),
-        }
-    }
 }
 
 /// Why an address is not a place to send webhooks.
@@ -129,7 +118,8 @@ pub fn classify_v4(ip: Ipv4Addr) -> Option<BlockedClass> {
 /// (`64:ff9b::a.b.c.d`) or 6to4 (`2002:aabb:ccdd::`).
 pub fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let bits = u128::from(ip);
-    if in_v6(ip, [0, 0, 0, 0, 0, 0xffff, 0, 0], 96) || in_v6(ip, [0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96)
+    if in_v6(ip, [0, 0, 0, 0, 0, 0xffff, 0, 0], 96)
+        || in_v6(ip, [0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96)
     {
         return Some(Ipv4Addr::from(bits as u32));
     }
@@ -338,7 +328,10 @@ impl StaticLookup {
     pub fn with(mut self, host: &str, addrs: &[&str]) -> Self {
         self.0.insert(
             host.to_owned(),
-            addrs.iter().map(|a| a.parse().expect("an IP address")).collect(),
+            addrs
+                .iter()
+                .map(|a| a.parse().expect("an IP address"))
+                .collect(),
         );
         self
     }
@@ -372,7 +365,11 @@ impl GuardedResolver {
 
     /// Resolves `host` and checks every address.
     pub async fn resolve_checked(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-        let addrs = self.lookup.lookup(host).await.map_err(ResolveError::Lookup)?;
+        let addrs = self
+            .lookup
+            .lookup(host)
+            .await
+            .map_err(ResolveError::Lookup)?;
         if addrs.is_empty() {
             return Err(ResolveError::Lookup(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -510,7 +507,10 @@ mod tests {
         assert!(policy.check_addr("h", v("127.0.0.1")).is_ok());
         assert!(policy.check_addr("h", v("::ffff:127.0.0.1")).is_ok());
         assert_eq!(
-            policy.check_addr("h", v("10.0.0.1")).unwrap_err().to_string(),
+            policy
+                .check_addr("h", v("10.0.0.1"))
+                .unwrap_err()
+                .to_string(),
             "egress denied: h resolves to 10.0.0.1 (private)"
         );
         assert!(
@@ -542,11 +542,17 @@ mod tests {
         ));
         assert!(matches!(
             policy.check_url(&url("https://169.254.169.254/latest")),
-            Err(EgressDenied::Address { class: BlockedClass::LinkLocal, .. })
+            Err(EgressDenied::Address {
+                class: BlockedClass::LinkLocal,
+                ..
+            })
         ));
         assert!(matches!(
             policy.check_url(&url("https://[::ffff:10.0.0.1]/")),
-            Err(EgressDenied::Address { class: BlockedClass::Private, .. })
+            Err(EgressDenied::Address {
+                class: BlockedClass::Private,
+                ..
+            })
         ));
     }
 
@@ -556,7 +562,10 @@ mod tests {
             .with("mixed.test", &["93.184.216.34", "10.0.0.7"])
             .with("public.test", &["93.184.216.34", "2606:2800:220:1::1"]);
         let resolver = GuardedResolver::new(Arc::new(EgressPolicy::default()), Arc::new(lookup));
-        assert_eq!(resolver.resolve_checked("public.test").await.unwrap().len(), 2);
+        assert_eq!(
+            resolver.resolve_checked("public.test").await.unwrap().len(),
+            2
+        );
         let err = resolver.resolve_checked("mixed.test").await.unwrap_err();
         assert_eq!(
             err.to_string(),

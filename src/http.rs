@@ -108,7 +108,9 @@ impl HttpSender {
             && let Err(e) = self.resolver.resolve_checked(host).await
         {
             return Some(match e {
-                crate::egress::ResolveError::Denied(d) => AttemptResult::EgressDenied(d.to_string()),
+                crate::egress::ResolveError::Denied(d) => {
+                    AttemptResult::EgressDenied(d.to_string())
+                }
                 other => AttemptResult::Transport(other.to_string()),
             });
         }

@@ -8,11 +8,14 @@
 //! - [`envelope`]: the contract producers follow, and how a delivery is read back.
 //! - [`topology`]: the ladder file and the exchanges, lanes, tiers and sink it declares.
 //! - [`publish`]: confirmed, mandatory publishing, for producers and for every republish.
-//! - [`worker`]: consumes the lanes, one task per delivery, settles each one.
-//! - [`subscriptions`]: who receives what, and secret references resolved at dispatch.
+//! - [`worker`]: consumes the lanes, one task per delivery; reconnects, reloads, drains.
+//! - [`dispatch`]: one delivery: subscription as it is now, sign, send, decide, settle.
+//! - [`subscriptions`]: who receives what (live from a file), secret references, fan-out targets.
 //! - [`signing`]: Standard Webhooks signatures.
+//! - [`egress`]: where a webhook may go, checked on the addresses actually connected to.
 //! - [`http`]: the signed POST, with enforced timeouts and a capped response read.
-//! - [`outcome`]: the pure decision: ack, which tier, or dead-letter with which reason.
+//! - [`outcome`]: the pure decision: ack, which tier, cancel, fan out, or dead-letter and why.
+//! - [`events`]: operational events for owning systems, never holding up a delivery.
 //! - [`metrics`]: the worker's Prometheus vital signs.
 //! - [`management`]: the RabbitMQ management API, for `topology plan` and tools.
 //! - [`receiver`]: an embedded, verifying webhook endpoint for the demo and tests.

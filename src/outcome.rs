@@ -98,7 +98,10 @@ pub enum Outcome {
         error: String,
     },
     /// Acknowledge without delivering; recorded with its reason.
-    Cancelled { reason: CancelReason, detail: String },
+    Cancelled {
+        reason: CancelReason,
+        detail: String,
+    },
     /// An event without a subscription: publish one delivery per subscription (each with its
     /// derived id), then acknowledge.
     FanOut { subscriptions: Vec<String> },
@@ -295,9 +298,15 @@ mod tests {
     fn gone_and_egress_denials_end_at_once() {
         assert!(matches!(
             decide(&ladder(), 3, &status(410)),
-            Outcome::Dead { reason: DeadReason::Gone, status: Some(410), attempts_made: 4, .. }
+            Outcome::Dead {
+                reason: DeadReason::Gone,
+                status: Some(410),
+                attempts_made: 4,
+                ..
+            }
         ));
-        let denied = AttemptResult::EgressDenied("egress denied: x resolves to 10.0.0.1 (private)".into());
+        let denied =
+            AttemptResult::EgressDenied("egress denied: x resolves to 10.0.0.1 (private)".into());
         assert_eq!(
             decide(&ladder(), 0, &denied),
             Outcome::Dead {

@@ -15,9 +15,11 @@ use axum::response::{IntoResponse, Response};
 use crate::envelope::now_ms;
 
 /// How the endpoint answers one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     Status(u16),
+    /// A redirect status with a `Location`.
+    Redirect(u16, String),
     /// A status with `Retry-After: <seconds>`.
     RetryAfter(u16, u64),
     /// Waits, then answers with the status (longer than the request timeout: a timeout).
@@ -204,11 +206,11 @@ async fn receive(
         path: uri.path(),
         body: &body,
     });
-    let status = match reply {
-        Reply::Status(s) | Reply::RetryAfter(s, _) => s,
+    let status = match &reply {
+        Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Redirect(s, _) => *s,
         Reply::Slow(wait, s) => {
-            tokio::time::sleep(wait).await;
-            s
+            tokio::time::sleep(*wait).await;
+            *s
         }
     };
     if (200..300).contains(&status) {
@@ -227,6 +229,7 @@ async fn receive(
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     match reply {
         Reply::RetryAfter(_, secs) => (code, [("retry-after", secs.to_string())]).into_response(),
+        Reply::Redirect(_, location) => (code, [("location", location)]).into_response(),
         _ => code.into_response(),
     }
 }

@@ -220,11 +220,19 @@ impl Subscriptions {
         };
         let file: File = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(s.start));
+            // The key written on the offending line, when there is one (`url = 5` -> `url`).
+            let field = text
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|l| l.split_once('='))
+                .map(|(key, _)| key.trim().to_owned())
+                .filter(|key| !key.is_empty() && !key.starts_with('['))
+                .unwrap_or_else(|| "(syntax)".into());
             SubscriptionErrors(vec![SubscriptionError {
                 path: path.to_owned(),
                 line,
-                field: "(syntax)".into(),
-                message: e.message().to_owned(),
+                field,
+                message: e.message().trim().to_owned(),
             }])
         })?;
         let mut errors = Vec::new();
@@ -529,7 +537,10 @@ pub enum Reload {
     Applied(usize),
     /// A changed file was refused; the previous version stays. `first` is false when the same
     /// problems were already reported.
-    Refused { errors: SubscriptionErrors, first: bool },
+    Refused {
+        errors: SubscriptionErrors,
+        first: bool,
+    },
 }
 
 impl LiveSubscriptions {
@@ -692,6 +703,10 @@ secrets = []
 
         let err = Subscriptions::parse("s.toml", "[[subscription]]\nid = 5\n").unwrap_err();
         assert_eq!(err.0[0].line, 2, "{err}");
+        assert_eq!(
+            err.to_string(),
+            "s.toml:2: id: invalid type: integer `5`, expected a string"
+        );
         let err = Subscriptions::parse("s.toml", "[[subscription]]\nid = \"x\"\n").unwrap_err();
         assert!(err.to_string().contains("missing field"), "{err}");
     }
@@ -711,7 +726,8 @@ secrets = []
             "http://x.example".parse().unwrap(),
             SecretRef::Env("V2".into()),
         );
-        sub.secrets.push(SecretSpec::new(SecretRef::File(path.clone())));
+        sub.secrets
+            .push(SecretSpec::new(SecretRef::File(path.clone())));
         let (keys, errors) = store.keys_for(&sub);
         assert_eq!((keys.len(), errors.len()), (2, 0));
         let expected = SigningKey::from_whsec(&v2).unwrap().sign("i", 1, b"{}");
@@ -801,8 +817,14 @@ secrets = ["file:{new}"]
         assert_eq!(url(&live), "https://two.example/");
 
         std::fs::write(&path, "[[subscription]]\nid = ").unwrap();
-        assert!(matches!(live.reload(|_| Ok(())), Reload::Refused { first: true, .. }));
-        assert!(matches!(live.reload(|_| Ok(())), Reload::Refused { first: false, .. }));
+        assert!(matches!(
+            live.reload(|_| Ok(())),
+            Reload::Refused { first: true, .. }
+        ));
+        assert!(matches!(
+            live.reload(|_| Ok(())),
+            Reload::Refused { first: false, .. }
+        ));
         assert_eq!(url(&live), "https://two.example/");
 
         // Valid, but the caller refuses it (say, a secret that does not resolve).
@@ -815,7 +837,10 @@ secrets = ["file:{new}"]
                 message: "does not resolve".into(),
             }]))
         };
-        assert!(matches!(live.reload(refuse), Reload::Refused { first: true, .. }));
+        assert!(matches!(
+            live.reload(refuse),
+            Reload::Refused { first: true, .. }
+        ));
         assert_eq!(url(&live), "https://two.example/");
         // Once the caller agrees, the same file goes into force.
         assert!(matches!(live.reload(|_| Ok(())), Reload::Applied(1)));

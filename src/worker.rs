@@ -88,6 +88,8 @@ struct Lane {
 pub struct Worker {
     dispatcher: Arc<Dispatcher>,
     notices_task: tokio::task::JoinHandle<()>,
+    /// Registered at start, so a SIGHUP that arrives before `run` is not the default (fatal).
+    hangup: Option<Hangup>,
     name: String,
     lanes: Vec<Lane>,
 }
@@ -193,6 +195,7 @@ impl Worker {
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
+            hangup: Hangup::listen(),
             name,
             lanes,
         })
@@ -205,11 +208,12 @@ impl Worker {
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
     /// finish within `worker.shutdown_grace`, and returns. Reconnects with backoff when the
     /// broker connection drops; fails only if the very first session cannot consume.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let tracker = TaskTracker::new();
         let stop_reloads = CancellationToken::new();
         let reloads = tokio::spawn(reload_loop(
             Arc::clone(&self.dispatcher),
+            self.hangup.take(),
             stop_reloads.clone(),
         ));
         let mut shutdown = std::pin::pin!(shutdown);
@@ -368,30 +372,53 @@ async fn drain(tracker: &TaskTracker, grace: Duration) {
     }
 }
 
+/// SIGHUP, where there is such a thing.
+struct Hangup(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangup {
+    fn listen() -> Option<Self> {
+        #[cfg(unix)]
+        {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .ok()
+                .map(Hangup)
+        }
+        #[cfg(not(unix))]
+        {
+            None
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            self.0.recv().await;
+        }
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await
+    }
+}
+
 /// Looks at the subscriptions file every `reload.interval` and on SIGHUP. A changed, valid file
 /// whose secrets resolve goes into force; anything else is refused, loudly, and the last good
 /// version stays.
-async fn reload_loop(dispatcher: Arc<Dispatcher>, stop: CancellationToken) {
+async fn reload_loop(
+    dispatcher: Arc<Dispatcher>,
+    mut hangup: Option<Hangup>,
+    stop: CancellationToken,
+) {
     if dispatcher.subscriptions.path().is_none() {
         return;
     }
     let mut tick = tokio::time::interval(dispatcher.config.reload.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    #[cfg(unix)]
-    let mut hangup =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
-        #[cfg(unix)]
         let hup = async {
             match hangup.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
+                Some(h) => h.recv().await,
                 None => std::future::pending().await,
             }
         };
-        #[cfg(not(unix))]
-        let hup = std::future::pending::<()>();
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}

@@ -1,0 +1,260 @@
+//! The egress policy as the HTTP client applies it: every blocked address class reached through
+//! a hostname (answered by a resolver seam, since no public DNS answers here), the allow-list,
+//! a name resolving to a mix, IP literals, redirects, scheme and port rules; and end to end, a
+//! refused endpoint dead-lettered as `egress_denied` without a connection.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hookrelay::config::HttpConfig;
+use hookrelay::egress::{EgressConfig, EgressPolicy, StaticLookup};
+use hookrelay::http::{HttpSender, WebhookRequest};
+use hookrelay::outcome::AttemptResult;
+use hookrelay::receiver::{Receiver, Reply};
+
+/// A TCP listener that counts the connections it accepts.
+async fn counting_listener() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (addr, count)
+}
+
+fn sender(policy: EgressPolicy, lookup: StaticLookup) -> HttpSender {
+    let config = HttpConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(2),
+        ..HttpConfig::default()
+    };
+    HttpSender::new(&config, Arc::new(policy), Arc::new(lookup)).unwrap()
+}
+
+async fn post(sender: &HttpSender, url: &str) -> AttemptResult {
+    let url = reqwest::Url::parse(url).unwrap();
+    sender
+        .send(WebhookRequest {
+            url: &url,
+            id: "evt_egress",
+            attempt: 1,
+            timestamp: 1,
+            signature: "v1,x".into(),
+            body: Bytes::from_static(b"{}"),
+        })
+        .await
+        .result
+}
+
+fn denied(result: &AttemptResult) -> &str {
+    match result {
+        AttemptResult::EgressDenied(text) => text,
+        other => panic!("expected an egress denial, got {other:?}"),
+    }
+}
+
+/// One hostname per blocked class; the listener shows no connection is ever made.
+#[tokio::test]
+async fn every_blocked_class_is_refused_through_a_hostname() {
+    let (addr, accepted) = counting_listener().await;
+    let classes = [
+        ("loopback.test", "127.0.0.1", "loopback"),
+        ("loopback6.test", "::1", "loopback"),
+        ("rfc1918-10.test", "10.1.2.3", "private"),
+        ("rfc1918-172.test", "172.20.0.5", "private"),
+        ("rfc1918-192.test", "192.168.1.10", "private"),
+        ("metadata.test", "169.254.169.254", "link-local"),
+        ("linklocal6.test", "fe80::1", "link-local"),
+        ("cgnat.test", "100.64.1.1", "carrier-grade NAT"),
+        ("unspecified.test", "0.0.0.0", "unspecified"),
+        ("unspecified6.test", "::", "unspecified"),
+        ("multicast.test", "239.1.1.1", "multicast"),
+        ("multicast6.test", "ff05::2", "multicast"),
+        ("broadcast.test", "255.255.255.255", "broadcast"),
+        ("docs.test", "203.0.113.9", "documentation"),
+        ("docs6.test", "2001:db8::9", "documentation"),
+        ("reserved.test", "240.0.0.9", "reserved"),
+        ("ula.test", "fd00::9", "unique-local"),
+        ("mapped.test", "::ffff:10.0.0.1", "private"),
+        (
+            "mapped-metadata.test",
+            "::ffff:169.254.169.254",
+            "link-local",
+        ),
+        ("nat64.test", "64:ff9b::7f00:1", "loopback"),
+        ("6to4.test", "2002:c0a8:0101::1", "private"),
+    ];
+    let mut lookup = StaticLookup::default();
+    for (host, ip, _) in &classes {
+        lookup = lookup.with(host, &[ip]);
+    }
+    let sender = sender(EgressPolicy::default(), lookup);
+    for (host, ip, class) in classes {
+        let result = post(&sender, &format!("http://{host}:{}/hook", addr.port())).await;
+        let expected_ip: std::net::IpAddr = ip.parse().unwrap();
+        assert_eq!(
+            denied(&result),
+            format!("egress denied: {host} resolves to {expected_ip} ({class})"),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection was made");
+}
+
+#[tokio::test]
+async fn the_allow_list_lets_a_blocked_range_through() {
+    let s = common::secret();
+    let receiver = common::ok_receiver(&s).await;
+    let port = receiver.addr().port();
+    let lookup = StaticLookup::default().with("partner.test", &["127.0.0.1"]);
+    let blocked = sender(EgressPolicy::default(), lookup.clone());
+    denied(&post(&blocked, &format!("http://partner.test:{port}/")).await);
+    let allowed = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    assert_eq!(
+        post(&allowed, &format!("http://partner.test:{port}/")).await,
+        AttemptResult::Response {
+            status: 204,
+            retry_after: None
+        }
+    );
+    assert_eq!(receiver.request_count(), 1);
+}
+
+#[tokio::test]
+async fn a_name_resolving_to_allowed_and_blocked_addresses_is_refused() {
+    let (addr, accepted) = counting_listener().await;
+    let lookup = StaticLookup::default().with("mixed.test", &["127.0.0.1", "10.9.9.9"]);
+    let sender = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    let result = post(&sender, &format!("http://mixed.test:{}/", addr.port())).await;
+    assert_eq!(
+        denied(&result),
+        "egress denied: mixed.test resolves to 10.9.9.9 (private)"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn ip_literals_pass_the_same_rules() {
+    let (addr, accepted) = counting_listener().await;
+    let sender = sender(EgressPolicy::default(), StaticLookup::default());
+    let port = addr.port();
+    for (url, text) in [
+        (format!("http://127.0.0.1:{port}/"), "127.0.0.1 (loopback)"),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}/"),
+            "::ffff:127.0.0.1 (loopback)",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data".to_owned(),
+            "169.254.169.254 (link-local)",
+        ),
+        ("http://[fd00::1]/".to_owned(), "fd00::1 (unique-local)"),
+    ] {
+        let result = post(&sender, &url).await;
+        assert!(denied(&result).ends_with(text), "{url}: {result:?}");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_redirect_toward_a_blocked_address_is_not_followed() {
+    let s = common::secret();
+    let target = common::ok_receiver(&s).await;
+    let location = target.url("/internal");
+    let redirecting = Receiver::start(&[], move |_| Reply::Redirect(302, location.clone()))
+        .await
+        .unwrap();
+    let sender = sender(
+        EgressPolicy::allowing(&["127.0.0.0/8"]),
+        StaticLookup::default(),
+    );
+    let result = post(&sender, &redirecting.url("/")).await;
+    // A redirect is a retryable answer of the endpoint; its Location is never contacted.
+    assert_eq!(
+        result,
+        AttemptResult::Response {
+            status: 302,
+            retry_after: None
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(target.request_count(), 0);
+}
+
+#[tokio::test]
+async fn scheme_and_port_rules() {
+    let policy = EgressPolicy::from_config(&EgressConfig {
+        https_only: true,
+        allowed_ports: vec![443],
+        ..EgressConfig::default()
+    })
+    .unwrap();
+    let lookup = StaticLookup::default().with("public.test", &["93.184.216.34"]);
+    let sender = sender(policy, lookup);
+    assert!(denied(&post(&sender, "http://public.test/").await).contains("not https"));
+    assert!(denied(&post(&sender, "https://public.test:8443/").await).contains("port 8443"));
+}
+
+/// End to end: the refusal is a permanent outcome, dead-lettered with the resolved address.
+#[tokio::test]
+async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
+    use hookrelay::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER};
+    use hookrelay::subscriptions::{LiveSubscriptions, Subscriptions};
+    use hookrelay::worker::WorkerSetup;
+
+    let t = common::TestLadder::apply("egress", &["300ms"], &["300ms"]).await;
+    let s = common::secret();
+    let receiver = common::ok_receiver(&s).await;
+    let mut config = t.config.clone();
+    config.egress.allow.clear();
+    let url = format!("http://internal.test:{}/", receiver.addr().port());
+    let live = LiveSubscriptions::fixed(Subscriptions::from_list([common::subscription(
+        "sub_internal",
+        "acme",
+        &url,
+        &s,
+    )]));
+    let mut setup = WorkerSetup::new(config, t.ladder.clone(), live);
+    setup.lookup = Arc::new(StaticLookup::default().with("internal.test", &["127.0.0.1"]));
+    let worker = common::RunningWorker::start_setup(&t, setup).await;
+    let publisher = t.publisher().await;
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &common::event("evt_internal", "acme", "sub_internal"),
+            1024,
+        )
+        .await
+        .unwrap();
+    assert!(t.wait_dead(1, Duration::from_secs(10)).await);
+    let metrics = worker.metrics.clone();
+    worker.stop().await;
+    let dead = t.drain_dead().await;
+    let p = &dead[0].delivery.properties;
+    assert_eq!(
+        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        Some("egress_denied")
+    );
+    assert_eq!(
+        envelope::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
+        Some("egress denied: internal.test resolves to 127.0.0.1 (loopback)")
+    );
+    assert_eq!(receiver.request_count(), 0);
+    assert_eq!(
+        metrics.count("hookrelay_retries_total", &[]),
+        0,
+        "never retried"
+    );
+    assert_eq!(
+        metrics.count("hookrelay_outcomes_total", &[("outcome", "egress_denied")]),
+        1
+    );
+}
