@@ -258,3 +258,34 @@ async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
         1
     );
 }
+
+/// Through an outbound proxy the client resolves only the proxy, so hookrelay checks the target
+/// itself before sending; the proxy's own (here loopback) address is exempt.
+#[tokio::test]
+async fn through_a_proxy_targets_are_still_checked() {
+    let s = common::secret();
+    let proxy = common::ok_receiver(&s).await;
+    let policy = EgressPolicy::from_config(&EgressConfig {
+        proxy: proxy.url(""),
+        ..EgressConfig::default()
+    })
+    .unwrap();
+    let lookup = StaticLookup::default()
+        .with("public.test", &["93.184.216.34"])
+        .with("internal.test", &["10.0.0.1"]);
+    let sender = sender(policy, lookup);
+    assert_eq!(
+        post(&sender, "http://public.test/hook").await,
+        AttemptResult::Response {
+            status: 204,
+            retry_after: None
+        }
+    );
+    assert_eq!(
+        denied(&post(&sender, "http://internal.test/hook").await),
+        "egress denied: internal.test resolves to 10.0.0.1 (private)"
+    );
+    // Only the allowed request reached the proxy.
+    assert_eq!(proxy.request_count(), 1);
+    assert_eq!(proxy.records()[0].path, "/hook");
+}
