@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
@@ -67,6 +67,25 @@ pub enum Command {
     /// Check subscriptions files offline.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
+    /// The whole ladder at a glance: lanes, tiers, parked and dead messages, rates, targets.
+    ///
+    /// Read from the management API. --watch refreshes in place (and adds the tiers' out-rates,
+    /// derived between samples); --json prints one JSON array per sample for scripts.
+    Status(StatusArgs),
+    /// Hold a tier (stop promotion out of it, parking what expires), release it, or see which
+    /// tiers are held. The incident lever instead of purging.
+    #[command(subcommand)]
+    Tier(TierCommand),
+    /// Move envelopes from the dead sink back to a ready lane, with a fresh attempt budget.
+    ///
+    /// Filters combine. Each envelope keeps its message_id (the idempotency key) and body and
+    /// gains x-hookrelay-redrives. Every move is a confirmed publish before the dead copy is
+    /// acked; envelopes that do not match stay in the sink, in order. A pass must finish within
+    /// the broker's consumer_timeout; use --limit for very large sinks.
+    Redrive(RedriveArgs),
+    /// Follow the attempt log.
+    #[command(subcommand)]
+    Attempts(AttemptsCommand),
     /// Run the whole path end to end on the configured broker and print a summary table.
     ///
     /// Applies a ladder with 1s/2s/4s tiers under its own prefix, starts an endpoint on loopback
@@ -96,6 +115,106 @@ pub enum TopologyCommand {
         #[arg(long, default_value = "/")]
         vhost: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Refresh in place until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between refreshes with --watch.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TierCommand {
+    /// Stop promotion out of TIER; what expires there parks in <prefix>.held.<tier>.
+    Hold {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// The tier: retry-1h, or its delay, 1h.
+        tier: String,
+    },
+    /// Return TIER's parked messages to the retry lanes at --rate, then lift the hold.
+    Release {
+        #[command(flatten)]
+        ladder: LadderArg,
+        tier: String,
+        /// Pace, e.g. 50/s or 600/m; as fast as the broker confirms when absent.
+        #[arg(long)]
+        rate: Option<crate::mover::Rate>,
+    },
+    /// Which tiers are held, and how much waits and is parked.
+    Status {
+        #[command(flatten)]
+        ladder: LadderArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// rejected, exhausted, invalid, gone, egress_denied, or the broker's expired.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (2h).
+    #[arg(long, value_parser = parse_when)]
+    pub since: Option<SystemTime>,
+    /// Dead-lettered before: an RFC 3339 time, or a duration ago.
+    #[arg(long, value_parser = parse_when)]
+    pub until: Option<SystemTime>,
+    /// Count what would move; move nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Move at most this many.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Pace, e.g. 100/s.
+    #[arg(long)]
+    pub rate: Option<crate::mover::Rate>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AttemptsCommand {
+    /// Print attempt-log records as they are published (through a temporary queue of its own).
+    Tail {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// Only this outcome (delivered, retried, rejected, exhausted, invalid, cancelled, ...).
+        #[arg(long)]
+        outcome: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print the JSON records as they are.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many records.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+}
+
+/// An RFC 3339 time, or a duration meaning that long ago.
+fn parse_when(s: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t);
+    }
+    let ago = humantime::parse_duration(s)
+        .map_err(|_| format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h"))?;
+    Ok(SystemTime::now() - ago)
 }
 
 #[derive(Debug, Subcommand)]
@@ -170,8 +289,209 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Subscriptions(SubscriptionsCommand::Check { file }) => {
             check_subscriptions(&file, &config)
         }
+        Command::Status(args) => status(args, &config).await,
+        Command::Tier(cmd) => tier(cmd, &config).await,
+        Command::Redrive(args) => redrive(args, &config).await,
+        Command::Attempts(AttemptsCommand::Tail {
+            ladder,
+            outcome,
+            tenant,
+            json,
+            count,
+        }) => {
+            let ladder = load_ladder(&ladder, &config)?;
+            let conn = connect(&config, "hookrelay attempts tail").await?;
+            let channel = conn.create_channel().await?;
+            let mut seen = 0usize;
+            let exchange = ladder.attempts_exchange();
+            let tail = crate::events::tail_attempts(
+                &channel,
+                &exchange,
+                outcome.as_deref(),
+                tenant.as_deref(),
+                |body| {
+                    if json {
+                        println!("{}", String::from_utf8_lossy(body));
+                    } else {
+                        match serde_json::from_slice::<crate::events::AttemptRecord>(body) {
+                            Ok(r) => println!("{}", crate::events::format_record(&r)),
+                            Err(_) => println!("{}", String::from_utf8_lossy(body)),
+                        }
+                    }
+                    seen += 1;
+                    count.is_none_or(|c| seen < c)
+                },
+            );
+            tokio::select! {
+                r = tail => r?,
+                () = shutdown_signal() => {}
+            }
+            let _ = conn.close(200, "done".into()).await;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo(args) => demo(args, &config).await,
     }
+}
+
+async fn status(args: StatusArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let ladder = load_ladder(&args.ladder, config)?;
+    let api = management(config)?;
+    let broker = api.broker_version().await?;
+    let mut previous: Option<(std::time::Instant, Vec<crate::status::QueueStatus>)> = None;
+    loop {
+        let rows = crate::status::collect(&api, &ladder, previous.as_ref()).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&rows)?);
+        } else {
+            let table = crate::status::render(&ladder, api.vhost(), &broker, &rows);
+            if args.watch {
+                // Home the cursor and clear, so the table refreshes in place.
+                print!("\x1b[H\x1b[2J{table}");
+                let _ = std::io::stdout().flush();
+            } else {
+                print!("{table}");
+            }
+        }
+        if !args.watch {
+            return Ok(ExitCode::SUCCESS);
+        }
+        previous = Some((std::time::Instant::now(), rows));
+        tokio::select! {
+            () = tokio::time::sleep(args.interval) => {}
+            () = shutdown_signal() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    match cmd {
+        TierCommand::Hold { ladder, tier } => {
+            let ladder = load_ladder(&ladder, config)?;
+            let i = crate::tier::find(&ladder, &tier)?;
+            let api = management(config)?;
+            let conn = connect(config, "hookrelay tier").await?;
+            let channel = conn.create_channel().await?;
+            crate::tier::hold(&api, &channel, &ladder, i).await?;
+            let applied =
+                crate::tier::wait_applied(&api, &ladder, i, true, Duration::from_secs(10)).await?;
+            let _ = conn.close(200, "done".into()).await;
+            if !applied {
+                bail!(
+                    "the hold policy {} was set but the broker has not applied it to {} yet; \
+                     check `hookrelay tier status` (another policy of higher priority may match)",
+                    ladder.hold_policy(i),
+                    ladder.tier_queue(i)
+                );
+            }
+            println!(
+                "Held {}: messages expiring there now park in {} (nothing is promoted or lost). \
+                 Resume with `hookrelay tier release {}`.",
+                ladder.tier_queue(i),
+                ladder.held_queue(i),
+                ladder.tiers[i].name
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        TierCommand::Release { ladder, tier, rate } => {
+            let ladder = load_ladder(&ladder, config)?;
+            let i = crate::tier::find(&ladder, &tier)?;
+            let api = management(config)?;
+            let conn = connect(config, "hookrelay tier").await?;
+            let channel = conn.create_channel().await?;
+            let publisher =
+                Publisher::connect(&config.amqp.url, "hookrelay tier", config.amqp.confirm_timeout)
+                    .await?;
+            let options = crate::mover::MoveOptions {
+                rate,
+                ..Default::default()
+            };
+            let released =
+                crate::tier::release(&api, &channel, &publisher, &ladder, i, &options, true).await;
+            publisher.close().await;
+            let _ = conn.close(200, "done".into()).await;
+            let released = released?;
+            println!(
+                "Released {}: {} parked message(s) returned to the retry lanes ({} more expired during the release); promotion resumed.",
+                ladder.tier_queue(i),
+                released.first_pass.moved,
+                released.stragglers.moved
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        TierCommand::Status { ladder, json } => {
+            let ladder = load_ladder(&ladder, config)?;
+            let api = management(config)?;
+            let states = crate::tier::status(&api, &ladder).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&states)?);
+            } else {
+                println!("{:<14} {:>8} {:>8}  {:<5} {:>8}", "TIER", "DELAY", "WAITING", "HELD", "PARKED");
+                for s in states {
+                    let n = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+                    println!(
+                        "{:<14} {:>8} {:>8}  {:<5} {:>8}",
+                        s.tier,
+                        s.delay,
+                        n(s.waiting),
+                        if s.held { "yes" } else { "no" },
+                        n(s.parked)
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn redrive(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    let ladder = load_ladder(&args.ladder, config)?;
+    let filter = crate::redrive::Filter {
+        tenant: args.tenant,
+        subscription: args.subscription,
+        reason: args.reason,
+        since: args.since,
+        until: args.until,
+    };
+    let conn = connect(config, "hookrelay redrive").await?;
+    let channel = conn.create_channel().await?;
+    let publisher =
+        Publisher::connect(&config.amqp.url, "hookrelay redrive", config.amqp.confirm_timeout)
+            .await?;
+    let dead = ladder.dead();
+    let total = crate::mover::depth(&channel, &dead).await?;
+    let limit = args.limit.map_or(total as u64, |l| (l as u64).min(total.into()));
+    let progress = crate::progress::Progress::new(limit, if args.dry_run { "would move" } else { "moved" });
+    let options = crate::mover::MoveOptions {
+        rate: args.rate,
+        limit: args.limit,
+        dry_run: args.dry_run,
+    };
+    let report = crate::mover::move_messages(
+        &channel,
+        &publisher,
+        &dead,
+        &options,
+        Some(&progress),
+        |props, _| crate::redrive::plan(&ladder, &filter, props),
+    )
+    .await;
+    publisher.close().await;
+    let _ = conn.close(200, "done".into()).await;
+    let report = report?;
+    let verb = if args.dry_run { "would move" } else { "moved" };
+    println!(
+        "Examined {} of {} dead message(s): {verb} {} to {}; {} stayed in the sink.",
+        report.examined,
+        total,
+        report.moved,
+        ladder.ingress(),
+        report.kept_total()
+    );
+    for (why, n) in &report.kept {
+        println!("  stayed: {n} ({why})");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check_subscriptions(file: &std::path::Path, config: &Config) -> anyhow::Result<ExitCode> {

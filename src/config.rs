@@ -145,6 +145,7 @@ pub struct Config {
     pub secrets: SecretsConfig,
     pub reload: ReloadConfig,
     pub egress: crate::egress::EgressConfig,
+    pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
 
@@ -162,6 +163,7 @@ impl Default for Config {
             secrets: SecretsConfig::default(),
             reload: ReloadConfig::default(),
             egress: crate::egress::EgressConfig::default(),
+            metrics: MetricsConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -329,6 +331,25 @@ impl Default for ReloadConfig {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where the worker serves `/metrics`, `/healthz` and `/readyz`; empty turns it off.
+    pub listen: String,
+    /// How often queue depths are read from the management API.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:9464".into(),
+            poll_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// A `tracing` filter such as `info` or `hookrelay=debug,lapin=warn`; `RUST_LOG` wins when set.
     pub level: String,
@@ -397,6 +418,7 @@ impl Config {
             ("broker.consumer_timeout", self.broker.consumer_timeout),
             ("worker.shutdown_grace", self.worker.shutdown_grace),
             ("reload.interval", self.reload.interval),
+            ("metrics.poll_interval", self.metrics.poll_interval),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::invalid(field, "must be longer than zero"));
@@ -444,6 +466,17 @@ impl Config {
                     "must be longer than one attempt (connect + request + confirm = {}) so a \
                      drain can finish what is in flight",
                     fmt_duration(self.attempt_budget())
+                ),
+            ));
+        }
+        if !self.metrics.listen.is_empty()
+            && self.metrics.listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::invalid(
+                "metrics.listen",
+                format!(
+                    "{:?} is not an address like \"0.0.0.0:9464\" (empty turns the endpoint off)",
+                    self.metrics.listen
                 ),
             ));
         }

@@ -3,7 +3,6 @@
 //! deliveries on purpose, a worker, about a thousand events, and a table at the end.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use lapin::{Connection, ConnectionProperties};
 
 use crate::config::Config;
 use crate::envelope::{self, NewEvent, now_ms};
+use crate::progress::Progress;
 use crate::publish::Publisher;
 use crate::receiver::{Receiver, Reply};
 use crate::signing::generate_secret;
@@ -168,6 +168,8 @@ async fn run_inside(
     worker_config.worker.shutdown_grace = Duration::from_secs(5);
     // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
     worker_config.egress.allow.push("127.0.0.0/8".into());
+    worker_config.metrics.listen = "127.0.0.1:0".into();
+    worker_config.metrics.poll_interval = Duration::from_secs(1);
     let mut setup = WorkerSetup::new(
         worker_config,
         ladder.clone(),
@@ -176,6 +178,9 @@ async fn run_inside(
     setup.name = format!("{prefix} worker");
     let worker = Worker::start(setup).await?;
     let metrics = worker.metrics();
+    if let Some(addr) = worker.vitals_addr() {
+        println!("The demo worker's metrics: http://{addr}/metrics");
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let worker_task = tokio::spawn(worker.run(async {
         let _ = stopped.await;
@@ -238,7 +243,7 @@ async fn run_inside(
             .map(|q| q.message_count() as usize)
             .unwrap_or(0)
     };
-    let progress = Progress::new(published as u64);
+    let progress = Progress::new(published as u64, "finished");
     let deadline = Instant::now() + options.deadline;
     loop {
         let delivered = receiver.delivered_count();
@@ -387,54 +392,5 @@ impl SecretFile {
 impl Drop for SecretFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// A progress bar on a terminal; a line every two seconds otherwise (CI logs).
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    total: u64,
-    last_line: std::sync::Mutex<Instant>,
-}
-
-impl Progress {
-    fn new(total: u64) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} finished  {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        });
-        Self {
-            bar,
-            total,
-            last_line: std::sync::Mutex::new(Instant::now()),
-        }
-    }
-
-    fn set(&self, done: u64, message: &str) {
-        match &self.bar {
-            Some(bar) => {
-                bar.set_position(done);
-                bar.set_message(message.to_owned());
-            }
-            None => {
-                let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
-                if last.elapsed() >= Duration::from_secs(2) || done >= self.total {
-                    eprintln!("  {done}/{} finished: {message}", self.total);
-                    *last = Instant::now();
-                }
-            }
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish();
-        }
     }
 }

@@ -4,6 +4,8 @@
 //! deliveries) is confirmed by the broker.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use lapin::message::Delivery;
@@ -13,7 +15,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
-use crate::events::{Notices, OperationalEvent};
+use crate::events::{AttemptRecord, Notices, OperationalEvent, now_rfc3339};
 use crate::http::{HttpSender, WebhookRequest};
 use crate::metrics::Metrics;
 use crate::outcome::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
@@ -22,18 +24,64 @@ use crate::signing::signature_header;
 use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
 use crate::topology::Ladder;
 
-/// Which lane a delivery came from.
+/// Which kind of lane a delivery came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaneKind {
     First,
     Retry,
 }
 
-impl LaneKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            LaneKind::First => "first",
-            LaneKind::Retry => "retry",
+/// One ready queue: what the worker consumes, and what it has seen at its head.
+#[derive(Debug)]
+pub struct Lane {
+    pub kind: LaneKind,
+    pub queue: String,
+    pub prefetch: u16,
+    /// How long the most recently delivered message had waited, in ms.
+    last_age_ms: AtomicU64,
+    /// When that delivery arrived, in ms since `epoch`.
+    last_delivery_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Lane {
+    pub fn new(kind: LaneKind, queue: String, prefetch: u16) -> Self {
+        Self {
+            kind,
+            queue,
+            prefetch,
+            last_age_ms: AtomicU64::new(0),
+            last_delivery_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The metrics label: the queue name.
+    pub fn label(&self) -> &str {
+        &self.queue
+    }
+
+    fn saw_head(&self, age_ms: u64) {
+        self.last_age_ms.store(age_ms, Ordering::Relaxed);
+        self.last_delivery_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The oldest-ready estimate given the broker's ready count: 0 for an empty lane; the wait of
+    /// the last delivered message while deliveries flow; that wait plus the time since while the
+    /// lane holds messages and nothing is delivered (an upper bound on the head's wait).
+    pub fn oldest_ready_age(&self, ready: i64, quiet_after: Duration) -> Duration {
+        if ready <= 0 {
+            return Duration::ZERO;
+        }
+        let last_age = Duration::from_millis(self.last_age_ms.load(Ordering::Relaxed));
+        let since = self.epoch.elapsed().saturating_sub(Duration::from_millis(
+            self.last_delivery_ms.load(Ordering::Relaxed),
+        ));
+        if since < quiet_after {
+            last_age
+        } else {
+            last_age + since
         }
     }
 }
@@ -53,11 +101,13 @@ pub struct Dispatcher {
     ingress: String,
 }
 
-/// What the worker learned before (or instead of) an HTTP attempt, plus the endpoint the
-/// attempt went to.
+/// The decision, and what the HTTP attempt (if one was made) produced.
 struct Attempted {
     outcome: Outcome,
+    /// Where the attempt went ([`envelope::endpoint_fingerprint`]).
     endpoint: Option<String>,
+    result: Option<AttemptResult>,
+    latency: Option<Duration>,
 }
 
 impl Attempted {
@@ -65,6 +115,8 @@ impl Attempted {
         Self {
             outcome,
             endpoint: None,
+            result: None,
+            latency: None,
         }
     }
 }
@@ -106,7 +158,7 @@ impl Dispatcher {
     }
 
     /// Handles one delivery to the end: an ack, or a nack back to its lane.
-    pub async fn handle(self: Arc<Self>, lane: LaneKind, delivery: Delivery) {
+    pub async fn handle(self: Arc<Self>, lane: Arc<Lane>, delivery: Delivery) {
         let gauge = self.metrics.in_flight.with_label_values(&[lane.label()]);
         gauge.inc();
         let _in_flight = InFlight(gauge);
@@ -122,7 +174,8 @@ impl Dispatcher {
         let (envelope, attempted) =
             match Envelope::from_delivery(&properties, routing_key.as_str(), &body, max_body) {
                 Ok(envelope) => {
-                    let attempted = self.attempt(lane, &envelope, &body).await;
+                    self.observe_head(&lane, &properties, &envelope);
+                    let attempted = self.attempt(&lane, &envelope, &body).await;
                     (Some(envelope), attempted)
                 }
                 Err(invalid) => {
@@ -134,7 +187,7 @@ impl Dispatcher {
                 }
             };
         self.settle(
-            lane,
+            &lane,
             &acker,
             &properties,
             &body,
@@ -144,9 +197,42 @@ impl Dispatcher {
         .await;
     }
 
+    /// The head-of-lane vital signs: how long this message waited to be eligible and consumed,
+    /// and for a retry, which tier promoted it and how late.
+    fn observe_head(&self, lane: &Lane, properties: &BasicProperties, envelope: &Envelope) {
+        let now = now_ms();
+        let waited_since = match lane.kind {
+            LaneKind::First => properties.timestamp().map(|s| s.saturating_mul(1000)),
+            LaneKind::Retry => envelope.due_ms,
+        };
+        if let Some(since) = waited_since {
+            let age = now.saturating_sub(since);
+            lane.saw_head(age);
+            self.metrics
+                .oldest_ready_age
+                .with_label_values(&[lane.label()])
+                .set(age as f64 / 1000.0);
+        }
+        if lane.kind == LaneKind::Retry
+            && let Some(queue) = envelope::promoted_from(properties)
+        {
+            let tier = queue
+                .strip_prefix(&format!("{}.", self.ladder.prefix))
+                .unwrap_or(&queue)
+                .to_owned();
+            self.metrics.promotions.with_label_values(&[&tier]).inc();
+            if let Some(due) = envelope.due_ms {
+                self.metrics
+                    .promotion_lag
+                    .with_label_values(&[&tier])
+                    .observe(now.saturating_sub(due) as f64 / 1000.0);
+            }
+        }
+    }
+
     /// Decides what to do with a valid envelope, making the HTTP attempt when there is one to
     /// make.
-    async fn attempt(&self, lane: LaneKind, envelope: &Envelope, body: &Bytes) -> Attempted {
+    async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Attempted {
         let subscriptions = self.subscriptions.current();
         let Some(sub_id) = &envelope.subscription else {
             return Attempted::without_attempt(self.fan_out(lane, envelope, &subscriptions));
@@ -211,31 +297,34 @@ impl Dispatcher {
                 "Subscription repointed; delivering to its new URL"
             );
         }
-        let result = self.send(lane, envelope, sub, body).await;
+        let (result, latency) = self.send(lane, envelope, sub, body).await;
         Attempted {
             outcome: decide(&self.ladder, made, &result),
             endpoint: Some(endpoint),
+            result: Some(result),
+            latency,
         }
     }
 
     /// Signs with every unexpired secret that resolves now, and sends.
     async fn send(
         &self,
-        lane: LaneKind,
+        lane: &Lane,
         envelope: &Envelope,
         sub: &Subscription,
         body: &Bytes,
-    ) -> AttemptResult {
+    ) -> (AttemptResult, Option<Duration>) {
         let (keys, errors) = self.secrets.keys_for(sub);
         for e in &errors {
             warn!(subscription = %sub.id, error = %e, "Secret reference does not resolve");
         }
         if keys.is_empty() {
-            return AttemptResult::NotSent(format!(
+            let result = AttemptResult::NotSent(format!(
                 "no unexpired secret of subscription {} resolves{}",
                 sub.id,
                 errors.iter().map(|e| format!("; {e}")).collect::<String>()
             ));
+            return (result, None);
         }
         let timestamp = now_ms() / 1000;
         let signature = signature_header(
@@ -267,18 +356,19 @@ impl Dispatcher {
             response = %report.response_excerpt,
             "Attempt made"
         );
-        report.result
+        (report.result, Some(report.latency))
     }
 
     /// An event without a subscription, fresh from the first-attempt lane, becomes one delivery
     /// per matching subscription; anywhere else it is invalid.
     fn fan_out(
         &self,
-        lane: LaneKind,
+        lane: &Lane,
         envelope: &Envelope,
         subscriptions: &crate::subscriptions::Subscriptions,
     ) -> Outcome {
-        if lane != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some() {
+        if lane.kind != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some()
+        {
             return Outcome::invalid(
                 InvalidEnvelope::MissingSubscription.to_string(),
                 envelope.attempts_made,
@@ -306,7 +396,7 @@ impl Dispatcher {
     /// Carries the decision out. Acks only after a needed publish was confirmed.
     async fn settle(
         &self,
-        lane: LaneKind,
+        lane: &Lane,
         acker: &Acker,
         properties: &BasicProperties,
         body: &[u8],
@@ -417,6 +507,8 @@ impl Dispatcher {
                 if let Some(envelope) = envelope {
                     self.announce(envelope, outcome);
                 }
+                self.notices
+                    .attempt(&self.record(lane, properties, envelope, &attempted));
             }
             Err((e, target)) => {
                 self.metrics
@@ -449,6 +541,46 @@ impl Dispatcher {
         futures_util::future::try_join_all(sends).await?;
         info!(event = %envelope.id, deliveries = subscriptions.len(), "Fanned out");
         Ok(())
+    }
+
+    /// The attempt-log record of a settled delivery.
+    fn record(
+        &self,
+        lane: &Lane,
+        properties: &BasicProperties,
+        envelope: Option<&Envelope>,
+        attempted: &Attempted,
+    ) -> AttemptRecord {
+        let (status, error) = match (&attempted.result, &attempted.outcome) {
+            (Some(AttemptResult::Response { status, .. }), o) => (
+                Some(*status),
+                (!matches!(o, Outcome::Delivered { .. })).then(|| format!("HTTP {status}")),
+            ),
+            (Some(other), _) => (None, Some(other.describe())),
+            (None, Outcome::Dead { error, .. }) => (None, Some(error.clone())),
+            (None, Outcome::Cancelled { detail, .. }) => (None, Some(detail.clone())),
+            (None, _) => (None, None),
+        };
+        let attempt = match &attempted.result {
+            Some(_) => envelope.map_or(0, |e| e.attempts_made + 1),
+            None => 0,
+        };
+        AttemptRecord {
+            envelope: properties.message_id().as_ref().map(|m| m.to_string()),
+            tenant: envelope.map(|e| e.tenant.clone()),
+            subscription: envelope.and_then(|e| e.subscription.clone()),
+            attempt,
+            status,
+            error,
+            latency_ms: attempted.latency.map(|l| l.as_millis() as u64),
+            outcome: attempted.outcome.kind().to_owned(),
+            tier: match &attempted.outcome {
+                Outcome::Retry { tier, .. } => Some(self.ladder.tiers[*tier].name.clone()),
+                _ => None,
+            },
+            lane: lane.queue.clone(),
+            at: now_rfc3339(),
+        }
     }
 
     /// The operational events an outcome calls for.

@@ -33,6 +33,10 @@ pub const REASON_HEADER: &str = "x-hookrelay-reason";
 pub const STATUS_HEADER: &str = "x-hookrelay-status";
 /// When the message was dead-lettered, in milliseconds since the epoch.
 pub const DEAD_AT_HEADER: &str = "x-hookrelay-dead-at-ms";
+/// How many times the message was redriven out of the dead sink.
+pub const REDRIVES_HEADER: &str = "x-hookrelay-redrives";
+/// When it was last redriven, in milliseconds since the epoch.
+pub const REDRIVEN_AT_HEADER: &str = "x-hookrelay-redriven-at-ms";
 
 /// Headers the broker adds while dead-lettering; dropped on every republish so they neither
 /// grow without bound nor get mistaken for our own accounting.
@@ -503,6 +507,50 @@ pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> Bas
     if let Some(tenant) = dead.tenant {
         put_str(&mut headers, TENANT_HEADER, tenant);
     }
+    props.with_headers(headers)
+}
+
+/// The queue a message was last dead-lettered from (the broker's `x-death` header), i.e. the
+/// tier that promoted it.
+pub fn promoted_from(properties: &BasicProperties) -> Option<String> {
+    let AMQPValue::FieldArray(deaths) = header(properties.headers().as_ref(), "x-death")? else {
+        return None;
+    };
+    let AMQPValue::FieldTable(latest) = deaths.as_slice().first()? else {
+        return None;
+    };
+    match latest.inner().get("queue")? {
+        AMQPValue::LongString(q) => Some(String::from_utf8_lossy(q.as_bytes()).into_owned()),
+        AMQPValue::ShortString(q) => Some(q.to_string()),
+        _ => None,
+    }
+}
+
+/// Properties for a message redriven out of the dead sink: the original message with a fresh
+/// attempt budget (hookrelay's accounting and dead-letter headers removed) and the redrive
+/// recorded.
+pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
+    let (props, carried_headers) = carried(dead);
+    let forget = [
+        ATTEMPTS_HEADER,
+        DUE_HEADER,
+        LAST_ERROR_HEADER,
+        REASON_HEADER,
+        STATUS_HEADER,
+        DEAD_AT_HEADER,
+        ENDPOINT_HEADER,
+        REDRIVES_HEADER,
+        REDRIVEN_AT_HEADER,
+    ];
+    let mut headers = FieldTable::default();
+    for (k, v) in &carried_headers {
+        if !forget.contains(&k.as_str()) {
+            headers.insert(k.clone(), v.clone());
+        }
+    }
+    let redrives = read_u64_header(dead, REDRIVES_HEADER).unwrap_or(0) + 1;
+    put_u64(&mut headers, REDRIVES_HEADER, redrives);
+    put_u64(&mut headers, REDRIVEN_AT_HEADER, now_ms());
     props.with_headers(headers)
 }
 

@@ -1,7 +1,10 @@
-//! Operational events: small JSON messages on the `<prefix>.events` topic exchange that owning
-//! systems bind a queue to and act on (`subscription.gone`, `delivery.exhausted`,
-//! `delivery.cancelled`, `subscriptions.reload_failed`). Publishing them never blocks or fails a
-//! delivery: they pass through a bounded buffer, and what does not fit is counted as dropped.
+//! What hookrelay tells the systems around it, as small JSON messages on topic exchanges:
+//! operational events on `<prefix>.events` (`subscription.gone`, `delivery.exhausted`,
+//! `delivery.cancelled`, `subscriptions.reload_failed`) for owning systems to act on, and the
+//! attempt log on `<prefix>.attempts` (one record per settled delivery, routing key
+//! `<outcome>.<tenant>`) for operators to keep in a queue or stream. Publishing them never blocks
+//! or fails a delivery: they pass through a bounded buffer, and what does not fit is counted as
+//! dropped.
 
 use std::sync::Arc;
 
@@ -45,7 +48,7 @@ impl OperationalEvent {
             envelope: None,
             reason: reason.into(),
             detail: None,
-            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            at: now_rfc3339(),
         }
     }
 
@@ -62,6 +65,47 @@ impl OperationalEvent {
     }
 }
 
+/// One settled delivery, as the attempt log records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AttemptRecord {
+    /// The envelope id (`message_id`); `null` when the message had none.
+    pub envelope: Option<String>,
+    pub tenant: Option<String>,
+    pub subscription: Option<String>,
+    /// 1-based; 0 when no HTTP attempt was made (invalid, cancelled, fanned out).
+    pub attempt: u32,
+    /// The HTTP status, when the endpoint answered.
+    pub status: Option<u16>,
+    /// The error, when the attempt failed or the envelope was refused.
+    pub error: Option<String>,
+    pub latency_ms: Option<u64>,
+    /// `delivered`, `retried`, `rejected`, `exhausted`, `invalid`, `cancelled`, `gone`,
+    /// `egress_denied`, `fanned_out`.
+    pub outcome: String,
+    /// The tier a retry waits in.
+    pub tier: Option<String>,
+    /// The lane (queue) the delivery came from.
+    pub lane: String,
+    /// RFC 3339, UTC.
+    pub at: String,
+}
+
+impl AttemptRecord {
+    /// `<outcome>.<tenant>`; tenants never contain dots, so the key splits cleanly.
+    pub fn routing_key(&self) -> String {
+        format!(
+            "{}.{}",
+            self.outcome,
+            self.tenant.as_deref().unwrap_or("unknown")
+        )
+    }
+}
+
+/// Now, as the records write it.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
 struct Notice {
     exchange: Arc<str>,
     routing_key: String,
@@ -73,6 +117,7 @@ struct Notice {
 pub struct Notices {
     tx: mpsc::Sender<Notice>,
     events_exchange: Arc<str>,
+    attempts_exchange: Arc<str>,
     metrics: Metrics,
 }
 
@@ -90,6 +135,7 @@ impl Notices {
     pub fn start(
         publisher: Arc<Publisher>,
         events_exchange: String,
+        attempts_exchange: String,
         metrics: Metrics,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
@@ -98,10 +144,17 @@ impl Notices {
             Self {
                 tx,
                 events_exchange: events_exchange.into(),
+                attempts_exchange: attempts_exchange.into(),
                 metrics,
             },
             task,
         )
+    }
+
+    /// Queues an attempt-log record; drops (and counts) it when the buffer is full.
+    pub fn attempt(&self, record: &AttemptRecord) {
+        let body = serde_json::to_vec(record).unwrap_or_default();
+        self.enqueue(Arc::clone(&self.attempts_exchange), record.routing_key(), body);
     }
 
     /// Queues an operational event; drops (and counts) it when the buffer is full.
@@ -155,4 +208,84 @@ async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metric
             metrics.notices_failed.inc();
         }
     }
+}
+
+/// One line of `hookrelay attempts tail`.
+pub fn format_record(r: &AttemptRecord) -> String {
+    let mut line = format!(
+        "{} {:<13} {} {} {}",
+        r.at,
+        r.outcome,
+        r.tenant.as_deref().unwrap_or("-"),
+        r.subscription.as_deref().unwrap_or("-"),
+        r.envelope.as_deref().unwrap_or("(no id)"),
+    );
+    if r.attempt > 0 {
+        line.push_str(&format!(" attempt {}", r.attempt));
+    }
+    if let Some(status) = r.status {
+        line.push_str(&format!(" HTTP {status}"));
+    }
+    if let Some(ms) = r.latency_ms {
+        line.push_str(&format!(" {ms}ms"));
+    }
+    if let Some(tier) = &r.tier {
+        line.push_str(&format!(" -> {tier}"));
+    }
+    if let Some(error) = r.error.as_deref().filter(|e| r.status.is_none() || !e.starts_with("HTTP")) {
+        line.push_str(&format!(" ({error})"));
+    }
+    line
+}
+
+/// Follows the attempt log through a queue of its own (exclusive, gone when the connection
+/// closes), calling `each` with every record until it returns `false` or the stream ends.
+/// `outcome` and `tenant` narrow the binding (`*` when absent).
+pub async fn tail_attempts(
+    channel: &lapin::Channel,
+    exchange: &str,
+    outcome: Option<&str>,
+    tenant: Option<&str>,
+    mut each: impl FnMut(&[u8]) -> bool,
+) -> Result<(), lapin::Error> {
+    use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let queue = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let key = format!("{}.{}", outcome.unwrap_or("*"), tenant.unwrap_or("*"));
+    channel
+        .queue_bind(
+            queue.name().clone(),
+            exchange.into(),
+            key.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.name().clone(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    while let Some(delivery) = consumer.next().await {
+        if !each(&delivery?.data) {
+            break;
+        }
+    }
+    Ok(())
 }

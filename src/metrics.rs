@@ -1,30 +1,52 @@
 //! The worker's vital signs as Prometheus metrics. Each worker owns its registry, so several
-//! workers in one process (tests, the demo) do not mix their counts.
+//! workers in one process (tests, the demo) do not mix their counts. Lane labels are queue
+//! names; tier labels are tier names (`retry-10s`).
 
+use prometheus::core::Collector;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
 
+/// Every metric of a worker. README's "Operating" section lists them with their meaning.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, ...).
+    /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, `exhausted`,
+    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `fanned_out`).
     pub outcomes: IntCounterVec,
     /// Retries by the tier they were sent to.
     pub retries: IntCounterVec,
     /// Rejections by HTTP status.
     pub rejections: IntCounterVec,
+    /// Envelopes completed without delivery because their subscription changed, by reason.
+    pub cancellations: IntCounterVec,
     /// HTTP attempt latency by lane.
     pub attempt_seconds: HistogramVec,
     /// Deliveries being worked on, by lane.
     pub in_flight: IntGaugeVec,
-    /// Republishes (to a tier or the sink) the broker did not confirm; the original was
-    /// returned to its lane.
+    /// How long the most recently delivered message of each lane had waited; while the lane has
+    /// ready messages and nothing is delivered, that value plus the time since (see README).
+    pub oldest_ready_age: GaugeVec,
+    /// Messages arriving back from each tier (read from the broker's dead-letter headers).
+    pub promotions: IntCounterVec,
+    /// From due time to consumption, per tier.
+    pub promotion_lag: HistogramVec,
+    /// Ready messages per queue of the ladder, polled from the management API.
+    pub queue_ready: IntGaugeVec,
+    /// Delivered but unacknowledged messages per queue, polled from the management API.
+    pub queue_unacked: IntGaugeVec,
+    /// Consumers per queue, polled from the management API.
+    pub queue_consumers: IntGaugeVec,
+    /// 1 while the last poll of the management API succeeded.
+    pub broker_stats_up: IntGauge,
+    /// 1 while the worker consumes every lane.
+    pub consuming: IntGauge,
+    /// Republishes (to a tier, the sink, fan-out deliveries) the broker did not confirm; the
+    /// original went back to its lane.
     pub republish_failures: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
-    /// Envelopes completed without delivery because their subscription changed, by reason.
-    pub cancellations: IntCounterVec,
     /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
     pub subscription_reloads: IntCounterVec,
     /// Notices (operational events, attempt log) dropped because the buffer was full.
@@ -45,113 +67,212 @@ impl Default for Metrics {
     }
 }
 
+fn register<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(
+        r,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+/// Every metric name a worker exports, for checking alert rules and docs against.
+pub fn metric_names() -> Vec<String> {
+    let m = Metrics::new();
+    let collectors: [&dyn Collector; 19] = [
+        &m.outcomes,
+        &m.retries,
+        &m.rejections,
+        &m.cancellations,
+        &m.attempt_seconds,
+        &m.in_flight,
+        &m.oldest_ready_age,
+        &m.promotions,
+        &m.promotion_lag,
+        &m.queue_ready,
+        &m.queue_unacked,
+        &m.queue_consumers,
+        &m.broker_stats_up,
+        &m.consuming,
+        &m.republish_failures,
+        &m.reconnects,
+        &m.subscription_reloads,
+        &m.notices_dropped,
+        &m.notices_failed,
+    ];
+    let mut names: Vec<String> = collectors
+        .iter()
+        .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
+        .collect();
+    names.sort();
+    names
+}
+
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const LAG_BUCKETS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0, 300.0, 1800.0,
+];
+
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let outcomes = IntCounterVec::new(
-            Opts::new(
+        let r = Registry::new();
+        Self {
+            outcomes: counters(
+                &r,
                 "hookrelay_outcomes_total",
                 "Deliveries finished, by lane and outcome",
+                &["lane", "outcome"],
             ),
-            &["lane", "outcome"],
-        )
-        .expect("valid metric");
-        let retries = IntCounterVec::new(
-            Opts::new("hookrelay_retries_total", "Retries scheduled, by tier"),
-            &["tier"],
-        )
-        .expect("valid metric");
-        let rejections = IntCounterVec::new(
-            Opts::new(
+            retries: counters(
+                &r,
+                "hookrelay_retries_total",
+                "Retries scheduled, by tier",
+                &["tier"],
+            ),
+            rejections: counters(
+                &r,
                 "hookrelay_rejections_total",
                 "Deliveries dead-lettered as rejected, by HTTP status",
+                &["status"],
             ),
-            &["status"],
-        )
-        .expect("valid metric");
-        let attempt_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "hookrelay_attempt_duration_seconds",
-                "HTTP attempt latency, by lane",
-            )
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]),
-            &["lane"],
-        )
-        .expect("valid metric");
-        let in_flight = IntGaugeVec::new(
-            Opts::new("hookrelay_in_flight", "Deliveries being worked on, by lane"),
-            &["lane"],
-        )
-        .expect("valid metric");
-        let republish_failures = IntCounterVec::new(
-            Opts::new(
-                "hookrelay_republish_failures_total",
-                "Republishes the broker did not confirm (the original went back to its lane)",
-            ),
-            &["target"],
-        )
-        .expect("valid metric");
-        let reconnects = IntCounter::new(
-            "hookrelay_reconnects_total",
-            "Broker sessions re-established after a drop",
-        )
-        .expect("valid metric");
-        let cancellations = IntCounterVec::new(
-            Opts::new(
+            cancellations: counters(
+                &r,
                 "hookrelay_cancellations_total",
                 "Envelopes completed without delivery because their subscription changed, by reason",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        let subscription_reloads = IntCounterVec::new(
-            Opts::new(
+            attempt_seconds: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "hookrelay_attempt_duration_seconds",
+                        "HTTP attempt latency, by lane",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["lane"],
+                )
+                .expect("valid metric"),
+            ),
+            in_flight: gauges(
+                &r,
+                "hookrelay_in_flight",
+                "Deliveries being worked on, by lane",
+                &["lane"],
+            ),
+            oldest_ready_age: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "hookrelay_oldest_ready_age_seconds",
+                        "Wait of the most recently delivered message of the lane; grows while the lane has ready messages and none is delivered",
+                    ),
+                    &["lane"],
+                )
+                .expect("valid metric"),
+            ),
+            promotions: counters(
+                &r,
+                "hookrelay_promotions_total",
+                "Messages arriving back from each tier",
+                &["tier"],
+            ),
+            promotion_lag: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "hookrelay_promotion_lag_seconds",
+                        "From a retry's due time to its consumption, by tier",
+                    )
+                    .buckets(LAG_BUCKETS.to_vec()),
+                    &["tier"],
+                )
+                .expect("valid metric"),
+            ),
+            queue_ready: gauges(
+                &r,
+                "hookrelay_queue_ready_messages",
+                "Ready messages per queue of the ladder (from the management API)",
+                &["queue", "role"],
+            ),
+            queue_unacked: gauges(
+                &r,
+                "hookrelay_queue_unacked_messages",
+                "Unacknowledged messages per queue of the ladder (from the management API)",
+                &["queue", "role"],
+            ),
+            queue_consumers: gauges(
+                &r,
+                "hookrelay_queue_consumers",
+                "Consumers per queue of the ladder (from the management API)",
+                &["queue", "role"],
+            ),
+            broker_stats_up: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_broker_stats_up",
+                    "1 while the last poll of the management API succeeded",
+                )
+                .expect("valid metric"),
+            ),
+            consuming: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_consuming",
+                    "1 while the worker consumes every lane",
+                )
+                .expect("valid metric"),
+            ),
+            republish_failures: counters(
+                &r,
+                "hookrelay_republish_failures_total",
+                "Republishes the broker did not confirm (the original went back to its lane)",
+                &["target"],
+            ),
+            reconnects: register(
+                &r,
+                IntCounter::new(
+                    "hookrelay_reconnects_total",
+                    "Broker sessions re-established after a drop",
+                )
+                .expect("valid metric"),
+            ),
+            subscription_reloads: counters(
+                &r,
                 "hookrelay_subscription_reloads_total",
                 "Changed subscriptions files looked at, by result (applied, refused)",
+                &["result"],
             ),
-            &["result"],
-        )
-        .expect("valid metric");
-        let notices_dropped = IntCounter::new(
-            "hookrelay_notices_dropped_total",
-            "Operational events and attempt-log entries dropped because the buffer was full",
-        )
-        .expect("valid metric");
-        let notices_failed = IntCounter::new(
-            "hookrelay_notices_failed_total",
-            "Operational events and attempt-log entries the broker did not confirm",
-        )
-        .expect("valid metric");
-        for c in [
-            Box::new(outcomes.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(retries.clone()),
-            Box::new(rejections.clone()),
-            Box::new(attempt_seconds.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(republish_failures.clone()),
-            Box::new(reconnects.clone()),
-            Box::new(cancellations.clone()),
-            Box::new(subscription_reloads.clone()),
-            Box::new(notices_dropped.clone()),
-            Box::new(notices_failed.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
-        Self {
-            registry,
-            outcomes,
-            retries,
-            rejections,
-            attempt_seconds,
-            in_flight,
-            republish_failures,
-            reconnects,
-            cancellations,
-            subscription_reloads,
-            notices_dropped,
-            notices_failed,
+            notices_dropped: register(
+                &r,
+                IntCounter::new(
+                    "hookrelay_notices_dropped_total",
+                    "Operational events and attempt-log entries dropped because the buffer was full",
+                )
+                .expect("valid metric"),
+            ),
+            notices_failed: register(
+                &r,
+                IntCounter::new(
+                    "hookrelay_notices_failed_total",
+                    "Operational events and attempt-log entries the broker did not confirm",
+                )
+                .expect("valid metric"),
+            ),
+            registry: r,
         }
     }
 

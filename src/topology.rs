@@ -270,6 +270,23 @@ impl Ladder {
     pub fn events_exchange(&self) -> String {
         self.name("events")
     }
+    /// The attempt log: one message per settled delivery, routing key `<outcome>.<tenant>`.
+    pub fn attempts_exchange(&self) -> String {
+        self.name("attempts")
+    }
+    /// Where a held tier's expired messages are parked (`hookrelay tier hold`).
+    pub fn held_queue(&self, tier: usize) -> String {
+        self.name(&format!("held.{}", self.tiers[tier].name))
+    }
+    /// The dead-letter routing key a hold policy gives a tier; only its parking queue is bound
+    /// to it on the promote exchange.
+    pub fn held_routing_key(&self, tier: usize) -> String {
+        format!("held.{}", self.tiers[tier].name)
+    }
+    /// The name of the policy that holds a tier.
+    pub fn hold_policy(&self, tier: usize) -> String {
+        self.name(&format!("hold.{}", self.tiers[tier].name))
+    }
     /// The dead-letter sink.
     pub fn dead(&self) -> String {
         self.name("dead")
@@ -319,6 +336,7 @@ impl Ladder {
             Exchange::new(&self.promote_exchange(), "topic")
                 .arg("alternate-exchange", Arg::Str(self.promote_unrouted())),
             Exchange::new(&self.events_exchange(), "topic"),
+            Exchange::new(&self.attempts_exchange(), "topic"),
         ];
 
         let mut queues = vec![
@@ -643,12 +661,15 @@ impl Topology {
     }
 
     /// Objects under `prefix.` that the broker has and the ladder does not (an old tier, say).
+    /// Parking queues of held tiers are operational, not drift, and are left out.
     pub fn extras(&self, prefix: &str, broker: &BrokerObjects) -> Vec<String> {
         let start = format!("{prefix}.");
+        let parking = format!("{prefix}.held.");
         let mut extra: Vec<String> = broker
             .queues
             .keys()
-            .filter(|n| n.starts_with(&start) && !self.queues.iter().any(|q| &q.name == *n))
+            .filter(|n| n.starts_with(&start) && !n.starts_with(&parking))
+            .filter(|n| !self.queues.iter().any(|q| &q.name == *n))
             .map(|n| format!("queue {n}"))
             .collect();
         extra.extend(

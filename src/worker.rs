@@ -22,10 +22,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, LaneKind};
+use crate::dispatch::{Dispatcher, Lane, LaneKind};
 use crate::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::events::{Notices, OperationalEvent};
 use crate::http::HttpSender;
+use crate::management::Management;
 use crate::metrics::Metrics;
 use crate::publish::{PublishError, Publisher};
 use crate::subscriptions::{
@@ -48,6 +49,8 @@ pub enum WorkerError {
     Secrets(String),
     #[error("cannot consume from the broker: {0}")]
     Consume(String),
+    #[error("{0}")]
+    Listen(#[from] std::io::Error),
 }
 
 /// What a worker is made of. [`WorkerSetup::new`] fills in the production defaults; tests swap
@@ -76,22 +79,15 @@ impl WorkerSetup {
     }
 }
 
-/// One ready queue the worker consumes, with its own channel and prefetch.
-#[derive(Debug, Clone)]
-struct Lane {
-    kind: LaneKind,
-    queue: String,
-    prefetch: u16,
-}
-
 /// A configured worker, connected for publishing and ready to [`Worker::run`].
 pub struct Worker {
     dispatcher: Arc<Dispatcher>,
     notices_task: tokio::task::JoinHandle<()>,
     /// Registered at start, so a SIGHUP that arrives before `run` is not the default (fatal).
     hangup: Option<Hangup>,
+    vitals: Option<tokio::net::TcpListener>,
     name: String,
-    lanes: Vec<Lane>,
+    lanes: Vec<Arc<Lane>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -164,23 +160,25 @@ impl Worker {
             )
             .await?,
         );
+        let vitals = crate::vitals::bind(&config.metrics.listen).await?;
         let metrics = Metrics::new();
         let (notices, notices_task) = Notices::start(
             Arc::clone(&publisher),
             ladder.events_exchange(),
+            ladder.attempts_exchange(),
             metrics.clone(),
         );
         let lanes = vec![
-            Lane {
-                kind: LaneKind::First,
-                queue: ladder.first_lane(),
-                prefetch: config.worker.prefetch_first,
-            },
-            Lane {
-                kind: LaneKind::Retry,
-                queue: ladder.retry_lane(),
-                prefetch: config.worker.prefetch_retry,
-            },
+            Arc::new(Lane::new(
+                LaneKind::First,
+                ladder.first_lane(),
+                config.worker.prefetch_first,
+            )),
+            Arc::new(Lane::new(
+                LaneKind::Retry,
+                ladder.retry_lane(),
+                config.worker.prefetch_retry,
+            )),
         ];
         let dispatcher = Dispatcher::new(
             config,
@@ -196,6 +194,7 @@ impl Worker {
             dispatcher: Arc::new(dispatcher),
             notices_task,
             hangup: Hangup::listen(),
+            vitals,
             name,
             lanes,
         })
@@ -205,17 +204,45 @@ impl Worker {
         self.dispatcher.metrics.clone()
     }
 
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    pub fn vitals_addr(&self) -> Option<std::net::SocketAddr> {
+        crate::vitals::local_addr(&self.vitals)
+    }
+
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
     /// finish within `worker.shutdown_grace`, and returns. Reconnects with backoff when the
     /// broker connection drops; fails only if the very first session cannot consume.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let tracker = TaskTracker::new();
-        let stop_reloads = CancellationToken::new();
-        let reloads = tokio::spawn(reload_loop(
+        let stop_helpers = CancellationToken::new();
+        let mut helpers = vec![tokio::spawn(reload_loop(
             Arc::clone(&self.dispatcher),
             self.hangup.take(),
-            stop_reloads.clone(),
-        ));
+            stop_helpers.clone(),
+        ))];
+        let metrics = self.dispatcher.metrics.clone();
+        if let Some(listener) = self.vitals.take() {
+            helpers.push(tokio::spawn(crate::vitals::serve(
+                listener,
+                metrics.clone(),
+                stop_helpers.clone(),
+            )));
+        }
+        let config = &self.dispatcher.config;
+        match Management::new(
+            &config.management.url,
+            &Management::vhost_of(&config.amqp.url),
+        ) {
+            Ok(api) => helpers.push(tokio::spawn(crate::vitals::poll_queues(
+                api,
+                self.dispatcher.ladder.clone(),
+                self.lanes.clone(),
+                metrics.clone(),
+                config.metrics.poll_interval,
+                stop_helpers.clone(),
+            ))),
+            Err(e) => warn!(error = %e, "No queue depth metrics"),
+        }
         let mut shutdown = std::pin::pin!(shutdown);
         let amqp = &self.dispatcher.config.amqp;
         let mut backoff = amqp.reconnect_min;
@@ -245,8 +272,10 @@ impl Worker {
         }
         // Tasks of sessions that failed may still be finishing their republishes.
         drain(&tracker, self.dispatcher.config.worker.shutdown_grace).await;
-        stop_reloads.cancel();
-        let _ = reloads.await;
+        stop_helpers.cancel();
+        for helper in helpers {
+            let _ = helper.await;
+        }
         let Worker {
             dispatcher,
             notices_task,
@@ -322,14 +351,17 @@ impl Worker {
             lanes = ?self.lanes.iter().map(|l| l.queue.as_str()).collect::<Vec<_>>(),
             "Consuming"
         );
+        let consuming = &self.dispatcher.metrics.consuming;
+        consuming.set(1);
+        let _not_consuming = scopeguard(|| consuming.set(0));
         let mut deliveries = stream::select_all(streams);
         loop {
             tokio::select! {
                 () = &mut *shutdown => break,
                 next = deliveries.next() => match next {
                     Some((i, Some(Ok(delivery)))) => {
-                        let kind = self.lanes[i].kind;
-                        tracker.spawn(Arc::clone(&self.dispatcher).handle(kind, delivery));
+                        let lane = Arc::clone(&self.lanes[i]);
+                        tracker.spawn(Arc::clone(&self.dispatcher).handle(lane, delivery));
                     }
                     Some((i, Some(Err(e)))) => {
                         return failed(format!("consumer of {}: {e}", self.lanes[i].queue), true);
@@ -358,6 +390,19 @@ impl Worker {
         let _ = conn.close(200, "shutdown".into()).await;
         SessionEnd::Shutdown
     }
+}
+
+/// Runs `f` when dropped.
+struct Guard<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Guard<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+fn scopeguard<F: FnMut()>(f: F) -> Guard<F> {
+    Guard(f)
 }
 
 /// Waits for in-flight deliveries, at most `grace`. What is still unfinished then was never

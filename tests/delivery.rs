@@ -102,7 +102,7 @@ async fn two_failures_then_success_walk_the_first_two_tiers() {
     assert_eq!(
         m.count(
             "hookrelay_outcomes_total",
-            &[("lane", "retry"), ("outcome", "delivered")]
+            &[("lane", t.ladder.retry_lane().as_str()), ("outcome", "delivered")]
         ),
         1
     );

@@ -16,7 +16,7 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     let applied = t.ladder.objects().apply(&t.channel).await.unwrap();
     assert_eq!(
         (applied.exchanges, applied.queues, applied.bindings),
-        (6, 5, 4)
+        (7, 5, 4)
     );
     let api = management(&t.config);
     let objects = api.objects().await.unwrap();

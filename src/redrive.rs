@@ -1,0 +1,204 @@
+//! Dead-letter redrive: moves envelopes from the dead sink back to a ready lane (through the
+//! ingress exchange, so a tenant with lanes of its own gets them there), filtered by tenant,
+//! subscription, reason and time. A redriven envelope keeps its `message_id` (its idempotency
+//! key) and body, starts a fresh attempt budget, and carries `x-hookrelay-redrives`.
+
+use std::time::SystemTime;
+
+use lapin::BasicProperties;
+
+use crate::envelope::{
+    self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
+};
+use crate::mover::Plan;
+use crate::topology::Ladder;
+
+/// Which dead envelopes to move. Every field that is set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub tenant: Option<String>,
+    pub subscription: Option<String>,
+    /// `rejected`, `exhausted`, `invalid`, `gone`, `egress_denied`, or the broker's own
+    /// (`expired`) for messages a lane dead-lettered.
+    pub reason: Option<String>,
+    /// Dead-lettered at or after.
+    pub since: Option<SystemTime>,
+    /// Dead-lettered before.
+    pub until: Option<SystemTime>,
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The reason a dead message carries: hookrelay's header, or the broker's for a message a lane
+/// dead-lettered by itself.
+fn reason_of(properties: &BasicProperties) -> Option<String> {
+    envelope::read_str_header(properties, REASON_HEADER).or_else(|| {
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|h| match h.inner().get("x-first-death-reason") {
+                Some(lapin::types::AMQPValue::LongString(s)) => {
+                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                }
+                _ => None,
+            })
+    })
+}
+
+impl Filter {
+    /// Whether a dead message matches; `Err` names the first criterion it fails.
+    pub fn check(&self, properties: &BasicProperties) -> Result<(), &'static str> {
+        let header = |name| envelope::read_str_header(properties, name);
+        if let Some(t) = &self.tenant
+            && header(TENANT_HEADER).as_ref() != Some(t)
+        {
+            return Err("other tenant");
+        }
+        if let Some(s) = &self.subscription
+            && header(SUBSCRIPTION_HEADER).as_ref() != Some(s)
+        {
+            return Err("other subscription");
+        }
+        if let Some(r) = &self.reason
+            && reason_of(properties).as_ref() != Some(r)
+        {
+            return Err("other reason");
+        }
+        if self.since.is_some() || self.until.is_some() {
+            let Some(at) = envelope::read_u64_header(properties, DEAD_AT_HEADER) else {
+                return Err("no dead-letter time");
+            };
+            if self.since.is_some_and(|s| at < ms(s)) || self.until.is_some_and(|u| at >= ms(u))
+            {
+                return Err("outside the time window");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The plan for one dead message: back to the ingress with a fresh budget, or stay (and why).
+pub fn plan(ladder: &Ladder, filter: &Filter, properties: &BasicProperties) -> Plan {
+    if let Err(why) = filter.check(properties) {
+        return Plan::Keep(why.to_owned());
+    }
+    let Some(tenant) = envelope::read_str_header(properties, TENANT_HEADER) else {
+        // Invalid before its tenant was known: nothing to route it by.
+        return Plan::Keep("no tenant header (not redrivable)".to_owned());
+    };
+    Plan::Move {
+        exchange: ladder.ingress(),
+        routing_key: tenant,
+        properties: envelope::redrive_properties(properties),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{DeadLetter, NewEvent, dead_properties};
+    use std::time::Duration;
+
+    fn dead(tenant: &str, reason: &str) -> BasicProperties {
+        let e = NewEvent {
+            id: "evt_1".into(),
+            tenant: tenant.into(),
+            event_type: "order.paid".into(),
+            subscription: Some("sub_a".into()),
+            timestamp: None,
+            body: b"{}".to_vec(),
+        };
+        dead_properties(
+            &e.properties(),
+            &DeadLetter {
+                reason,
+                error: "HTTP 500",
+                status: Some(500),
+                attempts_made: 10,
+                tenant: Some(tenant),
+            },
+        )
+    }
+
+    #[test]
+    fn filters_combine() {
+        let p = dead("acme", "exhausted");
+        assert_eq!(Filter::default().check(&p), Ok(()));
+        let f = Filter {
+            tenant: Some("acme".into()),
+            reason: Some("exhausted".into()),
+            subscription: Some("sub_a".into()),
+            ..Filter::default()
+        };
+        assert_eq!(f.check(&p), Ok(()));
+        assert_eq!(
+            Filter {
+                reason: Some("rejected".into()),
+                ..f.clone()
+            }
+            .check(&p),
+            Err("other reason")
+        );
+        assert_eq!(
+            Filter {
+                tenant: Some("globex".into()),
+                ..f.clone()
+            }
+            .check(&p),
+            Err("other tenant")
+        );
+        let now = SystemTime::now();
+        let window = |since: SystemTime, until: SystemTime| Filter {
+            since: Some(since),
+            until: Some(until),
+            ..Filter::default()
+        };
+        assert_eq!(
+            window(now - Duration::from_secs(60), now + Duration::from_secs(60)).check(&p),
+            Ok(())
+        );
+        assert_eq!(
+            window(now + Duration::from_secs(60), now + Duration::from_secs(120)).check(&p),
+            Err("outside the time window")
+        );
+    }
+
+    #[test]
+    fn a_redriven_envelope_keeps_its_id_and_starts_over() {
+        let ladder = Ladder::parse(include_str!("../topology/ladder.toml")).unwrap();
+        let p = dead("acme", "exhausted");
+        let Plan::Move {
+            exchange,
+            routing_key,
+            properties,
+        } = plan(&ladder, &Filter::default(), &p)
+        else {
+            panic!("expected a move");
+        };
+        assert_eq!((exchange.as_str(), routing_key.as_str()), ("hookrelay.ingress", "acme"));
+        assert_eq!(properties.message_id(), p.message_id());
+        let env = crate::envelope::Envelope::from_delivery(&properties, "acme", b"{}", 64).unwrap();
+        assert_eq!(env.attempts_made, 0);
+        assert_eq!(envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER), Some(1));
+        assert_eq!(envelope::read_str_header(&properties, REASON_HEADER), None);
+        // Twice redriven, twice counted.
+        let again = dead_properties(
+            &properties,
+            &DeadLetter {
+                reason: "exhausted",
+                error: "HTTP 500",
+                status: None,
+                attempts_made: 10,
+                tenant: Some("acme"),
+            },
+        );
+        let Plan::Move { properties, .. } = plan(&ladder, &Filter::default(), &again) else {
+            panic!("expected a move");
+        };
+        assert_eq!(envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER), Some(2));
+    }
+}

@@ -1,0 +1,212 @@
+//! `hookrelay status`: the whole ladder at a glance, from the management API. Every lane, tier
+//! and the dead sink with what waits, what is in flight, who consumes, the rates in and out,
+//! the oldest message's age where the broker knows it, and where each queue's messages go next.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::fmt_duration;
+use crate::management::{Management, ManagementError};
+use crate::topology::Ladder;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Management(#[from] ManagementError),
+    #[error(
+        "none of ladder {prefix:?}'s queues exist on vhost {vhost:?}; declare them with \
+         `hookrelay topology apply` (or point --ladder / HOOKRELAY_AMQP_URL at the right ones)"
+    )]
+    Missing { prefix: String, vhost: String },
+}
+
+/// One queue of the ladder.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStatus {
+    pub queue: String,
+    /// `lane`, `tier`, `parked`, `dead`.
+    pub role: &'static str,
+    pub exists: bool,
+    pub ready: i64,
+    pub unacked: i64,
+    pub consumers: i64,
+    /// Messages per second published into the queue (dead-lettered into it, for lanes fed by
+    /// tiers, counts here too).
+    pub in_per_s: f64,
+    /// Messages per second leaving: acknowledged for lanes; for tiers (whose messages leave by
+    /// expiring, which the broker does not count), derived from the depth's change between two
+    /// samples, so only known with `--watch`.
+    pub out_per_s: Option<f64>,
+    /// Age of the oldest message, where the broker knows it (classic queues holding messages
+    /// with a timestamp); the worker's `hookrelay_oldest_ready_age_seconds` covers the rest.
+    pub oldest_age_s: Option<f64>,
+    pub ttl: Option<String>,
+    /// Where the queue's messages go next, in words.
+    pub next: String,
+    pub held: bool,
+}
+
+/// Reads the ladder's queues. `previous` (an earlier sample and its time) lets tier out-rates
+/// be derived.
+pub async fn collect(
+    api: &Management,
+    ladder: &Ladder,
+    previous: Option<&(Instant, Vec<QueueStatus>)>,
+) -> Result<Vec<QueueStatus>, StatusError> {
+    let listed = api.get(&["queues", api.vhost()]).await?;
+    let by_name: HashMap<&str, &Value> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| q["name"].as_str().map(|n| (n, q)))
+        .collect();
+    let mut names: Vec<(String, &'static str)> = vec![
+        (ladder.first_lane(), "lane"),
+        (ladder.retry_lane(), "lane"),
+    ];
+    for i in 0..ladder.tiers.len() {
+        names.push((ladder.tier_queue(i), "tier"));
+        if by_name.contains_key(ladder.held_queue(i).as_str()) {
+            names.push((ladder.held_queue(i), "parked"));
+        }
+    }
+    names.push((ladder.dead(), "dead"));
+    if names.iter().all(|(n, _)| !by_name.contains_key(n.as_str())) {
+        return Err(StatusError::Missing {
+            prefix: ladder.prefix.clone(),
+            vhost: api.vhost().to_owned(),
+        });
+    }
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let rate = |q: &Value, stat: &str| q["message_stats"][stat]["rate"].as_f64();
+    let mut rows = Vec::new();
+    for (name, role) in names {
+        let Some(q) = by_name.get(name.as_str()) else {
+            rows.push(QueueStatus {
+                queue: name,
+                role,
+                exists: false,
+                ready: 0,
+                unacked: 0,
+                consumers: 0,
+                in_per_s: 0.0,
+                out_per_s: None,
+                oldest_age_s: None,
+                ttl: None,
+                next: "MISSING: run `hookrelay topology apply`".into(),
+                held: false,
+            });
+            continue;
+        };
+        let ready = q["messages_ready"].as_i64().unwrap_or(0);
+        let in_per_s = rate(q, "publish_details").unwrap_or(0.0);
+        let policy = q["effective_policy_definition"].as_object();
+        let held = role == "tier"
+            && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
+        let out_per_s = match role {
+            "tier" | "parked" => previous.and_then(|(at, rows)| {
+                let before = rows.iter().find(|r| r.queue == name)?;
+                let dt = at.elapsed().as_secs_f64();
+                (dt > 0.5).then(|| (in_per_s - (ready - before.ready) as f64 / dt).max(0.0))
+            }),
+            _ => rate(q, "ack_details").or(rate(q, "deliver_get_details")),
+        };
+        let ttl = q["arguments"]["x-message-ttl"]
+            .as_u64()
+            .map(|ms| fmt_duration(Duration::from_millis(ms)));
+        let next = match role {
+            "lane" => "workers; dead-letters to the sink".to_owned(),
+            "tier" if held => format!("HELD: expired messages park in {}", {
+                let i = ladder.find_tier(&name).unwrap_or(0);
+                ladder.held_queue(i)
+            }),
+            "tier" => format!(
+                "on expiry -> {} -> retry lane",
+                q["arguments"]["x-dead-letter-exchange"]
+                    .as_str()
+                    .unwrap_or("(no dead-letter exchange!)")
+            ),
+            "parked" => "waits for `hookrelay tier release`".to_owned(),
+            _ => "kept for inspection and `hookrelay redrive`".to_owned(),
+        };
+        rows.push(QueueStatus {
+            queue: name,
+            role,
+            exists: true,
+            ready,
+            unacked: q["messages_unacknowledged"].as_i64().unwrap_or(0),
+            consumers: q["consumers"].as_i64().unwrap_or(0),
+            in_per_s,
+            out_per_s,
+            oldest_age_s: q["head_message_timestamp"]
+                .as_f64()
+                .map(|ts| (now - ts).max(0.0)),
+            ttl,
+            next,
+            held,
+        });
+    }
+    Ok(rows)
+}
+
+fn opt_rate(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}"))
+}
+
+/// The table `hookrelay status` prints.
+pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) -> String {
+    let mut out = format!(
+        "Ladder {:?} on vhost {vhost:?} (RabbitMQ {broker}); rates are per second\n\n",
+        ladder.prefix
+    );
+    let header = [
+        "QUEUE", "ROLE", "READY", "UNACKED", "CONS", "IN/s", "OUT/s", "OLDEST", "TTL", "NEXT",
+    ];
+    let mut table: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
+    for r in rows {
+        table.push(vec![
+            r.queue.clone(),
+            if r.held { "tier*".into() } else { r.role.into() },
+            r.ready.to_string(),
+            r.unacked.to_string(),
+            r.consumers.to_string(),
+            format!("{:.1}", r.in_per_s),
+            opt_rate(r.out_per_s),
+            r.oldest_age_s
+                .map_or_else(|| "-".into(), |s| fmt_duration(Duration::from_secs(s as u64))),
+            r.ttl.clone().unwrap_or_else(|| "-".into()),
+            r.next.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in &table {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let numeric = (2..=6).contains(&c);
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else if numeric {
+                line.push_str(&format!("{cell:>w$}  ", w = widths[c]));
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    if rows.iter().any(|r| r.held) {
+        out.push_str("\ntier* = held: promotion stopped; `hookrelay tier release <tier>` resumes it\n");
+    }
+    if rows.iter().any(|r| r.role == "tier" && r.out_per_s.is_none()) {
+        out.push_str("Tier OUT/s (expiries) is derived between samples: see it with --watch\n");
+    }
+    out
+}

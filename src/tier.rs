@@ -1,0 +1,303 @@
+//! Tier hold and release: the incident lever instead of purging.
+//!
+//! A tier's queue dead-letters expired messages into `<prefix>.promote` with their routing key
+//! (`retry-1h.<tenant>`), and the promote exchange routes them to a retry lane. To hold the tier,
+//! a policy gives it a `dead-letter-routing-key` of `held.retry-1h` (a policy cannot replace the
+//! exchange the queue's arguments name, but it can set the routing key they leave unset), and
+//! a parking queue `<prefix>.held.retry-1h` is bound to the promote exchange with exactly that
+//! key. Expired messages then wait there, in expiry order, durable and visible, instead of being
+//! promoted. Should the policy go missing, promotion simply resumes: nothing is ever dropped.
+//!
+//! Release moves the parked messages back to the promote exchange with their original routing
+//! keys at a chosen rate, then removes the policy, then moves what expired meanwhile.
+
+use std::time::Duration;
+
+use lapin::options::{QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::envelope::{self, TENANT_HEADER};
+use crate::management::{Management, ManagementError};
+use crate::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
+use crate::progress::Progress;
+use crate::publish::Publisher;
+use crate::topology::Ladder;
+
+/// Priority of hold policies: above what teams usually give their own catch-all policies, since
+/// only one policy applies to a queue.
+const HOLD_PRIORITY: i64 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error("{0:?} is not a tier of ladder {1:?}; its tiers are {2}")]
+    UnknownTier(String, String, String),
+    #[error("{0} is not held (its parking queue does not exist)")]
+    NotHeld(String),
+    #[error("the broker: {0}")]
+    Broker(#[from] lapin::Error),
+    #[error(transparent)]
+    Management(#[from] ManagementError),
+    #[error(transparent)]
+    Move(#[from] MoveError),
+}
+
+/// Finds a tier by name (`retry-1h`, `hookrelay.retry-1h`) or delay (`1h`).
+pub fn find(ladder: &Ladder, name: &str) -> Result<usize, TierError> {
+    ladder.find_tier(name).ok_or_else(|| {
+        TierError::UnknownTier(
+            name.to_owned(),
+            ladder.prefix.clone(),
+            ladder
+                .tiers
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    })
+}
+
+fn queue_args(ladder: &Ladder) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(ladder.queue_type.as_str().into()),
+    );
+    args
+}
+
+/// Regex for exactly one queue name.
+fn exact_pattern(name: &str) -> String {
+    let mut p = String::from("^");
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            p.push(c);
+        } else {
+            p.push('\\');
+            p.push(c);
+        }
+    }
+    p.push('$');
+    p
+}
+
+/// Stops promotion out of `tier`: its expired messages park in `<prefix>.held.<tier>`.
+pub async fn hold(
+    api: &Management,
+    channel: &Channel,
+    ladder: &Ladder,
+    tier: usize,
+) -> Result<(), TierError> {
+    let parking = ladder.held_queue(tier);
+    channel
+        .queue_declare(
+            parking.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            queue_args(ladder),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            parking.as_str().into(),
+            ladder.promote_exchange().as_str().into(),
+            ladder.held_routing_key(tier).as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    api.put(
+        &["policies", api.vhost(), &ladder.hold_policy(tier)],
+        &json!({
+            "pattern": exact_pattern(&ladder.tier_queue(tier)),
+            "apply-to": "queues",
+            "priority": HOLD_PRIORITY,
+            "definition": { "dead-letter-routing-key": ladder.held_routing_key(tier) },
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What a release did: the main pass, and the stragglers that expired while it ran.
+#[derive(Debug, Clone, Default)]
+pub struct Released {
+    pub first_pass: MoveReport,
+    pub stragglers: MoveReport,
+}
+
+impl Released {
+    pub fn moved(&self) -> usize {
+        self.first_pass.moved + self.stragglers.moved
+    }
+}
+
+/// The routing key a parked message was promoted with before the hold: the broker records it in
+/// `x-death`; hookrelay's tenant header rebuilds it otherwise.
+fn original_key(ladder: &Ladder, tier: usize, properties: &BasicProperties) -> String {
+    let recorded = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| match h.inner().get("x-death") {
+            Some(AMQPValue::FieldArray(deaths)) => deaths.as_slice().first().cloned(),
+            _ => None,
+        })
+        .and_then(|d| match d {
+            AMQPValue::FieldTable(t) => match t.inner().get("routing-keys") {
+                Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().cloned(),
+                _ => None,
+            },
+            _ => None,
+        })
+        .and_then(|k| match k {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            _ => None,
+        })
+        .filter(|k| k.starts_with(&format!("{}.", ladder.tiers[tier].name)));
+    recorded.unwrap_or_else(|| {
+        let tenant = envelope::read_str_header(properties, TENANT_HEADER)
+            .unwrap_or_else(|| "unknown".into());
+        ladder.tier_routing_key(tier, &tenant)
+    })
+}
+
+/// Returns the parked messages of `tier` to the retry lanes at `options.rate`, then lifts the
+/// hold and moves what expired in the meantime.
+pub async fn release(
+    api: &Management,
+    channel: &Channel,
+    publisher: &Publisher,
+    ladder: &Ladder,
+    tier: usize,
+    options: &MoveOptions,
+    show_progress: bool,
+) -> Result<Released, TierError> {
+    let parking = ladder.held_queue(tier);
+    let parked = match crate::mover::depth(channel, &parking).await {
+        Ok(n) => n,
+        Err(_) => return Err(TierError::NotHeld(ladder.tier_queue(tier))),
+    };
+    let promote = ladder.promote_exchange();
+    let plan = |props: &BasicProperties, _: &[u8]| Plan::Move {
+        exchange: promote.clone(),
+        routing_key: original_key(ladder, tier, props),
+        properties: props.clone(),
+    };
+    let progress = show_progress.then(|| Progress::new(parked.into(), "moved"));
+    // While the hold stays, newer expiries queue behind the parked ones: order is kept.
+    let first_pass = move_messages(
+        channel,
+        publisher,
+        &parking,
+        options,
+        progress.as_ref(),
+        plan,
+    )
+    .await?;
+    api.delete(&["policies", api.vhost(), &ladder.hold_policy(tier)])
+        .await?;
+    // Anything that expired between the pass and the policy's removal.
+    let stragglers = move_messages(
+        channel,
+        publisher,
+        &parking,
+        &MoveOptions {
+            limit: None,
+            dry_run: false,
+            rate: options.rate,
+        },
+        None,
+        plan,
+    )
+    .await?;
+    // Removed only when empty; a message that raced in keeps it, and status shows it.
+    let _ = channel
+        .queue_delete(
+            parking.as_str().into(),
+            QueueDeleteOptions {
+                if_empty: true,
+                ..QueueDeleteOptions::default()
+            },
+        )
+        .await;
+    Ok(Released {
+        first_pass,
+        stragglers,
+    })
+}
+
+/// One tier as `tier status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierState {
+    pub tier: String,
+    pub delay: String,
+    pub waiting: Option<i64>,
+    pub held: bool,
+    pub parked: Option<i64>,
+}
+
+/// Whether each tier is held, and how many messages wait in it and in its parking queue.
+pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>, TierError> {
+    let mut out = Vec::new();
+    for (i, tier) in ladder.tiers.iter().enumerate() {
+        let policy = api
+            .get_optional(&["policies", api.vhost(), &ladder.hold_policy(i)])
+            .await?;
+        let waiting = api
+            .queue(&ladder.tier_queue(i))
+            .await?
+            .and_then(|q| q["messages"].as_i64());
+        let parked = api
+            .queue(&ladder.held_queue(i))
+            .await?
+            .and_then(|q| q["messages"].as_i64().or(Some(0)));
+        out.push(TierState {
+            tier: tier.name.clone(),
+            delay: crate::config::fmt_duration(tier.delay),
+            waiting,
+            held: policy.is_some(),
+            parked,
+        });
+    }
+    Ok(out)
+}
+
+/// Waits until the broker applies the hold policy to the tier (policy changes reach queues
+/// asynchronously), at most `timeout`.
+pub async fn wait_applied(
+    api: &Management,
+    ladder: &Ladder,
+    tier: usize,
+    held: bool,
+    timeout: Duration,
+) -> Result<bool, TierError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let policy = ladder.hold_policy(tier);
+    loop {
+        let q = api.queue(&ladder.tier_queue(tier)).await?;
+        let applied = q.as_ref().and_then(|q| q["policy"].as_str()) == Some(policy.as_str());
+        if applied == held {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_policies_match_exactly_one_queue() {
+        assert_eq!(exact_pattern("hookrelay.retry-1h"), "^hookrelay\\.retry-1h$");
+    }
+}

@@ -1,0 +1,148 @@
+//! The worker's vital signs over HTTP (`/metrics`, `/healthz`, `/readyz`) and the poll of the
+//! management API that fills in queue depths and the oldest-ready estimate of idle lanes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::dispatch::Lane;
+use crate::management::Management;
+use crate::metrics::Metrics;
+use crate::topology::Ladder;
+
+/// Binds the vitals address; done at start so a taken port fails the start, not later.
+pub async fn bind(listen: &str) -> std::io::Result<Option<tokio::net::TcpListener>> {
+    if listen.is_empty() {
+        return Ok(None);
+    }
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen on {listen} (metrics.listen): {e}"))
+    })?;
+    Ok(Some(listener))
+}
+
+/// Serves until `stop`. `/readyz` answers 200 only while the worker consumes every lane.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: CancellationToken) {
+    let addr = listener.local_addr().ok();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(|State(m): State<Metrics>| async move {
+                (
+                    [("content-type", "text/plain; version=0.0.4")],
+                    m.render(),
+                )
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(m): State<Metrics>| async move {
+                if m.consuming.get() == 1 {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not consuming\n")
+                }
+            }),
+        )
+        .with_state(metrics);
+    if let Some(addr) = addr {
+        info!(%addr, "Serving /metrics, /healthz, /readyz");
+    }
+    let _ = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+}
+
+/// Which part of the ladder a queue is.
+fn role_of(ladder: &Ladder, queue: &str) -> &'static str {
+    if queue == ladder.dead() {
+        "dead"
+    } else if queue.starts_with(&format!("{}.held.", ladder.prefix)) {
+        "parked"
+    } else if queue.starts_with(&format!("{}.ready.", ladder.prefix)) {
+        "lane"
+    } else {
+        "tier"
+    }
+}
+
+/// Reads the ladder's queues every `interval` and sets the depth gauges and the oldest-ready
+/// estimate of lanes that have gone quiet.
+pub async fn poll_queues(
+    api: Management,
+    ladder: Ladder,
+    lanes: Vec<Arc<Lane>>,
+    metrics: Metrics,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    let prefix = format!("{}.", ladder.prefix);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let queues = match api.get(&["queues", api.vhost()]).await {
+            Ok(serde_json::Value::Array(list)) => list,
+            Ok(other) => {
+                warn!(answer = %other, "Unexpected queue list from the management API");
+                metrics.broker_stats_up.set(0);
+                continue;
+            }
+            Err(e) => {
+                if !warned {
+                    warn!(error = %e, "Cannot read queue depths; depth metrics stay stale until it answers");
+                    warned = true;
+                }
+                metrics.broker_stats_up.set(0);
+                continue;
+            }
+        };
+        warned = false;
+        metrics.broker_stats_up.set(1);
+        let mut ready_by_queue = HashMap::new();
+        for q in &queues {
+            let Some(name) = q["name"].as_str().filter(|n| n.starts_with(&prefix)) else {
+                continue;
+            };
+            let role = role_of(&ladder, name);
+            let ready = q["messages_ready"].as_i64().unwrap_or(0);
+            metrics
+                .queue_ready
+                .with_label_values(&[name, role])
+                .set(ready);
+            metrics
+                .queue_unacked
+                .with_label_values(&[name, role])
+                .set(q["messages_unacknowledged"].as_i64().unwrap_or(0));
+            metrics
+                .queue_consumers
+                .with_label_values(&[name, role])
+                .set(q["consumers"].as_i64().unwrap_or(0));
+            ready_by_queue.insert(name.to_owned(), ready);
+        }
+        for lane in &lanes {
+            let ready = ready_by_queue.get(&lane.queue).copied().unwrap_or(0);
+            metrics
+                .oldest_ready_age
+                .with_label_values(&[lane.label()])
+                .set(lane.oldest_ready_age(ready, interval).as_secs_f64());
+        }
+    }
+}
+
+/// The local address actually bound (for tests that listen on port 0).
+pub fn local_addr(listener: &Option<tokio::net::TcpListener>) -> Option<SocketAddr> {
+    listener.as_ref().and_then(|l| l.local_addr().ok())
+}
