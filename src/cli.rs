@@ -212,8 +212,9 @@ fn parse_when(s: &str) -> Result<SystemTime, String> {
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
         return Ok(t);
     }
-    let ago = humantime::parse_duration(s)
-        .map_err(|_| format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h"))?;
+    let ago = humantime::parse_duration(s).map_err(|_| {
+        format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")
+    })?;
     Ok(SystemTime::now() - ago)
 }
 
@@ -399,9 +400,12 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
             let api = management(config)?;
             let conn = connect(config, "hookrelay tier").await?;
             let channel = conn.create_channel().await?;
-            let publisher =
-                Publisher::connect(&config.amqp.url, "hookrelay tier", config.amqp.confirm_timeout)
-                    .await?;
+            let publisher = Publisher::connect(
+                &config.amqp.url,
+                "hookrelay tier",
+                config.amqp.confirm_timeout,
+            )
+            .await?;
             let options = crate::mover::MoveOptions {
                 rate,
                 ..Default::default()
@@ -426,7 +430,10 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&states)?);
             } else {
-                println!("{:<14} {:>8} {:>8}  {:<5} {:>8}", "TIER", "DELAY", "WAITING", "HELD", "PARKED");
+                println!(
+                    "{:<14} {:>8} {:>8}  {:<5} {:>8}",
+                    "TIER", "DELAY", "WAITING", "HELD", "PARKED"
+                );
                 for s in states {
                     let n = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
                     println!(
@@ -455,13 +462,19 @@ async fn redrive(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode>
     };
     let conn = connect(config, "hookrelay redrive").await?;
     let channel = conn.create_channel().await?;
-    let publisher =
-        Publisher::connect(&config.amqp.url, "hookrelay redrive", config.amqp.confirm_timeout)
-            .await?;
+    let publisher = Publisher::connect(
+        &config.amqp.url,
+        "hookrelay redrive",
+        config.amqp.confirm_timeout,
+    )
+    .await?;
     let dead = ladder.dead();
     let total = crate::mover::depth(&channel, &dead).await?;
-    let limit = args.limit.map_or(total as u64, |l| (l as u64).min(total.into()));
-    let progress = crate::progress::Progress::new(limit, if args.dry_run { "would move" } else { "moved" });
+    let limit = args
+        .limit
+        .map_or(total as u64, |l| (l as u64).min(total.into()));
+    let progress =
+        crate::progress::Progress::new(limit, if args.dry_run { "would move" } else { "moved" });
     let options = crate::mover::MoveOptions {
         rate: args.rate,
         limit: args.limit,

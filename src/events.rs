@@ -154,7 +154,11 @@ impl Notices {
     /// Queues an attempt-log record; drops (and counts) it when the buffer is full.
     pub fn attempt(&self, record: &AttemptRecord) {
         let body = serde_json::to_vec(record).unwrap_or_default();
-        self.enqueue(Arc::clone(&self.attempts_exchange), record.routing_key(), body);
+        self.enqueue(
+            Arc::clone(&self.attempts_exchange),
+            record.routing_key(),
+            body,
+        );
     }
 
     /// Queues an operational event; drops (and counts) it when the buffer is full.
@@ -232,7 +236,11 @@ pub fn format_record(r: &AttemptRecord) -> String {
     if let Some(tier) = &r.tier {
         line.push_str(&format!(" -> {tier}"));
     }
-    if let Some(error) = r.error.as_deref().filter(|e| r.status.is_none() || !e.starts_with("HTTP")) {
+    if let Some(error) = r
+        .error
+        .as_deref()
+        .filter(|e| r.status.is_none() || !e.starts_with("HTTP"))
+    {
         line.push_str(&format!(" ({error})"));
     }
     line

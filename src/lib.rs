@@ -16,8 +16,13 @@
 //! - [`http`]: the signed POST, with enforced timeouts and a capped response read.
 //! - [`outcome`]: the pure decision: ack, which tier, cancel, fan out, or dead-letter and why.
 //! - [`events`]: operational events for owning systems, never holding up a delivery.
-//! - [`metrics`]: the worker's Prometheus vital signs.
-//! - [`management`]: the RabbitMQ management API, for `topology plan` and tools.
+//! - [`metrics`]: the worker's Prometheus vital signs; [`vitals`] serves them and polls depths.
+//! - [`management`]: the RabbitMQ management API, for `plan`, `status` and the tools below.
+//! - [`status`]: `hookrelay status`, the ladder at a glance.
+//! - [`tier`]: holding a tier and releasing it, the incident lever instead of purging.
+//! - [`redrive`]: moving envelopes out of the dead sink with a fresh budget.
+//! - [`mover`]: the confirmed, paced queue-to-exchange move both of those use.
+//! - [`progress`]: progress bars (or log lines) for long work.
 //! - [`receiver`]: an embedded, verifying webhook endpoint for the demo and tests.
 //! - [`demo`]: `hookrelay demo`, the whole path end to end.
 //! - [`cli`]: the command line.

@@ -4,8 +4,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Every metric of a worker. README's "Operating" section lists them with their meaning.

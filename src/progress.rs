@@ -14,7 +14,9 @@ pub struct Progress {
 
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress").field("total", &self.total).finish()
+        f.debug_struct("Progress")
+            .field("total", &self.total)
+            .finish()
     }
 }
 

@@ -7,9 +7,7 @@ use std::time::SystemTime;
 
 use lapin::BasicProperties;
 
-use crate::envelope::{
-    self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
-};
+use crate::envelope::{self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER};
 use crate::mover::Plan;
 use crate::topology::Ladder;
 
@@ -72,8 +70,7 @@ impl Filter {
             let Some(at) = envelope::read_u64_header(properties, DEAD_AT_HEADER) else {
                 return Err("no dead-letter time");
             };
-            if self.since.is_some_and(|s| at < ms(s)) || self.until.is_some_and(|u| at >= ms(u))
-            {
+            if self.since.is_some_and(|s| at < ms(s)) || self.until.is_some_and(|u| at >= ms(u)) {
                 return Err("outside the time window");
             }
         }
@@ -162,7 +159,11 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            window(now + Duration::from_secs(60), now + Duration::from_secs(120)).check(&p),
+            window(
+                now + Duration::from_secs(60),
+                now + Duration::from_secs(120)
+            )
+            .check(&p),
             Err("outside the time window")
         );
     }
@@ -179,11 +180,17 @@ mod tests {
         else {
             panic!("expected a move");
         };
-        assert_eq!((exchange.as_str(), routing_key.as_str()), ("hookrelay.ingress", "acme"));
+        assert_eq!(
+            (exchange.as_str(), routing_key.as_str()),
+            ("hookrelay.ingress", "acme")
+        );
         assert_eq!(properties.message_id(), p.message_id());
         let env = crate::envelope::Envelope::from_delivery(&properties, "acme", b"{}", 64).unwrap();
         assert_eq!(env.attempts_made, 0);
-        assert_eq!(envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER), Some(1));
+        assert_eq!(
+            envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER),
+            Some(1)
+        );
         assert_eq!(envelope::read_str_header(&properties, REASON_HEADER), None);
         // Twice redriven, twice counted.
         let again = dead_properties(
@@ -199,6 +206,9 @@ mod tests {
         let Plan::Move { properties, .. } = plan(&ladder, &Filter::default(), &again) else {
             panic!("expected a move");
         };
-        assert_eq!(envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER), Some(2));
+        assert_eq!(
+            envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER),
+            Some(2)
+        );
     }
 }

@@ -63,10 +63,8 @@ pub async fn collect(
         .flatten()
         .filter_map(|q| q["name"].as_str().map(|n| (n, q)))
         .collect();
-    let mut names: Vec<(String, &'static str)> = vec![
-        (ladder.first_lane(), "lane"),
-        (ladder.retry_lane(), "lane"),
-    ];
+    let mut names: Vec<(String, &'static str)> =
+        vec![(ladder.first_lane(), "lane"), (ladder.retry_lane(), "lane")];
     for i in 0..ladder.tiers.len() {
         names.push((ladder.tier_queue(i), "tier"));
         if by_name.contains_key(ladder.held_queue(i).as_str()) {
@@ -107,8 +105,8 @@ pub async fn collect(
         let ready = q["messages_ready"].as_i64().unwrap_or(0);
         let in_per_s = rate(q, "publish_details").unwrap_or(0.0);
         let policy = q["effective_policy_definition"].as_object();
-        let held = role == "tier"
-            && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
+        let held =
+            role == "tier" && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
         let out_per_s = match role {
             "tier" | "parked" => previous.and_then(|(at, rows)| {
                 let before = rows.iter().find(|r| r.queue == name)?;
@@ -172,14 +170,20 @@ pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) 
     for r in rows {
         table.push(vec![
             r.queue.clone(),
-            if r.held { "tier*".into() } else { r.role.into() },
+            if r.held {
+                "tier*".into()
+            } else {
+                r.role.into()
+            },
             r.ready.to_string(),
             r.unacked.to_string(),
             r.consumers.to_string(),
             format!("{:.1}", r.in_per_s),
             opt_rate(r.out_per_s),
-            r.oldest_age_s
-                .map_or_else(|| "-".into(), |s| fmt_duration(Duration::from_secs(s as u64))),
+            r.oldest_age_s.map_or_else(
+                || "-".into(),
+                |s| fmt_duration(Duration::from_secs(s as u64)),
+            ),
             r.ttl.clone().unwrap_or_else(|| "-".into()),
             r.next.clone(),
         ]);
@@ -203,9 +207,14 @@ pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) 
         out.push('\n');
     }
     if rows.iter().any(|r| r.held) {
-        out.push_str("\ntier* = held: promotion stopped; `hookrelay tier release <tier>` resumes it\n");
+        out.push_str(
+            "\ntier* = held: promotion stopped; `hookrelay tier release <tier>` resumes it\n",
+        );
     }
-    if rows.iter().any(|r| r.role == "tier" && r.out_per_s.is_none()) {
+    if rows
+        .iter()
+        .any(|r| r.role == "tier" && r.out_per_s.is_none())
+    {
         out.push_str("Tier OUT/s (expiries) is derived between samples: see it with --watch\n");
     }
     out

@@ -202,6 +202,17 @@ pub async fn release(
     .await?;
     api.delete(&["policies", api.vhost(), &ladder.hold_policy(tier)])
         .await?;
+    // Policy changes reach queues asynchronously; once it is gone nothing new parks, and
+    // unbinding the parking queue makes sure of it.
+    wait_applied(api, ladder, tier, false, Duration::from_secs(10)).await?;
+    channel
+        .queue_unbind(
+            parking.as_str().into(),
+            promote.as_str().into(),
+            ladder.held_routing_key(tier).as_str().into(),
+            FieldTable::default(),
+        )
+        .await?;
     // Anything that expired between the pass and the policy's removal.
     let stragglers = move_messages(
         channel,
@@ -216,16 +227,14 @@ pub async fn release(
         plan,
     )
     .await?;
-    // Removed only when empty; a message that raced in keeps it, and status shows it.
-    let _ = channel
-        .queue_delete(
-            parking.as_str().into(),
-            QueueDeleteOptions {
-                if_empty: true,
-                ..QueueDeleteOptions::default()
-            },
-        )
-        .await;
+    // Quorum queues refuse `if-empty` deletes; nothing can reach the queue any more, so an
+    // empty one is removed and a non-empty one (a message published by hand) is left for status
+    // to show.
+    if crate::mover::depth(channel, &parking).await? == 0 {
+        channel
+            .queue_delete(parking.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
     Ok(Released {
         first_pass,
         stragglers,
@@ -298,6 +307,9 @@ mod tests {
 
     #[test]
     fn hold_policies_match_exactly_one_queue() {
-        assert_eq!(exact_pattern("hookrelay.retry-1h"), "^hookrelay\\.retry-1h$");
+        assert_eq!(
+            exact_pattern("hookrelay.retry-1h"),
+            "^hookrelay\\.retry-1h$"
+        );
     }
 }

@@ -23,7 +23,10 @@ pub async fn bind(listen: &str) -> std::io::Result<Option<tokio::net::TcpListene
         return Ok(None);
     }
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen on {listen} (metrics.listen): {e}"))
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {listen} (metrics.listen): {e}"),
+        )
     })?;
     Ok(Some(listener))
 }
@@ -35,10 +38,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: Ca
         .route(
             "/metrics",
             get(|State(m): State<Metrics>| async move {
-                (
-                    [("content-type", "text/plain; version=0.0.4")],
-                    m.render(),
-                )
+                ([("content-type", "text/plain; version=0.0.4")], m.render())
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))

@@ -102,7 +102,10 @@ async fn two_failures_then_success_walk_the_first_two_tiers() {
     assert_eq!(
         m.count(
             "hookrelay_outcomes_total",
-            &[("lane", t.ladder.retry_lane().as_str()), ("outcome", "delivered")]
+            &[
+                ("lane", t.ladder.retry_lane().as_str()),
+                ("outcome", "delivered")
+            ]
         ),
         1
     );

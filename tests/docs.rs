@@ -13,6 +13,13 @@ fn readme_lists_every_environment_variable() {
 }
 
 #[test]
+fn readme_lists_every_metric() {
+    for name in hookrelay::metrics::metric_names() {
+        assert!(README.contains(&format!("`{name}")), "README lacks {name}");
+    }
+}
+
+#[test]
 fn the_example_config_is_exactly_the_defaults() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hookrelay.toml");
     // Any HOOKRELAY_* variables of the test environment apply to both sides alike.

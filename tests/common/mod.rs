@@ -216,6 +216,8 @@ pub fn event(id: &str, tenant: &str, subscription: &str) -> NewEvent {
 pub struct RunningWorker {
     pub metrics: Metrics,
     pub name: String,
+    /// Where its `/metrics`, `/healthz`, `/readyz` are served.
+    pub vitals: Option<std::net::SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), hookrelay::worker::WorkerError>>>,
 }
@@ -241,6 +243,7 @@ impl RunningWorker {
         setup.secrets = SecretStore::new(Duration::from_millis(100));
         let worker = Worker::start(setup).await.unwrap();
         let metrics = worker.metrics();
+        let vitals = worker.vitals_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(worker.run(async {
             let _ = stopped.await;
@@ -248,6 +251,7 @@ impl RunningWorker {
         Self {
             metrics,
             name,
+            vitals,
             stop: Some(stop),
             task: Some(task),
         }
@@ -262,6 +266,55 @@ impl RunningWorker {
             task.await.unwrap().unwrap();
         }
     }
+}
+
+/// A ladder file for the command line, naming the test's prefix and tiers.
+pub fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("ladder.toml");
+    let list = |v: Vec<String>| {
+        v.iter()
+            .map(|d| format!("\"{d}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let tiers = t
+        .ladder
+        .tiers
+        .iter()
+        .map(|tier| hookrelay::config::fmt_duration(tier.delay))
+        .collect();
+    let schedule = t
+        .ladder
+        .schedule
+        .iter()
+        .map(|&i| hookrelay::config::fmt_duration(t.ladder.tiers[i].delay))
+        .collect();
+    std::fs::write(
+        &path,
+        format!(
+            "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [{}]\nschedule = [{}]\n",
+            t.ladder.prefix,
+            t.ladder.queue_type.as_str(),
+            list(tiers),
+            list(schedule)
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs the hookrelay binary with `args`; (exit code, stdout, stderr).
+pub fn hookrelay(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookrelay"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// An endpoint that answers 204 to everything and verifies with `secret`.

@@ -1,0 +1,639 @@
+//! Operating hookrelay on the real broker: vital signs, status, drain on SIGTERM, tier hold and
+//! release, dead-letter redrive, the attempt log, and the shipped alert rules.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
+use futures_util::StreamExt;
+use hookrelay::envelope::{self, REASON_HEADER};
+use hookrelay::events::AttemptRecord;
+use hookrelay::receiver::{Receiver, Reply};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let resp = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn the_worker_serves_metrics_health_and_readiness() {
+    let t = TestLadder::apply("vitals", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 if req.id == "evt_retry" => Reply::Status(503),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let addr = worker.vitals.unwrap();
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    let mut ready = 0;
+    for _ in 0..100 {
+        ready = http_get(addr, "/readyz").await.0;
+        if ready == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, 200, "ready once consuming");
+    let publisher = t.publisher().await;
+    for id in ["evt_ok", "evt_retry"] {
+        publisher
+            .publish_event(&t.ladder.ingress(), &event(id, "acme", "sub_a"), 1024)
+            .await
+            .unwrap();
+    }
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 2)
+            .await
+    );
+    // Wait for a poll of the management API, then read the exposition.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (status, text) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let first = t.ladder.first_lane();
+    let retry = t.ladder.retry_lane();
+    assert_eq!(
+        sample(
+            &text,
+            &format!("hookrelay_outcomes_total{{lane=\"{first}\",outcome=\"retried\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("hookrelay_outcomes_total{{lane=\"{retry}\",outcome=\"delivered\"}}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "hookrelay_promotions_total{tier=\"retry-300ms\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hookrelay_promotion_lag_seconds_count{tier=\"retry-300ms\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "hookrelay_broker_stats_up"), Some(1.0));
+    assert_eq!(sample(&text, "hookrelay_consuming"), Some(1.0));
+    assert!(
+        text.contains(&format!(
+            "hookrelay_queue_ready_messages{{queue=\"{}\",role=\"tier\"}}",
+            t.ladder.tier_queue(0)
+        )),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            &format!("hookrelay_oldest_ready_age_seconds{{lane=\"{first}\"}}")
+        )
+        .is_some()
+    );
+    assert!(text.contains("hookrelay_attempt_duration_seconds_bucket"));
+    worker.stop().await;
+    assert!(
+        reqwest::get(format!("http://{addr}/healthz"))
+            .await
+            .is_err(),
+        "served no more after stop"
+    );
+}
+
+#[tokio::test]
+async fn status_shows_every_queue_of_the_ladder_and_explains_failures() {
+    let t = TestLadder::apply("status", &["1s", "5s"], &["1s", "5s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+
+    let (code, out, err) = hookrelay(&["status", "--json", "--ladder", ladder], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(out.trim()).unwrap();
+    let roles: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["queue"].as_str().unwrap().to_owned(),
+                r["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let p = &t.ladder.prefix;
+    assert_eq!(
+        roles,
+        vec![
+            (format!("{p}.ready.first"), "lane".into()),
+            (format!("{p}.ready.retry"), "lane".into()),
+            (format!("{p}.retry-1s"), "tier".into()),
+            (format!("{p}.retry-5s"), "tier".into()),
+            (format!("{p}.dead"), "dead".into()),
+        ]
+    );
+    assert_eq!(rows[2]["ttl"], "1s");
+    assert_eq!(
+        rows[2]["next"],
+        format!("on expiry -> {p}.promote -> retry lane")
+    );
+
+    let (code, table, _) = hookrelay(&["status", "--ladder", ladder], &[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        table.contains("READY") && table.contains("UNACKED") && table.contains("TTL"),
+        "{table}"
+    );
+    assert!(table.contains(&format!("{p}.retry-5s")), "{table}");
+
+    // A ladder nobody applied, and a management API that does not answer.
+    let other = dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        "prefix = \"t-nowhere\"\ntiers = [\"1s\"]\nschedule = []\n",
+    )
+    .unwrap();
+    let (code, _, err) = hookrelay(&["status", "--ladder", other.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("hookrelay topology apply"), "{err}");
+    let (code, _, err) = hookrelay(
+        &["status", "--ladder", ladder],
+        &[("HOOKRELAY_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:1")],
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("management API at http://127.0.0.1:1/ is not reachable"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_drains_under_load_and_loses_nothing() {
+    const N: usize = 600;
+    let t = TestLadder::apply("drain", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
+        Reply::Slow(Duration::from_millis(100), 200)
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let subs = dir.path().join("subs.toml");
+    let reference = match &s.reference {
+        hookrelay::subscriptions::SecretRef::File(p) => p.display().to_string(),
+        other => panic!("{other:?}"),
+    };
+    std::fs::write(
+        &subs,
+        format!(
+            "[[subscription]]\nid = \"sub_a\"\ntenant = \"acme\"\nurl = \"{}\"\nsecrets = [\"file:{reference}\"]\n",
+            receiver.url("/")
+        ),
+    )
+    .unwrap();
+    let name = format!("{} subprocess", t.ladder.prefix);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookrelay"))
+        .args(["worker", "--name", &name])
+        .env("HOOKRELAY_LADDER", &ladder)
+        .env("HOOKRELAY_SUBSCRIPTIONS", &subs)
+        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
+        .env("HOOKRELAY_METRICS_LISTEN", "")
+        .env("HOOKRELAY_WORKER_PREFETCH_FIRST", "50")
+        .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "20s")
+        .env("HOOKRELAY_LOG_LEVEL", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let publisher = Arc::new(t.publisher().await);
+    let ingress = t.ladder.ingress();
+    futures_util::stream::iter(0..N)
+        .for_each_concurrent(100, |i| {
+            let publisher = Arc::clone(&publisher);
+            let ingress = ingress.clone();
+            async move {
+                publisher
+                    .publish_event(
+                        &ingress,
+                        &event(&format!("evt_{i:04}"), "acme", "sub_a"),
+                        1024,
+                    )
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() >= 100)
+            .await
+    );
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
+    let at_exit = receiver.request_count();
+    assert!(
+        at_exit < N,
+        "the drain stopped consuming ({at_exit} of {N} delivered)"
+    );
+
+    // Another worker delivers the rest: every envelope once, none twice.
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == N)
+            .await
+    );
+    worker.stop().await;
+    assert_eq!(receiver.duplicates(), 0);
+    assert_eq!(receiver.request_count(), N);
+}
+
+#[tokio::test]
+async fn a_held_tier_parks_what_expires_and_release_delivers_each_once() {
+    const N: usize = 40;
+    let t = TestLadder::apply("hold", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 => Reply::Status(503),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    let (code, out, err) = hookrelay(&["tier", "hold", "retry-1s", "--ladder", ladder], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Held"), "{out}");
+
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    for i in 0..N {
+        publisher
+            .publish_event(
+                &t.ladder.ingress(),
+                &event(&format!("evt_{i:03}"), "acme", "sub_a"),
+                1024,
+            )
+            .await
+            .unwrap();
+    }
+    // Every first attempt fails; after the tier's second, everything is parked, nothing promoted.
+    let parked = t.ladder.held_queue(0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while t.depth(&parked).await < N as u32 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(t.depth(&parked).await, N as u32);
+    assert_eq!(receiver.request_count(), N, "no second attempt while held");
+    let (code, out, _) = hookrelay(&["tier", "status", "--json", "--ladder", ladder], &[]);
+    assert_eq!(code, Some(0));
+    let states: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(states[0]["held"], true);
+
+    let (code, out, err) = hookrelay(
+        &[
+            "tier", "release", "retry-1s", "--rate", "200/s", "--ladder", ladder,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("{N} parked message(s) returned")),
+        "{out}"
+    );
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == N)
+            .await
+    );
+    worker.stop().await;
+    // Exactly once each, with the original ids, on their second attempt.
+    let delivered = receiver.delivered();
+    assert_eq!(delivered.len(), N);
+    assert!(delivered.values().all(|&n| n == 1));
+    assert!((0..N).all(|i| delivered.contains_key(&format!("evt_{i:03}"))));
+    assert!(
+        receiver
+            .records()
+            .iter()
+            .filter(|r| r.status == 200)
+            .all(|r| r.attempt == 2)
+    );
+    let (_, out, _) = hookrelay(&["tier", "status", "--json", "--ladder", ladder], &[]);
+    let states: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(states[0]["held"], false);
+    assert!(
+        states[0]["parked"].is_null(),
+        "the parking queue is removed once empty"
+    );
+}
+
+#[tokio::test]
+async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() {
+    let t = TestLadder::apply("redrive", &["200ms"], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let s = secret();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&healthy);
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |req| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::Status(200)
+        } else if req.id.contains("reject") {
+            Reply::Status(400)
+        } else {
+            Reply::Status(500)
+        }
+    })
+    .await
+    .unwrap();
+    let mut subs = vec![subscription("sub_a", "acme", &receiver.url("/"), &s)];
+    subs.push(subscription("sub_g", "globex", &receiver.url("/"), &s));
+    let worker = RunningWorker::start(&t, subs.clone()).await;
+    let publisher = t.publisher().await;
+    // One attempt per envelope (empty schedule): 500 is exhausted at once, 400 rejected.
+    let sent = [
+        ("evt_reject_1", "acme", "sub_a"),
+        ("evt_fail_1", "acme", "sub_a"),
+        ("evt_reject_2", "globex", "sub_g"),
+        ("evt_reject_3", "acme", "sub_a"),
+        ("evt_fail_2", "globex", "sub_g"),
+    ];
+    for (id, tenant, sub) in sent {
+        publisher
+            .publish_event(&t.ladder.ingress(), &event(id, tenant, sub), 1024)
+            .await
+            .unwrap();
+        // One at a time, so the sink's order is known.
+        assert!(
+            t.wait_dead(
+                sent.iter().position(|x| x.0 == id).unwrap() as u32 + 1,
+                WAIT
+            )
+            .await
+        );
+    }
+    let m = worker.metrics.clone();
+    worker.stop().await;
+    assert_eq!(
+        m.count("hookrelay_outcomes_total", &[("outcome", "rejected")]),
+        3
+    );
+
+    let (code, out, err) = hookrelay(
+        &[
+            "redrive",
+            "--tenant",
+            "acme",
+            "--reason",
+            "rejected",
+            "--dry-run",
+            "--ladder",
+            ladder,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("would move 2"), "{out}");
+    assert_eq!(
+        t.depth(&t.ladder.dead()).await,
+        5,
+        "a dry run moves nothing"
+    );
+
+    let (code, out, err) = hookrelay(
+        &[
+            "redrive", "--tenant", "acme", "--reason", "rejected", "--rate", "100/s", "--ladder",
+            ladder,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("moved 2"), "{out}");
+    assert!(out.contains("3 stayed in the sink"), "{out}");
+
+    healthy.store(true, Ordering::SeqCst);
+    let before = receiver.request_count();
+    let worker = RunningWorker::start(&t, subs).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 2)
+            .await
+    );
+    worker.stop().await;
+    let redelivered: Vec<(String, u32)> = receiver.records()[before..]
+        .iter()
+        .map(|r| (r.id.clone(), r.attempt))
+        .collect();
+    let ids: HashSet<_> = redelivered.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, HashSet::from(["evt_reject_1", "evt_reject_3"]));
+    assert!(
+        redelivered.iter().all(|(_, attempt)| *attempt == 1),
+        "a fresh budget: {redelivered:?}"
+    );
+
+    // The rest stayed, in their order, untouched.
+    let rest: Vec<(String, String)> = t
+        .drain_dead()
+        .await
+        .iter()
+        .map(|m| {
+            let p = &m.delivery.properties;
+            (
+                p.message_id().as_ref().unwrap().to_string(),
+                envelope::read_str_header(p, REASON_HEADER).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rest,
+        vec![
+            ("evt_fail_1".to_owned(), "exhausted".to_owned()),
+            ("evt_reject_2".to_owned(), "rejected".to_owned()),
+            ("evt_fail_2".to_owned(), "exhausted".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_attempt_log_records_every_outcome() {
+    let t = TestLadder::apply("attempts", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| {
+        match (req.id, req.attempt) {
+            ("evt_retry", 1) => Reply::Status(503),
+            ("evt_bad", _) => Reply::Status(404),
+            _ => Reply::Status(200),
+        }
+    })
+    .await
+    .unwrap();
+    let channel = t.conn.create_channel().await.unwrap();
+    let records = Arc::new(std::sync::Mutex::new(Vec::<AttemptRecord>::new()));
+    let sink = Arc::clone(&records);
+    let exchange = t.ladder.attempts_exchange();
+    let tail = tokio::spawn(async move {
+        hookrelay::events::tail_attempts(&channel, &exchange, None, Some("acme"), |body| {
+            let mut r = sink.lock().unwrap();
+            r.push(serde_json::from_slice(body).unwrap());
+            r.len() < 5
+        })
+        .await
+        .unwrap();
+    });
+    // Give the tail a moment to declare and bind its queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let publisher = t.publisher().await;
+    for id in ["evt_ok", "evt_retry", "evt_bad"] {
+        publisher
+            .publish_event(&t.ladder.ingress(), &event(id, "acme", "sub_a"), 1024)
+            .await
+            .unwrap();
+    }
+    publisher
+        .publish_event(
+            &t.ladder.ingress(),
+            &event("evt_nosub", "acme", "sub_missing"),
+            1024,
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
+    worker.stop().await;
+    let mut by_outcome: BTreeMap<String, Vec<AttemptRecord>> = BTreeMap::new();
+    for r in records.lock().unwrap().iter() {
+        by_outcome
+            .entry(r.outcome.clone())
+            .or_default()
+            .push(r.clone());
+    }
+    let delivered = &by_outcome["delivered"];
+    assert_eq!(delivered.len(), 2);
+    assert!(
+        delivered
+            .iter()
+            .all(|r| r.status == Some(200) && r.latency_ms.is_some())
+    );
+    let retried = &by_outcome["retried"][0];
+    assert_eq!(
+        (retried.envelope.as_deref(), retried.attempt, retried.status),
+        (Some("evt_retry"), 1, Some(503))
+    );
+    assert_eq!(retried.tier.as_deref(), Some("retry-300ms"));
+    assert_eq!(retried.lane, t.ladder.first_lane());
+    let rejected = &by_outcome["rejected"][0];
+    assert_eq!(
+        (rejected.status, rejected.subscription.as_deref()),
+        (Some(404), Some("sub_a"))
+    );
+    let invalid = &by_outcome["invalid"][0];
+    assert_eq!(invalid.attempt, 0);
+    assert_eq!(
+        invalid.error.as_deref(),
+        Some("unknown subscription \"sub_missing\"")
+    );
+    assert!(
+        records
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|r| r.tenant.as_deref() == Some("acme"))
+    );
+}
+
+#[test]
+fn the_alert_rules_parse_and_name_only_real_metrics() {
+    let text = include_str!("../monitoring/alerts.yml");
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
+    let known = hookrelay::metrics::metric_names();
+    let mut alerts = Vec::new();
+    let mut stalled_tiers = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let alert = rule["alert"].as_str().unwrap();
+            let expr = rule["expr"].as_str().unwrap();
+            assert!(rule["for"].as_str().is_some(), "{alert} has a for: clause");
+            assert!(rule["annotations"]["summary"].as_str().is_some());
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("hookrelay_") {
+                    // Histograms expose _bucket/_count/_sum.
+                    let base = word
+                        .trim_end_matches("_count")
+                        .trim_end_matches("_bucket")
+                        .trim_end_matches("_sum");
+                    assert!(
+                        known.iter().any(|k| k == word || k == base),
+                        "{alert}: unknown metric {word}"
+                    );
+                }
+            }
+            if alert == "HookrelayTierStalled" {
+                stalled_tiers.push(rule["labels"]["tier"].as_str().unwrap().to_owned());
+            }
+            alerts.push(alert.to_owned());
+        }
+    }
+    for must in [
+        "HookrelayReadyLaneBehind",
+        "HookrelayTierStalled",
+        "HookrelayDeadSinkGrowing",
+    ] {
+        assert!(alerts.iter().any(|a| a == must), "{must} missing");
+    }
+    let ladder =
+        hookrelay::topology::Ladder::parse(include_str!("../topology/ladder.toml")).unwrap();
+    let tiers: Vec<String> = ladder.tiers.iter().map(|t| t.name.clone()).collect();
+    assert_eq!(
+        stalled_tiers, tiers,
+        "every tier of the default ladder has a stall rule"
+    );
+}
