@@ -568,6 +568,20 @@ async fn topology(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitC
             let conn = connect(config, "hookrelay topology").await?;
             let channel = conn.create_channel().await?;
             let applied = ladder.objects().apply(&channel).await?;
+            // Tenants dropped from `dedicated`: their lanes are unbound, not deleted.
+            match management(config)?.objects().await {
+                Ok(objects) => {
+                    let retired = ladder.retired_tenants(objects.queues.keys());
+                    crate::topology::Topology::retire(&ladder, &channel, &retired).await?;
+                    for tenant in &retired {
+                        println!(
+                            "Tenant {tenant:?} is no longer dedicated: its lanes are unbound (new events \
+                             and retries take the shared lanes) and kept until workers have drained them."
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "Cannot list queues: lanes of tenants removed from `dedicated` were not unbound"),
+            }
             let _ = conn.close(200, "done".into()).await;
             println!(
                 "Applied ladder {:?} ({} queues): {} exchanges, {} queues, {} bindings. Producers publish to {}.",

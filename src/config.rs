@@ -145,6 +145,7 @@ pub struct Config {
     pub secrets: SecretsConfig,
     pub reload: ReloadConfig,
     pub egress: crate::egress::EgressConfig,
+    pub endpoints: crate::endpoint::EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
@@ -163,6 +164,7 @@ impl Default for Config {
             secrets: SecretsConfig::default(),
             reload: ReloadConfig::default(),
             egress: crate::egress::EgressConfig::default(),
+            endpoints: crate::endpoint::EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
         }
@@ -231,10 +233,13 @@ impl Default for BrokerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// Prefetch (the in-flight bound) of the first-attempt lane's channel.
-    pub prefetch_first: u16,
-    /// Prefetch of the retry lane's channel.
-    pub prefetch_retry: u16,
+    /// Deliveries the worker works on at once from the shared lanes: the sum of their channels'
+    /// prefetch. Dedicated tenants' lanes have budgets of their own (in the ladder file).
+    pub in_flight: u16,
+    /// The share of a budget the retry lane gets; the first-attempt lane gets the rest. Idle
+    /// first-attempt capacity is not lent to retries (see README), so a deep retry backlog never
+    /// delays new events.
+    pub retry_share: f64,
     /// Margin kept between the attempt budget and the broker's `consumer_timeout`.
     #[serde(with = "humantime_serde")]
     pub lease_slack: Duration,
@@ -247,11 +252,21 @@ pub struct WorkerConfig {
     pub requeue_delay: Duration,
 }
 
+impl WorkerConfig {
+    /// A budget split into (first-attempt prefetch, retry prefetch): the retry lane gets
+    /// `retry_share` of it, rounded up, and each lane at least one.
+    pub fn split(&self, in_flight: u16) -> (u16, u16) {
+        let in_flight = in_flight.max(2);
+        let retry = ((f64::from(in_flight) * self.retry_share).ceil() as u16).clamp(1, in_flight - 1);
+        (in_flight - retry, retry)
+    }
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            prefetch_first: 200,
-            prefetch_retry: 100,
+            in_flight: 300,
+            retry_share: 0.3,
             lease_slack: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             requeue_delay: Duration::from_secs(1),
@@ -430,10 +445,25 @@ impl Config {
                 "must not be shorter than amqp.reconnect_min",
             ));
         }
-        if self.worker.prefetch_first == 0 || self.worker.prefetch_retry == 0 {
+        if self.endpoints.max_concurrent == 0 || self.endpoints.breaker_failures == 0 {
             return Err(ConfigError::invalid(
-                "worker.prefetch_first/prefetch_retry",
-                "must be at least 1 (0 would mean unlimited in-flight deliveries)",
+                "endpoints.max_concurrent/breaker_failures",
+                "must be at least 1",
+            ));
+        }
+        if self.worker.in_flight < 2 {
+            return Err(ConfigError::invalid(
+                "worker.in_flight",
+                "must be at least 2 (one delivery per lane)",
+            ));
+        }
+        if !(self.worker.retry_share > 0.0 && self.worker.retry_share < 1.0) {
+            return Err(ConfigError::invalid(
+                "worker.retry_share",
+                format!(
+                    "must be between 0 and 1 (exclusive), as in 0.3; found {}",
+                    self.worker.retry_share
+                ),
             ));
         }
         if self.limits.max_body_bytes == 0 {
@@ -447,9 +477,10 @@ impl Config {
             return Err(ConfigError::invalid(
                 "broker.consumer_timeout",
                 format!(
-                    "the attempt budget (connect {} + request {} + confirm {} + slack {} = {}) \
-                     must stay below the broker's consumer_timeout ({}); raise consumer_timeout \
-                     in rabbitmq.conf or lower the timeouts",
+                    "the attempt budget (endpoint wait {} + connect {} + request {} + confirm {} \
+                     + slack {} = {}) must stay below the broker's consumer_timeout ({}); raise \
+                     consumer_timeout in rabbitmq.conf or lower the timeouts",
+                    fmt_duration(self.endpoints.wait),
                     fmt_duration(self.http.connect_timeout),
                     fmt_duration(self.http.request_timeout),
                     fmt_duration(self.amqp.confirm_timeout),
@@ -463,8 +494,8 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.shutdown_grace",
                 format!(
-                    "must be longer than one attempt (connect + request + confirm = {}) so a \
-                     drain can finish what is in flight",
+                    "must be longer than one attempt (endpoint wait + connect + request + \
+                     confirm = {}) so a drain can finish what is in flight",
                     fmt_duration(self.attempt_budget())
                 ),
             ));
@@ -502,10 +533,13 @@ impl Config {
         Ok(())
     }
 
-    /// The longest one delivery can legitimately be held: the HTTP attempt plus the confirm of
-    /// its republish.
+    /// The longest one delivery can legitimately be held: the wait for an endpoint slot, the
+    /// HTTP attempt, and the confirm of its republish.
     pub fn attempt_budget(&self) -> Duration {
-        self.http.connect_timeout + self.http.request_timeout + self.amqp.confirm_timeout
+        self.endpoints.wait
+            + self.http.connect_timeout
+            + self.http.request_timeout
+            + self.amqp.confirm_timeout
     }
 
     /// The attempt budget plus slack: what the broker's `consumer_timeout` must exceed.
@@ -604,6 +638,14 @@ fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> 
                     })
                     .collect(),
             ),
+            Some(toml::Value::Float(_)) => raw
+                .trim()
+                .parse::<f64>()
+                .map(toml::Value::Float)
+                .map_err(|_| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("expected a number such as 0.3, found {raw:?}"),
+                })?,
             Some(toml::Value::Boolean(_)) => raw
                 .trim()
                 .parse::<bool>()
@@ -634,8 +676,8 @@ mod tests {
     fn defaults_validate_and_keep_the_lease_rule() {
         let config = Config::load(None, &env(&[])).unwrap();
         assert_eq!(config, Config::default());
-        // The shipped defaults: 3s + 10s + 5s + 30s slack is well below the 5m consumer_timeout
-        // that rabbitmq/rabbitmq.conf sets.
+        // The shipped defaults: 5s + 3s + 10s + 5s + 30s slack is well below the 5m
+        // consumer_timeout that rabbitmq/rabbitmq.conf sets.
         assert!(config.lease_window() * 4 <= config.broker.consumer_timeout);
     }
 
@@ -661,13 +703,14 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(
             &path,
-            "[http]\nrequest_timeout = \"20s\"\n[worker]\nprefetch_first = 7\n",
+            "[http]\nrequest_timeout = \"12s\"\n[worker]\nin_flight = 7\n",
         )
         .unwrap();
         let config = Config::load(
             Some(&path),
             &env(&[
-                ("HOOKRELAY_WORKER_PREFETCH_FIRST", "9"),
+                ("HOOKRELAY_WORKER_IN_FLIGHT", "9"),
+                ("HOOKRELAY_WORKER_RETRY_SHARE", "0.25"),
                 ("HOOKRELAY_AMQP_URL", "amqp://u:p@h:1/v"),
                 ("HOOKRELAY_LADDER", "x.toml"),
                 ("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8, 10.20.0.0/16"),
@@ -679,8 +722,9 @@ mod tests {
         assert_eq!(config.egress.allow, vec!["127.0.0.0/8", "10.20.0.0/16"]);
         assert_eq!(config.egress.allowed_ports, vec![443, 8443]);
         assert!(config.egress.https_only);
-        assert_eq!(config.http.request_timeout, Duration::from_secs(20));
-        assert_eq!(config.worker.prefetch_first, 9);
+        assert_eq!(config.http.request_timeout, Duration::from_secs(12));
+        assert_eq!(config.worker.in_flight, 9);
+        assert_eq!(config.worker.retry_share, 0.25);
         assert_eq!(config.amqp.url.expose(), "amqp://u:p@h:1/v");
         assert_eq!(config.ladder, PathBuf::from("x.toml"));
     }
@@ -688,10 +732,10 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let err =
-            Config::load(None, &env(&[("HOOKRELAY_WORKER_PREFETCH_FIRST", "lots")])).unwrap_err();
+            Config::load(None, &env(&[("HOOKRELAY_WORKER_IN_FLIGHT", "lots")])).unwrap_err();
         assert!(
             err.to_string()
-                .contains("HOOKRELAY_WORKER_PREFETCH_FIRST: expected a whole number")
+                .contains("HOOKRELAY_WORKER_IN_FLIGHT: expected a whole number")
         );
 
         let err = Config::load(None, &env(&[("HOOKRELAY_WORKR_PREFETCH", "1")])).unwrap_err();
@@ -717,6 +761,17 @@ mod tests {
         std::fs::write(&path, "[http]\nrequest_timout = \"20s\"\n").unwrap();
         let err = Config::load(Some(&path), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("request_timout"), "{err}");
+    }
+
+    #[test]
+    fn the_retry_share_splits_a_budget() {
+        let w = WorkerConfig::default();
+        assert_eq!(w.split(300), (210, 90));
+        assert_eq!(w.split(500), (350, 150));
+        assert_eq!(w.split(2), (1, 1));
+        assert_eq!(w.split(10), (7, 3));
+        let err = Config::load(None, &env(&[("HOOKRELAY_WORKER_RETRY_SHARE", "1.5")])).unwrap_err();
+        assert!(err.to_string().contains("worker.retry_share"), "{err}");
     }
 
     #[test]

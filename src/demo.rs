@@ -165,7 +165,8 @@ async fn run_inside(
     let mut worker_config = config.clone();
     worker_config.http.connect_timeout = Duration::from_secs(1);
     worker_config.http.request_timeout = Duration::from_secs(1);
-    worker_config.worker.shutdown_grace = Duration::from_secs(5);
+    worker_config.endpoints.wait = Duration::from_secs(1);
+    worker_config.worker.shutdown_grace = Duration::from_secs(10);
     // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
     worker_config.egress.allow.push("127.0.0.0/8".into());
     worker_config.metrics.listen = "127.0.0.1:0".into();

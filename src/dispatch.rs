@@ -14,6 +14,7 @@ use lapin::{Acker, BasicProperties};
 use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
+use crate::endpoint::Endpoints;
 use crate::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
 use crate::events::{AttemptRecord, Notices, OperationalEvent, now_rfc3339};
 use crate::http::{HttpSender, WebhookRequest};
@@ -93,6 +94,7 @@ pub struct Dispatcher {
     pub(crate) subscriptions: Arc<LiveSubscriptions>,
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) http: HttpSender,
+    pub(crate) endpoints: Endpoints,
     pub(crate) publisher: Arc<Publisher>,
     pub(crate) notices: Notices,
     pub(crate) metrics: Metrics,
@@ -146,6 +148,7 @@ impl Dispatcher {
             delay_exchange: ladder.delay_exchange(),
             dead_queue: ladder.dead(),
             ingress: ladder.ingress(),
+            endpoints: Endpoints::new(config.endpoints.clone()),
             config,
             ladder,
             subscriptions,
@@ -326,6 +329,16 @@ impl Dispatcher {
             ));
             return (result, None);
         }
+        let slot = match self.endpoints.admit(&sub.url, sub.max_concurrent).await {
+            Ok(slot) => slot,
+            Err(deferral) => {
+                self.metrics
+                    .deferrals
+                    .with_label_values(&[deferral.kind()])
+                    .inc();
+                return (AttemptResult::Deferred(deferral.to_string()), None);
+            }
+        };
         let timestamp = now_ms() / 1000;
         let signature = signature_header(
             keys.iter().map(AsRef::as_ref),
@@ -344,6 +357,7 @@ impl Dispatcher {
                 body: body.clone(),
             })
             .await;
+        slot.finish(&report.result);
         self.metrics
             .attempt_seconds
             .with_label_values(&[lane.label()])

@@ -34,6 +34,7 @@ pub mod config;
 pub mod demo;
 pub mod dispatch;
 pub mod egress;
+pub mod endpoint;
 pub mod envelope;
 pub mod events;
 pub mod http;

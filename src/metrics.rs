@@ -21,6 +21,8 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     /// Envelopes completed without delivery because their subscription changed, by reason.
     pub cancellations: IntCounterVec,
+    /// Attempts not made (breaker open, concurrency cap full), by reason.
+    pub deferrals: IntCounterVec,
     /// HTTP attempt latency by lane.
     pub attempt_seconds: HistogramVec,
     /// Deliveries being worked on, by lane.
@@ -91,11 +93,12 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 19] = [
+    let collectors: [&dyn Collector; 20] = [
         &m.outcomes,
         &m.retries,
         &m.rejections,
         &m.cancellations,
+        &m.deferrals,
         &m.attempt_seconds,
         &m.in_flight,
         &m.oldest_ready_age,
@@ -153,6 +156,12 @@ impl Metrics {
                 &r,
                 "hookrelay_cancellations_total",
                 "Envelopes completed without delivery because their subscription changed, by reason",
+                &["reason"],
+            ),
+            deferrals: counters(
+                &r,
+                "hookrelay_deferrals_total",
+                "Attempts not made because the endpoint's breaker was open or its cap full, by reason",
                 &["reason"],
             ),
             attempt_seconds: register(

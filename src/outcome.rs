@@ -22,6 +22,9 @@ pub enum AttemptResult {
     NotSent(String),
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
+    /// No attempt was made: the endpoint's breaker is open or its concurrency cap was full.
+    /// Handled like a failed attempt (next tier, one attempt of the budget).
+    Deferred(String),
 }
 
 impl AttemptResult {
@@ -32,7 +35,7 @@ impl AttemptResult {
             AttemptResult::Timeout => "timeout".to_owned(),
             AttemptResult::Transport(e) => format!("transport error: {e}"),
             AttemptResult::NotSent(e) => format!("not sent: {e}"),
-            AttemptResult::EgressDenied(e) => e.clone(),
+            AttemptResult::EgressDenied(e) | AttemptResult::Deferred(e) => e.clone(),
         }
     }
 }
@@ -254,6 +257,7 @@ mod tests {
             AttemptResult::Timeout,
             AttemptResult::Transport("connection refused".into()),
             AttemptResult::NotSent("no secret".into()),
+            AttemptResult::Deferred("deferred: breaker open".into()),
         ];
         for result in &retryable {
             for (before, tier) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (8, 4)] {

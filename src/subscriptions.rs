@@ -48,6 +48,8 @@ struct Entry {
     secrets: Spanned<Vec<SecretEntry>>,
     #[serde(default = "enabled_by_default")]
     enabled: bool,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
 }
 
 fn enabled_by_default() -> bool {
@@ -168,6 +170,8 @@ pub struct Subscription {
     pub secrets: Vec<SecretSpec>,
     /// A disabled subscription receives nothing; what waits for it is cancelled.
     pub enabled: bool,
+    /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
+    pub max_concurrent: Option<u32>,
 }
 
 impl Subscription {
@@ -180,6 +184,7 @@ impl Subscription {
             event_types: None,
             secrets: vec![SecretSpec::new(secret)],
             enabled: true,
+            max_concurrent: None,
         }
     }
 
@@ -352,6 +357,7 @@ impl Subscriptions {
                         event_types,
                         secrets,
                         enabled: entry.enabled,
+                        max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
                     }),
                 );
             }

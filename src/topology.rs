@@ -83,6 +83,29 @@ struct LadderFile {
     queue_type: QueueType,
     tiers: Vec<String>,
     schedule: Vec<String>,
+    #[serde(default)]
+    dedicated: Vec<DedicatedFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DedicatedFile {
+    tenant: String,
+    #[serde(default = "default_dedicated_in_flight")]
+    in_flight: u16,
+}
+
+fn default_dedicated_in_flight() -> u16 {
+    100
+}
+
+/// A tenant with lanes of its own: its events and retries never queue behind anyone else's,
+/// and the worker gives it a budget of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dedicated {
+    pub tenant: String,
+    /// Deliveries at once from its two lanes (split by `worker.retry_share`).
+    pub in_flight: u16,
 }
 
 fn default_prefix() -> String {
@@ -108,6 +131,8 @@ pub struct Ladder {
     pub tiers: Vec<Tier>,
     /// `schedule[i]` is the index into `tiers` of the wait before attempt `i + 2`.
     pub schedule: Vec<usize>,
+    /// Tenants with lanes of their own.
+    pub dedicated: Vec<Dedicated>,
 }
 
 impl Ladder {
@@ -130,12 +155,40 @@ impl Ladder {
             path: PathBuf::from("(inline)"),
             message: e.to_string(),
         })?;
-        Self::build(
+        let mut ladder = Self::build(
             &file.prefix,
             file.queue_type,
             &file.tiers.iter().map(String::as_str).collect::<Vec<_>>(),
             &file.schedule.iter().map(String::as_str).collect::<Vec<_>>(),
-        )
+        )?;
+        for (i, d) in file.dedicated.into_iter().enumerate() {
+            ladder = ladder.with_dedicated(&d.tenant, d.in_flight).map_err(|e| match e {
+                TopologyError::Invalid { message, .. } => {
+                    invalid(format!("dedicated[{i}]"), message)
+                }
+                other => other,
+            })?;
+        }
+        Ok(ladder)
+    }
+
+    /// Adds a tenant with lanes of its own.
+    pub fn with_dedicated(mut self, tenant: &str, in_flight: u16) -> Result<Self, TopologyError> {
+        crate::envelope::check_tenant(tenant).map_err(|e| invalid("dedicated", e.to_string()))?;
+        if self.dedicated.iter().any(|d| d.tenant == tenant) {
+            return Err(invalid("dedicated", format!("tenant {tenant:?} is listed twice")));
+        }
+        if in_flight < 2 {
+            return Err(invalid(
+                "dedicated",
+                format!("tenant {tenant:?}: in_flight must be at least 2 (one per lane)"),
+            ));
+        }
+        self.dedicated.push(Dedicated {
+            tenant: tenant.to_owned(),
+            in_flight,
+        });
+        Ok(self)
     }
 
     /// Builds and validates a ladder from its parts (durations as written: `10s`, `500ms`).
@@ -205,6 +258,7 @@ impl Ladder {
             queue_type,
             tiers: parsed,
             schedule: steps,
+            dedicated: Vec::new(),
         })
     }
 
@@ -237,6 +291,21 @@ impl Ladder {
         })
     }
 
+    /// Tenants whose dedicated lanes exist on the broker (`queues`, by name) but are no longer
+    /// in the ladder.
+    pub fn retired_tenants<'a>(&self, queues: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+        let start = self.name("ready.first.");
+        let mut retired: Vec<String> = queues
+            .into_iter()
+            .filter_map(|q| q.strip_prefix(&start))
+            .filter(|t| !self.dedicated.iter().any(|d| d.tenant == *t))
+            .map(str::to_owned)
+            .collect();
+        retired.sort();
+        retired.dedup();
+        retired
+    }
+
     fn name(&self, suffix: &str) -> String {
         format!("{}.{suffix}", self.prefix)
     }
@@ -254,6 +323,14 @@ impl Ladder {
     /// The shared retry lane: tiers promote into it.
     pub fn retry_lane(&self) -> String {
         self.name("ready.retry")
+    }
+    /// A dedicated tenant's first-attempt lane.
+    pub fn first_lane_of(&self, tenant: &str) -> String {
+        self.name(&format!("ready.first.{tenant}"))
+    }
+    /// A dedicated tenant's retry lane.
+    pub fn retry_lane_of(&self, tenant: &str) -> String {
+        self.name(&format!("ready.retry.{tenant}"))
     }
     /// The worker publishes retries here with routing key `<tier>.<tenant>`.
     pub fn delay_exchange(&self) -> String {
@@ -361,6 +438,28 @@ impl Ladder {
                 routing_key: String::new(),
             },
         ];
+        // A dedicated tenant's events bind straight to its lane (the alternate exchange only
+        // sees what no binding takes), and its retries come back to its own retry lane.
+        for d in &self.dedicated {
+            for (lane, source, key) in [
+                (self.first_lane_of(&d.tenant), self.ingress(), d.tenant.clone()),
+                (
+                    self.retry_lane_of(&d.tenant),
+                    self.promote_exchange(),
+                    format!("*.{}", d.tenant),
+                ),
+            ] {
+                queues.push(Queue {
+                    name: lane.clone(),
+                    arguments: queue_args(&lane_extra),
+                });
+                bindings.push(Binding {
+                    source,
+                    queue: lane,
+                    routing_key: key,
+                });
+            }
+        }
         for (i, tier) in self.tiers.iter().enumerate() {
             let ttl = i64::try_from(tier.delay.as_millis()).unwrap_or(i64::MAX);
             let mut extra = vec![
@@ -551,6 +650,37 @@ impl Topology {
             queues: self.queues.len(),
             bindings: self.bindings.len(),
         })
+    }
+
+    /// Unbinds the lanes of tenants that no longer have lanes of their own, so their new events
+    /// and retries take the shared lanes. Their queues stay, with whatever they hold: workers
+    /// keep draining them (see [`Ladder::retired_tenants`]), and nothing is moved or lost.
+    pub async fn retire(
+        ladder: &Ladder,
+        channel: &lapin::Channel,
+        tenants: &[String],
+    ) -> Result<(), TopologyError> {
+        for tenant in tenants {
+            for (queue, source, key) in [
+                (ladder.first_lane_of(tenant), ladder.ingress(), tenant.clone()),
+                (
+                    ladder.retry_lane_of(tenant),
+                    ladder.promote_exchange(),
+                    format!("*.{tenant}"),
+                ),
+            ] {
+                channel
+                    .queue_unbind(
+                        queue.as_str().into(),
+                        source.as_str().into(),
+                        key.as_str().into(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| declare_error(format!("binding {source} -> {queue}"), e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Deletes every object, messages included. For the demo and tests, which own their prefix;

@@ -139,6 +139,9 @@ impl Worker {
             lookup,
             name,
         } = setup;
+        config
+            .validate()
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
         if let Err(errors) = check_secrets(&secrets, &subscriptions.current()) {
             return Err(WorkerError::Secrets(
                 errors
@@ -168,18 +171,7 @@ impl Worker {
             ladder.attempts_exchange(),
             metrics.clone(),
         );
-        let lanes = vec![
-            Arc::new(Lane::new(
-                LaneKind::First,
-                ladder.first_lane(),
-                config.worker.prefetch_first,
-            )),
-            Arc::new(Lane::new(
-                LaneKind::Retry,
-                ladder.retry_lane(),
-                config.worker.prefetch_retry,
-            )),
-        ];
+        let lanes = lanes_of(&config, &ladder).await;
         let dispatcher = Dispatcher::new(
             config,
             ladder,
@@ -390,6 +382,49 @@ impl Worker {
         let _ = conn.close(200, "shutdown".into()).await;
         SessionEnd::Shutdown
     }
+}
+
+/// Budget a retired tenant's lanes get while they drain.
+const RETIRED_IN_FLIGHT: u16 = 20;
+
+/// The lanes to consume: the shared pair, each dedicated tenant's pair, and the lanes of tenants
+/// no longer dedicated that still exist (found through the management API), so what they hold
+/// is delivered.
+async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
+    let mut pairs = vec![(ladder.first_lane(), ladder.retry_lane(), config.worker.in_flight)];
+    for d in &ladder.dedicated {
+        pairs.push((
+            ladder.first_lane_of(&d.tenant),
+            ladder.retry_lane_of(&d.tenant),
+            d.in_flight,
+        ));
+    }
+    let existing = match Management::new(
+        &config.management.url,
+        &Management::vhost_of(&config.amqp.url),
+    ) {
+        Ok(api) => api.objects().await.map(|o| o.queues.into_keys().collect::<Vec<_>>()),
+        Err(e) => Err(e),
+    };
+    match existing {
+        Ok(queues) => {
+            for tenant in ladder.retired_tenants(&queues) {
+                info!(tenant = %tenant, "Draining the lanes of a tenant no longer dedicated");
+                let (first, retry) = (ladder.first_lane_of(&tenant), ladder.retry_lane_of(&tenant));
+                if queues.contains(&first) && queues.contains(&retry) {
+                    pairs.push((first, retry, RETIRED_IN_FLIGHT));
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are not drained by this worker"),
+    }
+    let mut lanes = Vec::new();
+    for (first, retry, budget) in pairs {
+        let (first_prefetch, retry_prefetch) = config.worker.split(budget);
+        lanes.push(Arc::new(Lane::new(LaneKind::First, first, first_prefetch)));
+        lanes.push(Arc::new(Lane::new(LaneKind::Retry, retry, retry_prefetch)));
+    }
+    lanes
 }
 
 /// Runs `f` when dropped.

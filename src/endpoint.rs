@@ -1,0 +1,369 @@
+//! Per-endpoint limits, so one tenant's endpoint cannot take the whole worker: a cap on
+//! concurrent attempts per endpoint (host and port), and a circuit breaker that stops making
+//! attempts to an endpoint that keeps failing, then probes it with one.
+//!
+//! An envelope that cannot be attempted (no slot within `endpoints.wait`, or the breaker open) is
+//! *deferred*: it moves to the next tier without an HTTP request, and the deferral counts as one
+//! of its attempts. That keeps the promise that every envelope ends within its schedule; an
+//! endpoint down for longer than the schedule exhausts envelopes just as failing attempts would.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::outcome::AttemptResult;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Attempts at once per endpoint (host and port); a subscription may set its own.
+    pub max_concurrent: u32,
+    /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
+    /// the attempt budget the lease rule checks.
+    #[serde(with = "humantime_serde")]
+    pub wait: Duration,
+    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker refuses attempts before it lets one probe through.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cooldown: Duration,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 64,
+            wait: Duration::from_secs(5),
+            breaker_failures: 20,
+            breaker_cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the breaker lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    Allowed,
+    /// The one attempt that tests whether an open endpoint has recovered.
+    Probe,
+    /// Open: no attempt until the cool-down ends.
+    Refused { retry_in: Duration },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    /// A probe is out since `since`; if it never reports, another is allowed after a cool-down.
+    Probing { since: Instant },
+}
+
+/// A circuit breaker: a pure state machine, driven by `admit` before and `record` after each
+/// attempt.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    threshold: u32,
+    cooldown: Duration,
+    state: State,
+}
+
+impl Breaker {
+    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            cooldown,
+            state: State::Closed { failures: 0 },
+        }
+    }
+
+    pub fn admit(&mut self, now: Instant) -> Admit {
+        match self.state {
+            State::Closed { .. } => Admit::Allowed,
+            State::Open { until } if now >= until => {
+                self.state = State::Probing { since: now };
+                Admit::Probe
+            }
+            State::Open { until } => Admit::Refused {
+                retry_in: until - now,
+            },
+            State::Probing { since } if now >= since + self.cooldown => {
+                self.state = State::Probing { since: now };
+                Admit::Probe
+            }
+            State::Probing { since } => Admit::Refused {
+                retry_in: since + self.cooldown - now,
+            },
+        }
+    }
+
+    /// Records an attempt's result: `failed` for the failures that say the endpoint is unwell.
+    pub fn record(&mut self, failed: bool, now: Instant) {
+        self.state = match (self.state, failed) {
+            (_, false) => State::Closed { failures: 0 },
+            (State::Closed { failures }, true) if failures + 1 < self.threshold => State::Closed {
+                failures: failures + 1,
+            },
+            (_, true) => State::Open {
+                until: now + self.cooldown,
+            },
+        };
+    }
+
+    pub fn is_open(&self) -> bool {
+        !matches!(self.state, State::Closed { .. })
+    }
+}
+
+/// Whether an attempt's result counts against the endpoint's health. Client errors and 429
+/// (the endpoint is well and says so) do not.
+pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
+    match result {
+        AttemptResult::Response { status, .. } => {
+            matches!(status, 300..=399 | 408 | 500..=599) || !(100..=599).contains(status)
+        }
+        AttemptResult::Timeout | AttemptResult::Transport(_) => true,
+        AttemptResult::NotSent(_) | AttemptResult::EgressDenied(_) | AttemptResult::Deferred(_) => {
+            false
+        }
+    }
+}
+
+/// A slot for one attempt; report how it went with [`Slot::finish`].
+pub struct Slot {
+    key: String,
+    _permit: OwnedSemaphorePermit,
+    endpoints: Arc<EndpointsInner>,
+}
+
+impl Slot {
+    pub fn finish(self, result: &AttemptResult) {
+        let mut breakers = self.endpoints.lock_breakers();
+        if let Some(b) = breakers.get_mut(&self.key) {
+            b.record(is_endpoint_failure(result), Instant::now());
+        }
+    }
+}
+
+struct EndpointsInner {
+    config: EndpointConfig,
+    limits: Mutex<HashMap<(String, u32), Arc<Semaphore>>>,
+    breakers: Mutex<HashMap<String, Breaker>>,
+}
+
+impl EndpointsInner {
+    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Breaker>> {
+        self.breakers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Every endpoint's cap and breaker, shared by all deliveries.
+#[derive(Clone)]
+pub struct Endpoints(Arc<EndpointsInner>);
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoints")
+            .field("config", &self.0.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an attempt was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deferral {
+    BreakerOpen { endpoint: String, retry_in: Duration },
+    OverCap { endpoint: String, cap: u32, waited: Duration },
+}
+
+impl Deferral {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Deferral::BreakerOpen { .. } => "breaker_open",
+            Deferral::OverCap { .. } => "concurrency",
+        }
+    }
+}
+
+impl std::fmt::Display for Deferral {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Deferral::BreakerOpen { endpoint, retry_in } => write!(
+                f,
+                "deferred: the circuit breaker of {endpoint} is open (probe in {})",
+                crate::config::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
+            ),
+            Deferral::OverCap {
+                endpoint,
+                cap,
+                waited,
+            } => write!(
+                f,
+                "deferred: {endpoint} had {cap} attempts in flight for {}",
+                crate::config::fmt_duration(*waited)
+            ),
+        }
+    }
+}
+
+/// The key limits and breakers go by: `host:port`.
+pub fn endpoint_key(url: &reqwest::Url) -> String {
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or_default(),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
+
+impl Endpoints {
+    pub fn new(config: EndpointConfig) -> Self {
+        Self(Arc::new(EndpointsInner {
+            config,
+            limits: Mutex::new(HashMap::new()),
+            breakers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Waits for a slot at `url`'s endpoint (at most `endpoints.wait`), unless its breaker is
+    /// open. `cap` overrides the configured cap.
+    pub async fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
+        let key = endpoint_key(url);
+        let config = &self.0.config;
+        let admitted = {
+            let mut breakers = self.0.lock_breakers();
+            breakers
+                .entry(key.clone())
+                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown))
+                .admit(Instant::now())
+        };
+        if let Admit::Refused { retry_in } = admitted {
+            return Err(Deferral::BreakerOpen {
+                endpoint: key,
+                retry_in,
+            });
+        }
+        let cap = cap.unwrap_or(config.max_concurrent).max(1);
+        let semaphore = {
+            let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                limits
+                    .entry((key.clone(), cap))
+                    .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
+            )
+        };
+        let permit = match tokio::time::timeout(config.wait, semaphore.acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => {
+                // A probe that could not go out must not leave the breaker waiting for it.
+                if admitted == Admit::Probe
+                    && let Some(b) = self.0.lock_breakers().get_mut(&key)
+                {
+                    b.record(true, Instant::now());
+                }
+                return Err(Deferral::OverCap {
+                    endpoint: key,
+                    cap,
+                    waited: config.wait,
+                });
+            }
+        };
+        Ok(Slot {
+            key,
+            _permit: permit,
+            endpoints: Arc::clone(&self.0),
+        })
+    }
+
+    /// Whether `url`'s breaker is open now (for tests and status).
+    pub fn is_open(&self, url: &reqwest::Url) -> bool {
+        self.0
+            .lock_breakers()
+            .get(&endpoint_key(url))
+            .is_some_and(Breaker::is_open)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breaker_opens_probes_and_closes() {
+        let t0 = Instant::now();
+        let cool = Duration::from_secs(30);
+        let mut b = Breaker::new(3, cool);
+        assert_eq!(b.admit(t0), Admit::Allowed);
+        b.record(true, t0);
+        b.record(true, t0);
+        b.record(false, t0); // a success resets the count
+        b.record(true, t0);
+        b.record(true, t0);
+        assert_eq!(b.admit(t0), Admit::Allowed);
+        b.record(true, t0); // third in a row: open
+        assert!(b.is_open());
+        assert_eq!(
+            b.admit(t0 + Duration::from_secs(10)),
+            Admit::Refused {
+                retry_in: Duration::from_secs(20)
+            }
+        );
+        // The cool-down ends: one probe, the rest still refused.
+        let t1 = t0 + cool;
+        assert_eq!(b.admit(t1), Admit::Probe);
+        assert!(matches!(b.admit(t1), Admit::Refused { .. }));
+        // The probe fails: open again for a whole cool-down.
+        b.record(true, t1);
+        assert!(matches!(b.admit(t1 + Duration::from_secs(29)), Admit::Refused { .. }));
+        let t2 = t1 + cool;
+        assert_eq!(b.admit(t2), Admit::Probe);
+        b.record(false, t2);
+        assert_eq!(b.admit(t2), Admit::Allowed);
+        assert!(!b.is_open());
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_does_not_wedge_the_breaker() {
+        let t0 = Instant::now();
+        let cool = Duration::from_secs(5);
+        let mut b = Breaker::new(1, cool);
+        b.record(true, t0);
+        assert_eq!(b.admit(t0 + cool), Admit::Probe);
+        // No record() for that probe; after another cool-down a new probe goes.
+        assert_eq!(b.admit(t0 + cool * 2), Admit::Probe);
+    }
+
+    #[test]
+    fn only_signs_of_an_unwell_endpoint_count() {
+        let status = |s| AttemptResult::Response {
+            status: s,
+            retry_after: None,
+        };
+        for failed in [status(500), status(503), status(408), status(302), AttemptResult::Timeout] {
+            assert!(is_endpoint_failure(&failed), "{failed:?}");
+        }
+        for fine in [status(200), status(400), status(404), status(410), status(429)] {
+            assert!(!is_endpoint_failure(&fine), "{fine:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cap_defers_what_cannot_get_a_slot_in_time() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 2,
+            wait: Duration::from_millis(50),
+            ..EndpointConfig::default()
+        });
+        let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
+        let a = endpoints.admit(&url, None).await.unwrap();
+        let _b = endpoints.admit(&url, None).await.unwrap();
+        let third = endpoints.admit(&url, None).await.err().unwrap();
+        assert_eq!(third.kind(), "concurrency");
+        assert_eq!(third.to_string(), "deferred: hooks.example:443 had 2 attempts in flight for 50ms");
+        // A subscription's own cap is its own budget.
+        let _own = endpoints.admit(&url, Some(1)).await.unwrap();
+        a.finish(&AttemptResult::Timeout);
+        assert!(endpoints.admit(&url, None).await.is_ok());
+    }
+}
