@@ -223,7 +223,7 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
         .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
         .env("HOOKRELAY_METRICS_LISTEN", "")
         .env("HOOKRELAY_WORKER_IN_FLIGHT", "70")
-        .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "20s")
+        .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "25s")
         .env("HOOKRELAY_LOG_LEVEL", "warn")
         .kill_on_drop(true)
         .spawn()
