@@ -580,7 +580,9 @@ async fn topology(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitC
                         );
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "Cannot list queues: lanes of tenants removed from `dedicated` were not unbound"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot list queues: lanes of tenants removed from `dedicated` were not unbound")
+                }
             }
             let _ = conn.close(200, "done".into()).await;
             println!(

@@ -257,7 +257,8 @@ impl WorkerConfig {
     /// `retry_share` of it, rounded up, and each lane at least one.
     pub fn split(&self, in_flight: u16) -> (u16, u16) {
         let in_flight = in_flight.max(2);
-        let retry = ((f64::from(in_flight) * self.retry_share).ceil() as u16).clamp(1, in_flight - 1);
+        let retry =
+            ((f64::from(in_flight) * self.retry_share).ceil() as u16).clamp(1, in_flight - 1);
         (in_flight - retry, retry)
     }
 }
@@ -731,8 +732,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let err =
-            Config::load(None, &env(&[("HOOKRELAY_WORKER_IN_FLIGHT", "lots")])).unwrap_err();
+        let err = Config::load(None, &env(&[("HOOKRELAY_WORKER_IN_FLIGHT", "lots")])).unwrap_err();
         assert!(
             err.to_string()
                 .contains("HOOKRELAY_WORKER_IN_FLIGHT: expected a whole number")

@@ -336,7 +336,11 @@ impl Dispatcher {
                     .deferrals
                     .with_label_values(&[deferral.kind()])
                     .inc();
-                return (AttemptResult::Deferred(deferral.to_string()), None);
+                let result = AttemptResult::Deferred {
+                    reason: deferral.to_string(),
+                    wait: deferral.wait(),
+                };
+                return (result, None);
             }
         };
         let timestamp = now_ms() / 1000;

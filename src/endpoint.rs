@@ -50,15 +50,23 @@ pub enum Admit {
     /// The one attempt that tests whether an open endpoint has recovered.
     Probe,
     /// Open: no attempt until the cool-down ends.
-    Refused { retry_in: Duration },
+    Refused {
+        retry_in: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
     /// A probe is out since `since`; if it never reports, another is allowed after a cool-down.
-    Probing { since: Instant },
+    Probing {
+        since: Instant,
+    },
 }
 
 /// A circuit breaker: a pure state machine, driven by `admit` before and `record` after each
@@ -125,9 +133,9 @@ pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
             matches!(status, 300..=399 | 408 | 500..=599) || !(100..=599).contains(status)
         }
         AttemptResult::Timeout | AttemptResult::Transport(_) => true,
-        AttemptResult::NotSent(_) | AttemptResult::EgressDenied(_) | AttemptResult::Deferred(_) => {
-            false
-        }
+        AttemptResult::NotSent(_)
+        | AttemptResult::EgressDenied(_)
+        | AttemptResult::Deferred { .. } => false,
     }
 }
 
@@ -174,8 +182,15 @@ impl std::fmt::Debug for Endpoints {
 /// Why an attempt was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deferral {
-    BreakerOpen { endpoint: String, retry_in: Duration },
-    OverCap { endpoint: String, cap: u32, waited: Duration },
+    BreakerOpen {
+        endpoint: String,
+        retry_in: Duration,
+    },
+    OverCap {
+        endpoint: String,
+        cap: u32,
+        waited: Duration,
+    },
 }
 
 impl Deferral {
@@ -183,6 +198,14 @@ impl Deferral {
         match self {
             Deferral::BreakerOpen { .. } => "breaker_open",
             Deferral::OverCap { .. } => "concurrency",
+        }
+    }
+
+    /// How long the envelope should wait at least: until the breaker's next probe.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
+            Deferral::OverCap { .. } => None,
         }
     }
 }
@@ -315,7 +338,10 @@ mod tests {
         assert!(matches!(b.admit(t1), Admit::Refused { .. }));
         // The probe fails: open again for a whole cool-down.
         b.record(true, t1);
-        assert!(matches!(b.admit(t1 + Duration::from_secs(29)), Admit::Refused { .. }));
+        assert!(matches!(
+            b.admit(t1 + Duration::from_secs(29)),
+            Admit::Refused { .. }
+        ));
         let t2 = t1 + cool;
         assert_eq!(b.admit(t2), Admit::Probe);
         b.record(false, t2);
@@ -340,10 +366,22 @@ mod tests {
             status: s,
             retry_after: None,
         };
-        for failed in [status(500), status(503), status(408), status(302), AttemptResult::Timeout] {
+        for failed in [
+            status(500),
+            status(503),
+            status(408),
+            status(302),
+            AttemptResult::Timeout,
+        ] {
             assert!(is_endpoint_failure(&failed), "{failed:?}");
         }
-        for fine in [status(200), status(400), status(404), status(410), status(429)] {
+        for fine in [
+            status(200),
+            status(400),
+            status(404),
+            status(410),
+            status(429),
+        ] {
             assert!(!is_endpoint_failure(&fine), "{fine:?}");
         }
     }
@@ -360,7 +398,10 @@ mod tests {
         let _b = endpoints.admit(&url, None).await.unwrap();
         let third = endpoints.admit(&url, None).await.err().unwrap();
         assert_eq!(third.kind(), "concurrency");
-        assert_eq!(third.to_string(), "deferred: hooks.example:443 had 2 attempts in flight for 50ms");
+        assert_eq!(
+            third.to_string(),
+            "deferred: hooks.example:443 had 2 attempts in flight for 50ms"
+        );
         // A subscription's own cap is its own budget.
         let _own = endpoints.admit(&url, Some(1)).await.unwrap();
         a.finish(&AttemptResult::Timeout);

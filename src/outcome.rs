@@ -23,8 +23,12 @@ pub enum AttemptResult {
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
     /// No attempt was made: the endpoint's breaker is open or its concurrency cap was full.
-    /// Handled like a failed attempt (next tier, one attempt of the budget).
-    Deferred(String),
+    /// Handled like a failed attempt (next tier, one attempt of the budget), waiting at least
+    /// `wait` (until the breaker's next probe) where that is known.
+    Deferred {
+        reason: String,
+        wait: Option<Duration>,
+    },
 }
 
 impl AttemptResult {
@@ -35,7 +39,7 @@ impl AttemptResult {
             AttemptResult::Timeout => "timeout".to_owned(),
             AttemptResult::Transport(e) => format!("transport error: {e}"),
             AttemptResult::NotSent(e) => format!("not sent: {e}"),
-            AttemptResult::EgressDenied(e) | AttemptResult::Deferred(e) => e.clone(),
+            AttemptResult::EgressDenied(e) | AttemptResult::Deferred { reason: e, .. } => e.clone(),
         }
     }
 }
@@ -148,7 +152,8 @@ pub fn is_retryable_status(status: u16) -> bool {
 /// Decides what follows an attempt. `attempts_before` counts attempts made before this one.
 ///
 /// A retry waits in the tier the schedule names for the next attempt; a `Retry-After` on 429 or
-/// 503 lengthens that wait to the smallest tier not shorter than it, and never shortens it.
+/// 503 (or, for a deferral, the time until the endpoint's breaker probes again) lengthens that
+/// wait to the smallest tier not shorter than it, and never shortens it.
 pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> Outcome {
     let attempts_made = attempts_before.saturating_add(1);
     let (status, retry_after) = match result {
@@ -195,9 +200,14 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
             attempts_made,
         };
     };
-    let tier = match (status, retry_after) {
-        (Some(429 | 503), Some(wait)) => scheduled.max(ladder.tier_not_shorter_than(wait)),
-        _ => scheduled,
+    let at_least = match (result, status, retry_after) {
+        (_, Some(429 | 503), Some(wait)) => Some(wait),
+        (AttemptResult::Deferred { wait, .. }, _, _) => *wait,
+        _ => None,
+    };
+    let tier = match at_least {
+        Some(wait) => scheduled.max(ladder.tier_not_shorter_than(wait)),
+        None => scheduled,
     };
     Outcome::Retry {
         tier,
@@ -257,7 +267,10 @@ mod tests {
             AttemptResult::Timeout,
             AttemptResult::Transport("connection refused".into()),
             AttemptResult::NotSent("no secret".into()),
-            AttemptResult::Deferred("deferred: breaker open".into()),
+            AttemptResult::Deferred {
+                reason: "deferred: over the cap".into(),
+                wait: None,
+            },
         ];
         for result in &retryable {
             for (before, tier) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (8, 4)] {
@@ -356,6 +369,35 @@ mod tests {
         // It does not extend the budget.
         assert!(matches!(
             decide(&l, 9, &throttled(429, 5)),
+            Outcome::Dead {
+                reason: DeadReason::Exhausted,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_deferral_waits_out_the_breaker() {
+        let l = ladder();
+        let deferred = |secs| AttemptResult::Deferred {
+            reason: "deferred: the circuit breaker of x:443 is open".into(),
+            wait: Some(Duration::from_secs(secs)),
+        };
+        // The breaker probes again in 30 s: the 1m tier rather than the scheduled 10s.
+        assert!(matches!(
+            decide(&l, 0, &deferred(30)),
+            Outcome::Retry {
+                tier: 1,
+                attempts_made: 1,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decide(&l, 3, &deferred(30)),
+            Outcome::Retry { tier: 3, .. }
+        ));
+        assert!(matches!(
+            decide(&l, 9, &deferred(30)),
             Outcome::Dead {
                 reason: DeadReason::Exhausted,
                 ..

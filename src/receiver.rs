@@ -59,6 +59,9 @@ struct Inner {
     records: Mutex<Vec<Record>>,
     /// Successful (2xx) answers per webhook id.
     delivered: Mutex<HashMap<String, u32>>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: std::sync::atomic::AtomicUsize,
+    max_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// A running endpoint. Dropping it stops the server.
@@ -88,6 +91,8 @@ impl Receiver {
             script: Box::new(script),
             records: Mutex::new(Vec::new()),
             delivered: Mutex::new(HashMap::new()),
+            in_flight: Default::default(),
+            max_in_flight: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -143,6 +148,13 @@ impl Receiver {
     /// 2xx answers per webhook id.
     pub fn delivered(&self) -> HashMap<String, u32> {
         lock(&self.inner.delivered).clone()
+    }
+
+    /// The most requests this endpoint was answering at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.inner
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Webhook ids answered with 2xx more than once, and how many extra times.
@@ -206,6 +218,17 @@ async fn receive(
         path: uri.path(),
         body: &body,
     });
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// Counts the request out however it ends (a client that gives up drops the handler).
+    struct Counted<'a>(&'a AtomicUsize);
+    impl Drop for Counted<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    inner.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let counted = Counted(&inner.in_flight);
     let status = match &reply {
         Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Redirect(s, _) => *s,
         Reply::Slow(wait, s) => {
@@ -213,6 +236,7 @@ async fn receive(
             *s
         }
     };
+    drop(counted);
     if (200..300).contains(&status) {
         *lock(&inner.delivered).entry(id.clone()).or_default() += 1;
     }

@@ -162,12 +162,14 @@ impl Ladder {
             &file.schedule.iter().map(String::as_str).collect::<Vec<_>>(),
         )?;
         for (i, d) in file.dedicated.into_iter().enumerate() {
-            ladder = ladder.with_dedicated(&d.tenant, d.in_flight).map_err(|e| match e {
-                TopologyError::Invalid { message, .. } => {
-                    invalid(format!("dedicated[{i}]"), message)
-                }
-                other => other,
-            })?;
+            ladder = ladder
+                .with_dedicated(&d.tenant, d.in_flight)
+                .map_err(|e| match e {
+                    TopologyError::Invalid { message, .. } => {
+                        invalid(format!("dedicated[{i}]"), message)
+                    }
+                    other => other,
+                })?;
         }
         Ok(ladder)
     }
@@ -176,7 +178,10 @@ impl Ladder {
     pub fn with_dedicated(mut self, tenant: &str, in_flight: u16) -> Result<Self, TopologyError> {
         crate::envelope::check_tenant(tenant).map_err(|e| invalid("dedicated", e.to_string()))?;
         if self.dedicated.iter().any(|d| d.tenant == tenant) {
-            return Err(invalid("dedicated", format!("tenant {tenant:?} is listed twice")));
+            return Err(invalid(
+                "dedicated",
+                format!("tenant {tenant:?} is listed twice"),
+            ));
         }
         if in_flight < 2 {
             return Err(invalid(
@@ -442,7 +447,11 @@ impl Ladder {
         // sees what no binding takes), and its retries come back to its own retry lane.
         for d in &self.dedicated {
             for (lane, source, key) in [
-                (self.first_lane_of(&d.tenant), self.ingress(), d.tenant.clone()),
+                (
+                    self.first_lane_of(&d.tenant),
+                    self.ingress(),
+                    d.tenant.clone(),
+                ),
                 (
                     self.retry_lane_of(&d.tenant),
                     self.promote_exchange(),
@@ -662,7 +671,11 @@ impl Topology {
     ) -> Result<(), TopologyError> {
         for tenant in tenants {
             for (queue, source, key) in [
-                (ladder.first_lane_of(tenant), ladder.ingress(), tenant.clone()),
+                (
+                    ladder.first_lane_of(tenant),
+                    ladder.ingress(),
+                    tenant.clone(),
+                ),
                 (
                     ladder.retry_lane_of(tenant),
                     ladder.promote_exchange(),

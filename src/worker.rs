@@ -391,7 +391,11 @@ const RETIRED_IN_FLIGHT: u16 = 20;
 /// no longer dedicated that still exist (found through the management API), so what they hold
 /// is delivered.
 async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
-    let mut pairs = vec![(ladder.first_lane(), ladder.retry_lane(), config.worker.in_flight)];
+    let mut pairs = vec![(
+        ladder.first_lane(),
+        ladder.retry_lane(),
+        config.worker.in_flight,
+    )];
     for d in &ladder.dedicated {
         pairs.push((
             ladder.first_lane_of(&d.tenant),
@@ -403,7 +407,10 @@ async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
         &config.management.url,
         &Management::vhost_of(&config.amqp.url),
     ) {
-        Ok(api) => api.objects().await.map(|o| o.queues.into_keys().collect::<Vec<_>>()),
+        Ok(api) => api
+            .objects()
+            .await
+            .map(|o| o.queues.into_keys().collect::<Vec<_>>()),
         Err(e) => Err(e),
     };
     match existing {
@@ -416,7 +423,9 @@ async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
                 }
             }
         }
-        Err(e) => warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are not drained by this worker"),
+        Err(e) => {
+            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are not drained by this worker")
+        }
     }
     let mut lanes = Vec::new();
     for (first, retry, budget) in pairs {

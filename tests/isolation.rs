@@ -1,0 +1,395 @@
+//! Isolation on the real broker: the retry lane's bounded share, dedicated tenant lanes (routing,
+//! retry return, removal without loss), the per-endpoint cap, the circuit breaker's states, and
+//! Retry-After under load.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
+use futures_util::StreamExt;
+use hookrelay::envelope::{self, NewEvent};
+use hookrelay::receiver::{Receiver, Reply};
+use hookrelay::topology::QueueType;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn publish_all(t: &TestLadder, events: Vec<NewEvent>) {
+    let publisher = Arc::new(t.publisher().await);
+    let ingress = t.ladder.ingress();
+    futures_util::stream::iter(events)
+        .for_each_concurrent(100, |e| {
+            let publisher = Arc::clone(&publisher);
+            let ingress = ingress.clone();
+            async move {
+                publisher.publish_event(&ingress, &e, 1024).await.unwrap();
+            }
+        })
+        .await;
+}
+
+/// Publishes retries straight into the retry lane, as tiers would promote them.
+async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
+    let publisher = t.publisher().await;
+    for i in 0..n {
+        let e = event(&format!("evt_backlog_{i:04}"), "acme", subscription);
+        let props = envelope::retry_properties(
+            &e.properties(),
+            "acme",
+            1,
+            envelope::now_ms(),
+            "HTTP 503",
+            None,
+        );
+        publisher
+            .publish("", &t.ladder.retry_lane(), &e.body, props)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_deep_retry_backlog_gets_only_its_share_and_new_events_flow() {
+    let t = TestLadder::apply("share", &["10s"], &["10s", "10s"]).await;
+    let s = secret();
+    let slow = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
+        Reply::Slow(Duration::from_millis(400), 200)
+    })
+    .await
+    .unwrap();
+    let fast = common::ok_receiver(&s).await;
+    publish_retries(&t, 120, "sub_slow").await;
+    let mut config = t.config.clone();
+    config.worker.in_flight = 20; // 14 first-attempt, 6 retry
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![
+            subscription("sub_slow", "acme", &slow.url("/"), &s),
+            subscription("sub_fast", "acme", &fast.url("/"), &s),
+        ],
+    )
+    .await;
+    assert!(slow.wait_until(WAIT, |r| r.request_count() >= 6).await);
+    let events = (0..40)
+        .map(|i| event(&format!("evt_new_{i:02}"), "acme", "sub_fast"))
+        .collect();
+    publish_all(&t, events).await;
+    // New events are all delivered while most of the backlog still waits.
+    assert!(fast.wait_until(WAIT, |r| r.delivered_count() == 40).await);
+    let backlog_done = slow.delivered_count();
+    assert!(
+        backlog_done < 60,
+        "new events did not wait for the backlog ({backlog_done} of 120 done)"
+    );
+    assert!(
+        slow.wait_until(Duration::from_secs(60), |r| r.delivered_count() == 120)
+            .await
+    );
+    worker.stop().await;
+    assert_eq!(
+        slow.max_in_flight(),
+        6,
+        "the retry lane never had more than its share"
+    );
+}
+
+#[tokio::test]
+async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss() {
+    let mut t = TestLadder::apply("dedicated", &["300ms"], &["300ms"]).await;
+    t.ladder = t.ladder.clone().with_dedicated("bigco", 10).unwrap();
+    t.ladder.objects().apply(&t.channel).await.unwrap();
+    // Without a worker: bigco's events land in its own lane, everyone else's in the shared one.
+    publish_all(
+        &t,
+        vec![
+            event("evt_big_1", "bigco", "sub_big"),
+            event("evt_small_1", "acme", "sub_small"),
+        ],
+    )
+    .await;
+    assert_eq!(t.depth(&t.ladder.first_lane_of("bigco")).await, 1);
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
+
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| {
+        match (req.id, req.attempt) {
+            ("evt_big_2", 1) => Reply::Status(503),
+            _ => Reply::Status(200),
+        }
+    })
+    .await
+    .unwrap();
+    let subs = vec![
+        subscription("sub_big", "bigco", &receiver.url("/big"), &s),
+        subscription("sub_small", "acme", &receiver.url("/small"), &s),
+    ];
+    let channel = t.conn.create_channel().await.unwrap();
+    let records = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&records);
+    let exchange = t.ladder.attempts_exchange();
+    let tail = tokio::spawn(async move {
+        hookrelay::events::tail_attempts(&channel, &exchange, None, Some("bigco"), |body| {
+            let r: hookrelay::events::AttemptRecord = serde_json::from_slice(body).unwrap();
+            let mut all = sink.lock().unwrap();
+            all.push(r);
+            all.len() < 3
+        })
+        .await
+        .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let worker = RunningWorker::start(&t, subs.clone()).await;
+    publish_all(&t, vec![event("evt_big_2", "bigco", "sub_big")]).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 3)
+            .await
+    );
+    tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
+    worker.stop().await;
+    let lanes: Vec<(String, String, String)> = records
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.envelope.clone().unwrap(),
+                r.outcome.clone(),
+                r.lane.clone(),
+            )
+        })
+        .collect();
+    let big_first = t.ladder.first_lane_of("bigco");
+    let big_retry = t.ladder.retry_lane_of("bigco");
+    assert!(
+        lanes.contains(&("evt_big_1".into(), "delivered".into(), big_first.clone())),
+        "{lanes:?}"
+    );
+    assert!(
+        lanes.contains(&("evt_big_2".into(), "retried".into(), big_first.clone())),
+        "{lanes:?}"
+    );
+    // Its retry came back to its own retry lane, not the shared one.
+    assert!(
+        lanes.contains(&("evt_big_2".into(), "delivered".into(), big_retry.clone())),
+        "{lanes:?}"
+    );
+
+    // bigco stops being dedicated while an event waits in its lane.
+    publish_all(&t, vec![event("evt_big_3", "bigco", "sub_big")]).await;
+    assert_eq!(t.depth(&big_first).await, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = ladder_file(&t, &dir); // without the [[dedicated]] entry
+    let (code, out, err) = hookrelay(
+        &["topology", "apply", "--ladder", file.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("Tenant \"bigco\" is no longer dedicated"),
+        "{out}"
+    );
+    assert_eq!(t.depth(&big_first).await, 1, "nothing was moved");
+    // New events take the shared lane; the worker (with the shorter ladder) drains the old one.
+    publish_all(&t, vec![event("evt_big_4", "bigco", "sub_big")]).await;
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
+    t.ladder = hookrelay::topology::Ladder::load(&file).unwrap();
+    let worker = RunningWorker::start(&t, subs).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 5)
+            .await
+    );
+    worker.stop().await;
+    assert_eq!(receiver.duplicates(), 0);
+    // The test ladder no longer lists bigco's lanes; remove them by hand.
+    for q in [big_first, big_retry] {
+        t.channel
+            .queue_delete(q.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long() {
+    let t = TestLadder::apply("cap", &["300ms"], &["300ms"; 6]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
+        Reply::Slow(Duration::from_millis(200), 200)
+    })
+    .await
+    .unwrap();
+    let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    capped.max_concurrent = Some(3);
+    let mut config = t.config.clone();
+    config.endpoints.wait = Duration::from_millis(300);
+    let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
+    publish_all(
+        &t,
+        (0..30)
+            .map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a"))
+            .collect(),
+    )
+    .await;
+    // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
+    let ended = |r: &Receiver| r.delivered_count();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while ended(&receiver) + t.depth(&t.ladder.dead()).await as usize != 30
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = worker.metrics.clone();
+    worker.stop().await;
+    assert_eq!(receiver.max_in_flight(), 3);
+    // 30 envelopes at 3 x 200 ms cannot all get a slot within 300 ms: some were deferred to a
+    // tier, with no request made.
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
+    assert_eq!(
+        receiver.request_count(),
+        receiver.delivered_count(),
+        "no request was made for a deferral"
+    );
+    assert_eq!(receiver.duplicates(), 0);
+    for dead in t.drain_dead().await {
+        let p = &dead.delivery.properties;
+        assert_eq!(
+            envelope::read_str_header(p, envelope::REASON_HEADER).as_deref(),
+            Some("exhausted")
+        );
+        let error = envelope::read_str_header(p, envelope::LAST_ERROR_HEADER).unwrap();
+        assert!(error.starts_with("deferred: 127.0.0.1:"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn the_breaker_opens_refuses_probes_and_closes() {
+    // The 2s tier is where deferred envelopes wait out the breaker's cool-down.
+    let t = TestLadder::apply("breaker", &["200ms", "2s"], &["200ms"; 8]).await;
+    let s = secret();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&healthy);
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::Status(200)
+        } else {
+            Reply::Status(503)
+        }
+    })
+    .await
+    .unwrap();
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 3;
+    config.endpoints.breaker_cooldown = Duration::from_secs(2);
+    config.worker.in_flight = 4; // few at once, so the breaker sees failures in sequence
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    publish_all(
+        &t,
+        (0..5)
+            .map(|i| event(&format!("evt_{i}"), "acme", "sub_a"))
+            .collect(),
+    )
+    .await;
+    // Open: after a few failures, attempts stop while envelopes keep cycling through the tier.
+    let m = worker.metrics.clone();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) < 5
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let while_open = receiver.request_count();
+    assert!(
+        while_open <= 6,
+        "at most the threshold (plus in-flight) reached the endpoint: {while_open}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        receiver.request_count(),
+        while_open,
+        "nothing reaches an open endpoint"
+    );
+    // It recovers; the next probe succeeds and closes the breaker; everything is delivered.
+    healthy.store(true, Ordering::SeqCst);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 5)
+            .await
+    );
+    worker.stop().await;
+    let records = receiver.records();
+    let first_ok = records.iter().position(|r| r.status == 200).unwrap();
+    let last_fail = &records[first_ok - 1];
+    assert!(
+        records[first_ok].received_at_ms - last_fail.received_at_ms >= 1_900,
+        "the probe came after the cool-down"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_under_load() {
+    const N: usize = 200;
+    let t = TestLadder::apply_typed(
+        "retryafter",
+        QueueType::Quorum,
+        &["500ms", "2s", "5s"],
+        &["500ms", "500ms"],
+    )
+    .await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 => Reply::RetryAfter(429, 2),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    publish_all(
+        &t,
+        (0..N)
+            .map(|i| event(&format!("evt_{i:03}"), "acme", "sub_a"))
+            .collect(),
+    )
+    .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == N)
+            .await
+    );
+    let m = worker.metrics.clone();
+    worker.stop().await;
+    assert_eq!(
+        m.count("hookrelay_retries_total", &[("tier", "retry-2s")]),
+        N as u64
+    );
+    assert_eq!(
+        m.count("hookrelay_retries_total", &[("tier", "retry-500ms")]),
+        0
+    );
+    let mut first = std::collections::HashMap::new();
+    for r in receiver.records() {
+        match r.attempt {
+            1 => {
+                first.insert(r.id.clone(), r.received_at_ms);
+            }
+            _ => {
+                let gap = r.received_at_ms - first[&r.id];
+                assert!(gap >= 2_000, "{} came back after {gap} ms", r.id);
+            }
+        }
+    }
+    assert_eq!(receiver.duplicates(), 0);
+}
