@@ -86,6 +86,23 @@ pub enum Command {
     /// Follow the attempt log.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
+    /// Measure throughput against a raw lapin loop on the same broker, latency, peak memory,
+    /// promotion precision and isolation, in one run. Takes a few minutes.
+    ///
+    /// Publishes --events persistent messages for each consumer beforehand; counts deliveries
+    /// per second at a local sink from the first delivery to the last. The worker runs as its own
+    /// process (`hookrelay worker`), with signing, lookups, egress checks and metrics on.
+    Bench(BenchArgs),
+    /// The bench's ceiling loop (started by `hookrelay bench`).
+    #[command(hide = true)]
+    BenchCeiling {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        prefetch: u16,
+        #[arg(long)]
+        url: String,
+    },
     /// Run the whole path end to end on the configured broker and print a summary table.
     ///
     /// Applies a ladder with 1s/2s/4s tiers under its own prefix, starts an endpoint on loopback
@@ -272,6 +289,25 @@ pub struct WorkerArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Messages per throughput run.
+    #[arg(long, default_value_t = 50_000)]
+    pub events: usize,
+    /// Prefetch of the ceiling loop and of the worker's first-attempt lane.
+    #[arg(long, default_value_t = 500)]
+    pub prefetch: u16,
+    /// Use classic queues instead of quorum queues.
+    #[arg(long)]
+    pub classic: bool,
+    /// Retries due for the slow endpoint in the isolation run.
+    #[arg(long, default_value_t = 50_000)]
+    pub backlog: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct DemoArgs {
     /// How many events to publish.
     #[arg(long, default_value_t = 1000)]
@@ -328,6 +364,35 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 () = shutdown_signal() => {}
             }
             let _ = conn.close(200, "done".into()).await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => {
+            let options = crate::bench::BenchOptions {
+                events: args.events,
+                prefetch: args.prefetch,
+                queue_type: if args.classic {
+                    QueueType::Classic
+                } else {
+                    QueueType::Quorum
+                },
+                isolation_backlog: args.backlog,
+                ..Default::default()
+            };
+            let exe = std::env::current_exe().context("cannot find the hookrelay binary")?;
+            let report = crate::bench::run(&config, &options, exe).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", report.table());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchCeiling {
+            queue,
+            prefetch,
+            url,
+        } => {
+            crate::bench::ceiling_loop(&config, &queue, prefetch, &url).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => demo(args, &config).await,

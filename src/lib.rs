@@ -29,6 +29,7 @@
 
 #![warn(clippy::unwrap_used)]
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     };
     // The demo draws a progress bar and a table; its worker's log lines would bury them.
     let level = match cli.command {
-        cli::Command::Demo(_) => "error",
+        cli::Command::Demo(_) | cli::Command::Bench(_) | cli::Command::BenchCeiling { .. } => "error",
         _ => config.log.level.as_str(),
     };
     let filter = EnvFilter::try_from_default_env()

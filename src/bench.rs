@@ -1,0 +1,725 @@
+//! `hookrelay bench`: throughput against the ceiling the broker allows, latency, peak memory,
+//! promotion precision and isolation, measured in one run on one broker.
+//!
+//! - The **ceiling** is a minimal lapin loop in a process of its own (`hookrelay bench-ceiling`):
+//!   it consumes persistent messages from a queue of the same type with the same prefetch, POSTs
+//!   each body to the same sink, and acks. No signing, no lookups.
+//! - **hookrelay** is the real worker (`hookrelay worker`, its own process) on the real topology,
+//!   with signing, subscription lookup, egress checks, endpoint limits, metrics and the attempt
+//!   log on, delivering to the same sink.
+//! - The **sink** is a small HTTP server inside the bench process that answers 204.
+//!
+//! Both consumers start on a backlog of N messages published beforehand, and deliveries per
+//! second are counted at the sink from the first delivery to the last.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::envelope::{self, NewEvent, now_ms};
+use crate::publish::Publisher;
+use crate::signing::generate_secret;
+use crate::topology::{Ladder, QueueType};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("broker: {0}")]
+    Broker(#[from] lapin::Error),
+    #[error(transparent)]
+    Publish(#[from] crate::publish::PublishError),
+    #[error(transparent)]
+    Topology(#[from] crate::topology::TopologyError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub events: usize,
+    pub prefetch: u16,
+    pub queue_type: QueueType,
+    /// Events published at a steady rate for the latency figures.
+    pub latency_events: usize,
+    pub latency_rate: u32,
+    pub precision_messages: usize,
+    pub isolation_backlog: usize,
+    pub isolation_events: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            events: 50_000,
+            prefetch: 500,
+            queue_type: QueueType::Quorum,
+            latency_events: 5_000,
+            latency_rate: 1_000,
+            precision_messages: 10_000,
+            isolation_backlog: 50_000,
+            isolation_events: 2_000,
+        }
+    }
+}
+
+/// Percentiles of a set of durations, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    pub fn of(mut ms: Vec<f64>) -> Self {
+        if ms.is_empty() {
+            return Self::default();
+        }
+        ms.sort_by(f64::total_cmp);
+        let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+        Self {
+            count: ms.len(),
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            max_ms: ms[ms.len() - 1],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Throughput {
+    pub deliveries: u64,
+    pub seconds: f64,
+    pub per_second: f64,
+    pub peak_rss_mib: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BenchReport {
+    pub machine: String,
+    pub broker: String,
+    pub queue_type: String,
+    pub prefetch: u16,
+    pub events: usize,
+    pub ceiling: Throughput,
+    pub hookrelay: Throughput,
+    pub ratio: f64,
+    /// Publish to delivery, at a steady publish rate below the ceiling.
+    pub latency: Percentiles,
+    pub latency_rate_per_s: u32,
+    /// Promotion time minus due time, 1 s tier.
+    pub promotion: Percentiles,
+    /// Time to first attempt of fresh events, with and without a backlog of due retries for a
+    /// slow, failing endpoint.
+    pub first_attempt_baseline: Percentiles,
+    pub first_attempt_with_backlog: Percentiles,
+    pub isolation_backlog: usize,
+    pub isolation_ratio_p99: f64,
+}
+
+/// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
+/// `"t":<ms>` field the bench puts in each body.
+struct Sink {
+    started: Instant,
+    count: AtomicU64,
+    first_ns: AtomicU64,
+    last_ns: AtomicU64,
+    record: AtomicBool,
+    latencies: std::sync::Mutex<Vec<f64>>,
+    /// Answer 503 after this long instead (the slow, failing endpoint).
+    slow_fail: Option<Duration>,
+}
+
+impl Sink {
+    fn new(slow_fail: Option<Duration>) -> Arc<Self> {
+        Arc::new(Self {
+            started: Instant::now(),
+            count: AtomicU64::new(0),
+            first_ns: AtomicU64::new(u64::MAX),
+            last_ns: AtomicU64::new(0),
+            record: AtomicBool::new(false),
+            latencies: std::sync::Mutex::new(Vec::new()),
+            slow_fail,
+        })
+    }
+
+    fn reset(&self) {
+        self.count.store(0, Ordering::SeqCst);
+        self.first_ns.store(u64::MAX, Ordering::SeqCst);
+        self.last_ns.store(0, Ordering::SeqCst);
+        self.latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn window(&self) -> (u64, f64) {
+        let n = self.count.load(Ordering::SeqCst);
+        let first = self.first_ns.load(Ordering::SeqCst);
+        let last = self.last_ns.load(Ordering::SeqCst);
+        let secs = if n > 1 && last > first {
+            (last - first) as f64 / 1e9
+        } else {
+            0.0
+        };
+        (n, secs)
+    }
+
+    fn take_latencies(&self) -> Vec<f64> {
+        std::mem::take(&mut *self.latencies.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+fn body_time(body: &[u8]) -> Option<u64> {
+    let at = body.windows(4).position(|w| w == b"\"t\":")? + 4;
+    let digits: Vec<u8> = body[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+async fn sink_handler(State(sink): State<Arc<Sink>>, body: Bytes) -> StatusCode {
+    if let Some(wait) = sink.slow_fail {
+        tokio::time::sleep(wait).await;
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let now = sink.started.elapsed().as_nanos() as u64;
+    sink.first_ns.fetch_min(now, Ordering::SeqCst);
+    sink.last_ns.fetch_max(now, Ordering::SeqCst);
+    sink.count.fetch_add(1, Ordering::SeqCst);
+    if sink.record.load(Ordering::Relaxed)
+        && let Some(t) = body_time(&body)
+    {
+        let ms = now_ms().saturating_sub(t) as f64;
+        sink.latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ms);
+    }
+    StatusCode::NO_CONTENT
+}
+
+async fn start_sink(sink: Arc<Sink>) -> std::io::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(sink_handler))
+        .with_state(sink);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(addr)
+}
+
+/// A body of about 512 bytes carrying its publish time.
+fn body(n: usize) -> Vec<u8> {
+    let mut b = format!(r#"{{"n":{n},"t":{},"pad":""#, now_ms()).into_bytes();
+    b.resize(500, b'x');
+    b.extend_from_slice(b"\"}");
+    b
+}
+
+/// Peak resident memory of a process, from `/proc` (Linux), in MiB.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn wait_count(sink: &Sink, n: u64, timeout: Duration) -> Result<(), BenchError> {
+    let deadline = Instant::now() + timeout;
+    while sink.count.load(Ordering::SeqCst) < n {
+        if Instant::now() > deadline {
+            return Err(BenchError::Other(format!(
+                "only {} of {n} deliveries arrived within {}s",
+                sink.count.load(Ordering::SeqCst),
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn say(line: &str) {
+    eprintln!("bench: {line}");
+}
+
+async fn publish_many(
+    publisher: &Arc<Publisher>,
+    n: usize,
+    make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
+) -> Result<(), BenchError> {
+    let mut stream = futures_util::stream::iter(0..n)
+        .map(|i| {
+            let (exchange, key, body, props) = make(i);
+            let publisher = Arc::clone(publisher);
+            async move { publisher.publish(&exchange, &key, &body, props).await }
+        })
+        .buffer_unordered(512);
+    while let Some(r) = stream.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+fn queue_args(queue_type: QueueType) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.as_str().into()),
+    );
+    args
+}
+
+/// Runs the whole benchmark. `exe` is the hookrelay binary to start workers from.
+pub async fn run(
+    config: &Config,
+    options: &BenchOptions,
+    exe: PathBuf,
+) -> Result<BenchReport, BenchError> {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("hookrelay-bench-{run_id}");
+    let conn = Connection::connect(
+        config.amqp.url.expose(),
+        ConnectionProperties::default().with_connection_name(format!("{prefix} bench").into()),
+    )
+    .await?;
+    let channel = conn.create_channel().await?;
+    let publisher = Arc::new(
+        Publisher::connect(&config.amqp.url, &format!("{prefix} producer"), Duration::from_secs(30))
+            .await?,
+    );
+    let api = crate::management::Management::new(&config.management.url, "/")
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+    let broker = api.broker_version().await.unwrap_or_default();
+    let sink = Sink::new(None);
+    let sink_addr = start_sink(Arc::clone(&sink)).await?;
+    let mut report = BenchReport {
+        machine: machine(),
+        broker: format!("RabbitMQ {broker}"),
+        queue_type: options.queue_type.as_str().into(),
+        prefetch: options.prefetch,
+        events: options.events,
+        latency_rate_per_s: options.latency_rate,
+        isolation_backlog: options.isolation_backlog,
+        ..BenchReport::default()
+    };
+
+    // 1. The ceiling.
+    let ceiling_queue = format!("{prefix}.ceiling");
+    channel
+        .queue_declare(
+            ceiling_queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            queue_args(options.queue_type),
+        )
+        .await?;
+    say(&format!("publishing {} messages for the ceiling loop", options.events));
+    publish_many(&publisher, options.events, |i| {
+        (
+            String::new(),
+            ceiling_queue.clone(),
+            body(i),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+    })
+    .await?;
+    sink.reset();
+    let mut child = tokio::process::Command::new(&exe)
+        .args([
+            "bench-ceiling",
+            "--queue",
+            &ceiling_queue,
+            "--prefetch",
+            &options.prefetch.to_string(),
+            "--url",
+            &format!("http://{sink_addr}/ceiling"),
+        ])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let timeout = Duration::from_secs(600);
+    wait_count(&sink, options.events as u64, timeout).await?;
+    let rss = child.id().and_then(peak_rss_mib).unwrap_or(0.0);
+    let _ = child.kill().await;
+    let (n, secs) = sink.window();
+    report.ceiling = Throughput {
+        deliveries: n,
+        seconds: secs,
+        per_second: n as f64 / secs.max(1e-9),
+        peak_rss_mib: rss,
+    };
+    say(&format!("ceiling: {:.0} deliveries/s", report.ceiling.per_second));
+    channel
+        .queue_delete(ceiling_queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+
+    // 2. hookrelay on the real topology.
+    let ladder = Ladder::build(&prefix, options.queue_type, &["1s", "10s"], &["1s", "10s"])?;
+    let topology = ladder.objects();
+    topology.apply(&channel).await?;
+    let result = run_hookrelay(
+        config, options, &exe, &ladder, &publisher, &channel, &sink, sink_addr, &mut report,
+    )
+    .await;
+    let _ = topology.delete(&channel).await;
+    publisher.close().await;
+    let _ = conn.close(200, "bench done".into()).await;
+    result?;
+    report.ratio = report.hookrelay.per_second / report.ceiling.per_second.max(1e-9);
+    report.isolation_ratio_p99 =
+        report.first_attempt_with_backlog.p99_ms / report.first_attempt_baseline.p99_ms.max(1e-9);
+    Ok(report)
+}
+
+struct WorkerProcess {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_worker(
+    exe: &PathBuf,
+    config: &Config,
+    ladder: &Ladder,
+    prefetch: u16,
+    subscriptions: &str,
+) -> Result<WorkerProcess, BenchError> {
+    let guard = tempfile::tempdir()?;
+    let dir = guard.path();
+    let ladder_file = dir.join("ladder.toml");
+    std::fs::write(
+        &ladder_file,
+        format!(
+            "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [\"1s\", \"10s\"]\nschedule = [\"1s\", \"10s\"]\n",
+            ladder.prefix,
+            ladder.queue_type.as_str()
+        ),
+    )?;
+    let subs_file = dir.join("subscriptions.toml");
+    std::fs::write(&subs_file, subscriptions)?;
+    // The first-attempt lane gets `prefetch`; the retry lane its usual share on top.
+    let share = config.worker.retry_share;
+    let in_flight = (f64::from(prefetch) / (1.0 - share)).round() as u16;
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let child = tokio::process::Command::new(exe)
+        .args(["worker", "--name", &format!("{} worker", ladder.prefix)])
+        .env("HOOKRELAY_LADDER", &ladder_file)
+        .env("HOOKRELAY_SUBSCRIPTIONS", &subs_file)
+        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
+        .env("HOOKRELAY_WORKER_IN_FLIGHT", in_flight.to_string())
+        .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
+        .env("HOOKRELAY_LOG_LEVEL", "error")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok(WorkerProcess {
+        child,
+        _dir: guard,
+    })
+}
+
+fn subscription_entry(id: &str, url: &str, secret_file: &std::path::Path) -> String {
+    format!(
+        "[[subscription]]\nid = \"{id}\"\ntenant = \"bench\"\nurl = \"{url}\"\nsecrets = [\"file:{}\"]\n",
+        secret_file.display()
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_hookrelay(
+    config: &Config,
+    options: &BenchOptions,
+    exe: &PathBuf,
+    ladder: &Ladder,
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    sink: &Arc<Sink>,
+    sink_addr: std::net::SocketAddr,
+    report: &mut BenchReport,
+) -> Result<(), BenchError> {
+    let secret_dir = tempfile::tempdir()?;
+    let secret_file = secret_dir.path().join("bench.whsec");
+    std::fs::write(&secret_file, generate_secret())?;
+    let slow = Sink::new(Some(Duration::from_secs(1)));
+    let slow_addr = start_sink(Arc::clone(&slow)).await?;
+    let subscriptions = subscription_entry("bench_fast", &format!("http://{sink_addr}/hook"), &secret_file)
+        + &subscription_entry("bench_slow", &format!("http://{slow_addr}/hook"), &secret_file);
+    let ingress = ladder.ingress();
+    let max_body = config.limits.max_body_bytes;
+    let event = |i: usize, id: String, subscription: &str| NewEvent {
+        id,
+        tenant: "bench".into(),
+        event_type: "bench.event".into(),
+        subscription: Some(subscription.into()),
+        timestamp: None,
+        body: body(i),
+    };
+
+    say(&format!("publishing {} events through {ingress}", options.events));
+    let pub_event = |i: usize| {
+        let e = event(i, format!("evt_{i}"), "bench_fast");
+        (ingress.clone(), e.tenant.clone(), e.body.clone(), e.properties())
+    };
+    publish_many(publisher, options.events, pub_event).await?;
+    sink.reset();
+    let mut worker = start_worker(exe, config, ladder, options.prefetch, &subscriptions).await?;
+    let pid = worker.child.id();
+    wait_count(sink, options.events as u64, Duration::from_secs(600)).await?;
+    let (n, secs) = sink.window();
+    report.hookrelay = Throughput {
+        deliveries: n,
+        seconds: secs,
+        per_second: n as f64 / secs.max(1e-9),
+        peak_rss_mib: 0.0,
+    };
+    say(&format!("hookrelay: {:.0} deliveries/s", report.hookrelay.per_second));
+
+    // Latency at a steady rate below the ceiling.
+    sink.reset();
+    sink.record.store(true, Ordering::SeqCst);
+    let pace = Duration::from_secs_f64(1.0 / f64::from(options.latency_rate.max(1)));
+    let mut tick = tokio::time::interval(pace);
+    let mut confirms = futures_util::stream::FuturesUnordered::new();
+    for i in 0..options.latency_events {
+        tick.tick().await;
+        let e = event(i, format!("lat_{i}"), "bench_fast");
+        e.validate(max_body).map_err(crate::publish::PublishError::from)?;
+        confirms.push(publisher.send(&ingress, &e.tenant, &e.body, e.properties(), true).await?);
+        while confirms.len() > 256 {
+            if let Some(r) = confirms.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = confirms.next().await {
+        r?;
+    }
+    wait_count(sink, options.latency_events as u64, Duration::from_secs(120)).await?;
+    sink.record.store(false, Ordering::SeqCst);
+    report.latency = Percentiles::of(sink.take_latencies());
+
+    // Isolation: fresh events with and without a backlog of due retries to a slow endpoint.
+    report.first_attempt_baseline =
+        fresh_first_attempts(options, publisher, sink, &ingress, &event).await?;
+    say(&format!(
+        "publishing {} due retries for a slow, failing endpoint",
+        options.isolation_backlog
+    ));
+    let retry_lane = ladder.retry_lane();
+    publish_many(publisher, options.isolation_backlog, |i| {
+        let e = event(i, format!("backlog_{i}"), "bench_slow");
+        let props = envelope::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
+        (String::new(), retry_lane.clone(), e.body, props)
+    })
+    .await?;
+    report.first_attempt_with_backlog =
+        fresh_first_attempts(options, publisher, sink, &ingress, &event).await?;
+    report.hookrelay.peak_rss_mib = pid.and_then(peak_rss_mib).unwrap_or(0.0);
+    let _ = worker.child.kill().await;
+
+    // Promotion precision: a 1 s tier, no worker, a raw consumer on the retry lane.
+    report.promotion = promotion_precision(options, ladder, publisher, channel).await?;
+    Ok(())
+}
+
+async fn fresh_first_attempts(
+    options: &BenchOptions,
+    publisher: &Arc<Publisher>,
+    sink: &Arc<Sink>,
+    ingress: &str,
+    event: &impl Fn(usize, String, &str) -> NewEvent,
+) -> Result<Percentiles, BenchError> {
+    sink.reset();
+    sink.record.store(true, Ordering::SeqCst);
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    for i in 0..options.isolation_events {
+        tick.tick().await;
+        let e = event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast");
+        // Not waiting for each confirm keeps the publish pace steady.
+        let confirm = publisher.send(ingress, &e.tenant, &e.body, e.properties(), true).await?;
+        tokio::spawn(confirm);
+    }
+    wait_count(sink, options.isolation_events as u64, Duration::from_secs(120)).await?;
+    sink.record.store(false, Ordering::SeqCst);
+    Ok(Percentiles::of(sink.take_latencies()))
+}
+
+async fn promotion_precision(
+    options: &BenchOptions,
+    ladder: &Ladder,
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+) -> Result<Percentiles, BenchError> {
+    let retry_lane = ladder.retry_lane();
+    // Empty the retry lane of anything the isolation phase left.
+    channel
+        .queue_purge(retry_lane.as_str().into(), Default::default())
+        .await?;
+    say(&format!(
+        "promotion precision: {} messages through the 1s tier",
+        options.precision_messages
+    ));
+    let delay = ladder.delay_exchange();
+    let n = options.precision_messages;
+    let consumer_channel = channel.clone();
+    consumer_channel
+        .basic_qos(1000, BasicQosOptions::default())
+        .await?;
+    let mut consumer = consumer_channel
+        .basic_consume(
+            retry_lane.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let collect = tokio::spawn(async move {
+        let mut lags = Vec::with_capacity(n);
+        while lags.len() < n {
+            match tokio::time::timeout(Duration::from_secs(60), consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    if let Some(due) = envelope::read_u64_header(&d.properties, envelope::DUE_HEADER) {
+                        lags.push(now_ms() as f64 - due as f64);
+                    }
+                    let _ = d.acker.ack(BasicAckOptions::default()).await;
+                }
+                _ => break,
+            }
+        }
+        lags
+    });
+    publish_many(publisher, n, |i| {
+        let e = NewEvent {
+            id: format!("prec_{i}"),
+            tenant: "bench".into(),
+            event_type: "bench.event".into(),
+            subscription: Some("bench_fast".into()),
+            timestamp: None,
+            body: body(i),
+        };
+        // Due when the tier's TTL runs out: one second after it is stored.
+        let props = envelope::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
+        (delay.clone(), ladder.tier_routing_key(0, "bench"), e.body, props)
+    })
+    .await?;
+    let lags = collect
+        .await
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+    Ok(Percentiles::of(lags))
+}
+
+/// The ceiling loop (`hookrelay bench-ceiling`): consume with `prefetch`, POST each body to
+/// `url`, ack. Runs until killed.
+pub async fn ceiling_loop(config: &Config, queue: &str, prefetch: u16, url: &str) -> Result<(), BenchError> {
+    let conn = Connection::connect(config.amqp.url.expose(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+    let url: reqwest::Url = url.parse().map_err(|e| BenchError::Other(format!("{e}")))?;
+    let mut consumer = channel
+        .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await?;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery?;
+        let client = client.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            let _ = client.post(url).body(delivery.data).send().await;
+            let _ = delivery.acker.ack(BasicAckOptions::default()).await;
+        });
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or_else(String::new, |kb| format!(", {:.0} GiB", kb / 1024.0 / 1024.0));
+    format!("{cpus} CPUs{mem}, broker, sink and worker on the same machine")
+}
+
+impl BenchReport {
+    pub fn table(&self) -> String {
+        format!(
+            "hookrelay bench ({machine}; {broker}, {qt} queues, prefetch {pf}, {ev} events)\n\
+             \n\
+             throughput                 deliveries/s   seconds   peak RSS\n\
+             ceiling (raw lapin loop)   {c:>12.0}   {cs:>7.2}   {cr:>5.1} MiB\n\
+             hookrelay worker           {h:>12.0}   {hs:>7.2}   {hr:>5.1} MiB\n\
+             ratio hookrelay/ceiling    {ratio:>12.2}\n\
+             \n\
+             publish -> delivered at {rate}/s       p50 {lp50:.1} ms   p99 {lp99:.1} ms   (n={ln})\n\
+             promotion (1s tier) minus due     p50 {pp50:.1} ms   p99 {pp99:.1} ms   (n={pn})\n\
+             first attempt, no backlog         p50 {bp50:.1} ms   p99 {bp99:.1} ms   (n={bn})\n\
+             first attempt, {bl} due retries  p50 {wp50:.1} ms   p99 {wp99:.1} ms   (n={wn})\n\
+             isolation p99 ratio (with/without backlog) {iso:.2}\n",
+            machine = self.machine,
+            broker = self.broker,
+            qt = self.queue_type,
+            pf = self.prefetch,
+            ev = self.events,
+            c = self.ceiling.per_second,
+            cs = self.ceiling.seconds,
+            cr = self.ceiling.peak_rss_mib,
+            h = self.hookrelay.per_second,
+            hs = self.hookrelay.seconds,
+            hr = self.hookrelay.peak_rss_mib,
+            ratio = self.ratio,
+            rate = self.latency_rate_per_s,
+            lp50 = self.latency.p50_ms,
+            lp99 = self.latency.p99_ms,
+            ln = self.latency.count,
+            pp50 = self.promotion.p50_ms,
+            pp99 = self.promotion.p99_ms,
+            pn = self.promotion.count,
+            bp50 = self.first_attempt_baseline.p50_ms,
+            bp99 = self.first_attempt_baseline.p99_ms,
+            bn = self.first_attempt_baseline.count,
+            bl = self.isolation_backlog,
+            wp50 = self.first_attempt_with_backlog.p50_ms,
+            wp99 = self.first_attempt_with_backlog.p99_ms,
+            wn = self.first_attempt_with_backlog.count,
+            iso = self.isolation_ratio_p99,
+        )
+    }
+}
