@@ -23,8 +23,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -59,8 +58,12 @@ pub struct BenchOptions {
     pub latency_events: usize,
     pub latency_rate: u32,
     pub precision_messages: usize,
+    /// Publish rate into the tier for the precision run (messages per second).
+    pub precision_rate: u32,
     pub isolation_backlog: usize,
     pub isolation_events: usize,
+    /// Throughput only: no latency, precision or isolation runs.
+    pub throughput_only: bool,
 }
 
 impl Default for BenchOptions {
@@ -72,8 +75,10 @@ impl Default for BenchOptions {
             latency_events: 5_000,
             latency_rate: 1_000,
             precision_messages: 10_000,
+            precision_rate: 2_000,
             isolation_backlog: 50_000,
             isolation_events: 2_000,
+            throughput_only: false,
         }
     }
 }
@@ -126,6 +131,7 @@ pub struct BenchReport {
     pub latency_rate_per_s: u32,
     /// Promotion time minus due time, 1 s tier.
     pub promotion: Percentiles,
+    pub promotion_rate_per_s: u32,
     /// Time to first attempt of fresh events, with and without a backlog of due retries for a
     /// slow, failing endpoint.
     pub first_attempt_baseline: Percentiles,
@@ -313,8 +319,12 @@ pub async fn run(
     .await?;
     let channel = conn.create_channel().await?;
     let publisher = Arc::new(
-        Publisher::connect(&config.amqp.url, &format!("{prefix} producer"), Duration::from_secs(30))
-            .await?,
+        Publisher::connect(
+            &config.amqp.url,
+            &format!("{prefix} producer"),
+            Duration::from_secs(30),
+        )
+        .await?,
     );
     let api = crate::management::Management::new(&config.management.url, "/")
         .map_err(|e| BenchError::Other(e.to_string()))?;
@@ -328,6 +338,7 @@ pub async fn run(
         prefetch: options.prefetch,
         events: options.events,
         latency_rate_per_s: options.latency_rate,
+        promotion_rate_per_s: options.precision_rate,
         isolation_backlog: options.isolation_backlog,
         ..BenchReport::default()
     };
@@ -344,7 +355,10 @@ pub async fn run(
             queue_args(options.queue_type),
         )
         .await?;
-    say(&format!("publishing {} messages for the ceiling loop", options.events));
+    say(&format!(
+        "publishing {} messages for the ceiling loop",
+        options.events
+    ));
     publish_many(&publisher, options.events, |i| {
         (
             String::new(),
@@ -379,7 +393,10 @@ pub async fn run(
         per_second: n as f64 / secs.max(1e-9),
         peak_rss_mib: rss,
     };
-    say(&format!("ceiling: {:.0} deliveries/s", report.ceiling.per_second));
+    say(&format!(
+        "ceiling: {:.0} deliveries/s",
+        report.ceiling.per_second
+    ));
     channel
         .queue_delete(ceiling_queue.as_str().into(), QueueDeleteOptions::default())
         .await?;
@@ -389,7 +406,15 @@ pub async fn run(
     let topology = ladder.objects();
     topology.apply(&channel).await?;
     let result = run_hookrelay(
-        config, options, &exe, &ladder, &publisher, &channel, &sink, sink_addr, &mut report,
+        config,
+        options,
+        &exe,
+        &ladder,
+        &publisher,
+        &channel,
+        &sink,
+        sink_addr,
+        &mut report,
     )
     .await;
     let _ = topology.delete(&channel).await;
@@ -430,22 +455,24 @@ async fn start_worker(
     // The first-attempt lane gets `prefetch`; the retry lane its usual share on top.
     let share = config.worker.retry_share;
     let in_flight = (f64::from(prefetch) / (1.0 - share)).round() as u16;
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let child = tokio::process::Command::new(exe)
         .args(["worker", "--name", &format!("{} worker", ladder.prefix)])
         .env("HOOKRELAY_LADDER", &ladder_file)
         .env("HOOKRELAY_SUBSCRIPTIONS", &subs_file)
         .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
         .env("HOOKRELAY_WORKER_IN_FLIGHT", in_flight.to_string())
-        .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
+        .env(
+            "HOOKRELAY_METRICS_LISTEN",
+            format!("127.0.0.1:{metrics_port}"),
+        )
         .env("HOOKRELAY_LOG_LEVEL", "error")
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
-    Ok(WorkerProcess {
-        child,
-        _dir: guard,
-    })
+    Ok(WorkerProcess { child, _dir: guard })
 }
 
 fn subscription_entry(id: &str, url: &str, secret_file: &std::path::Path) -> String {
@@ -472,8 +499,15 @@ async fn run_hookrelay(
     std::fs::write(&secret_file, generate_secret())?;
     let slow = Sink::new(Some(Duration::from_secs(1)));
     let slow_addr = start_sink(Arc::clone(&slow)).await?;
-    let subscriptions = subscription_entry("bench_fast", &format!("http://{sink_addr}/hook"), &secret_file)
-        + &subscription_entry("bench_slow", &format!("http://{slow_addr}/hook"), &secret_file);
+    let subscriptions = subscription_entry(
+        "bench_fast",
+        &format!("http://{sink_addr}/hook"),
+        &secret_file,
+    ) + &subscription_entry(
+        "bench_slow",
+        &format!("http://{slow_addr}/hook"),
+        &secret_file,
+    );
     let ingress = ladder.ingress();
     let max_body = config.limits.max_body_bytes;
     let event = |i: usize, id: String, subscription: &str| NewEvent {
@@ -485,10 +519,18 @@ async fn run_hookrelay(
         body: body(i),
     };
 
-    say(&format!("publishing {} events through {ingress}", options.events));
+    say(&format!(
+        "publishing {} events through {ingress}",
+        options.events
+    ));
     let pub_event = |i: usize| {
         let e = event(i, format!("evt_{i}"), "bench_fast");
-        (ingress.clone(), e.tenant.clone(), e.body.clone(), e.properties())
+        (
+            ingress.clone(),
+            e.tenant.clone(),
+            e.body.clone(),
+            e.properties(),
+        )
     };
     publish_many(publisher, options.events, pub_event).await?;
     sink.reset();
@@ -502,7 +544,15 @@ async fn run_hookrelay(
         per_second: n as f64 / secs.max(1e-9),
         peak_rss_mib: 0.0,
     };
-    say(&format!("hookrelay: {:.0} deliveries/s", report.hookrelay.per_second));
+    say(&format!(
+        "hookrelay: {:.0} deliveries/s",
+        report.hookrelay.per_second
+    ));
+    if options.throughput_only {
+        report.hookrelay.peak_rss_mib = pid.and_then(peak_rss_mib).unwrap_or(0.0);
+        let _ = worker.child.kill().await;
+        return Ok(());
+    }
 
     // Latency at a steady rate below the ceiling.
     sink.reset();
@@ -513,8 +563,13 @@ async fn run_hookrelay(
     for i in 0..options.latency_events {
         tick.tick().await;
         let e = event(i, format!("lat_{i}"), "bench_fast");
-        e.validate(max_body).map_err(crate::publish::PublishError::from)?;
-        confirms.push(publisher.send(&ingress, &e.tenant, &e.body, e.properties(), true).await?);
+        e.validate(max_body)
+            .map_err(crate::publish::PublishError::from)?;
+        confirms.push(
+            publisher
+                .send(&ingress, &e.tenant, &e.body, e.properties(), true)
+                .await?,
+        );
         while confirms.len() > 256 {
             if let Some(r) = confirms.next().await {
                 r?;
@@ -524,9 +579,26 @@ async fn run_hookrelay(
     while let Some(r) = confirms.next().await {
         r?;
     }
-    wait_count(sink, options.latency_events as u64, Duration::from_secs(120)).await?;
+    wait_count(
+        sink,
+        options.latency_events as u64,
+        Duration::from_secs(120),
+    )
+    .await?;
     sink.record.store(false, Ordering::SeqCst);
     report.latency = Percentiles::of(sink.take_latencies());
+
+    // Promotion precision, on a ladder of its own, before the isolation run loads the broker.
+    let precision = Ladder::build(
+        &format!("{}-precision", ladder.prefix),
+        ladder.queue_type,
+        &["1s"],
+        &["1s"],
+    )?;
+    precision.objects().apply(channel).await?;
+    let measured = promotion_precision(options, &precision, publisher, channel).await;
+    let _ = precision.objects().delete(channel).await;
+    report.promotion = measured?;
 
     // Isolation: fresh events with and without a backlog of due retries to a slow endpoint.
     report.first_attempt_baseline =
@@ -538,7 +610,8 @@ async fn run_hookrelay(
     let retry_lane = ladder.retry_lane();
     publish_many(publisher, options.isolation_backlog, |i| {
         let e = event(i, format!("backlog_{i}"), "bench_slow");
-        let props = envelope::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
+        let props =
+            envelope::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
         (String::new(), retry_lane.clone(), e.body, props)
     })
     .await?;
@@ -546,9 +619,6 @@ async fn run_hookrelay(
         fresh_first_attempts(options, publisher, sink, &ingress, &event).await?;
     report.hookrelay.peak_rss_mib = pid.and_then(peak_rss_mib).unwrap_or(0.0);
     let _ = worker.child.kill().await;
-
-    // Promotion precision: a 1 s tier, no worker, a raw consumer on the retry lane.
-    report.promotion = promotion_precision(options, ladder, publisher, channel).await?;
     Ok(())
 }
 
@@ -567,10 +637,17 @@ async fn fresh_first_attempts(
         tick.tick().await;
         let e = event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast");
         // Not waiting for each confirm keeps the publish pace steady.
-        let confirm = publisher.send(ingress, &e.tenant, &e.body, e.properties(), true).await?;
+        let confirm = publisher
+            .send(ingress, &e.tenant, &e.body, e.properties(), true)
+            .await?;
         tokio::spawn(confirm);
     }
-    wait_count(sink, options.isolation_events as u64, Duration::from_secs(120)).await?;
+    wait_count(
+        sink,
+        options.isolation_events as u64,
+        Duration::from_secs(120),
+    )
+    .await?;
     sink.record.store(false, Ordering::SeqCst);
     Ok(Percentiles::of(sink.take_latencies()))
 }
@@ -582,10 +659,6 @@ async fn promotion_precision(
     channel: &lapin::Channel,
 ) -> Result<Percentiles, BenchError> {
     let retry_lane = ladder.retry_lane();
-    // Empty the retry lane of anything the isolation phase left.
-    channel
-        .queue_purge(retry_lane.as_str().into(), Default::default())
-        .await?;
     say(&format!(
         "promotion precision: {} messages through the 1s tier",
         options.precision_messages
@@ -593,6 +666,7 @@ async fn promotion_precision(
     let delay = ladder.delay_exchange();
     let n = options.precision_messages;
     let consumer_channel = channel.clone();
+    // A raw consumer on the retry lane: no worker, so only the broker's promotion is timed.
     consumer_channel
         .basic_qos(1000, BasicQosOptions::default())
         .await?;
@@ -609,7 +683,9 @@ async fn promotion_precision(
         while lags.len() < n {
             match tokio::time::timeout(Duration::from_secs(60), consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    if let Some(due) = envelope::read_u64_header(&d.properties, envelope::DUE_HEADER) {
+                    if let Some(due) =
+                        envelope::read_u64_header(&d.properties, envelope::DUE_HEADER)
+                    {
                         lags.push(now_ms() as f64 - due as f64);
                     }
                     let _ = d.acker.ack(BasicAckOptions::default()).await;
@@ -619,7 +695,13 @@ async fn promotion_precision(
         }
         lags
     });
-    publish_many(publisher, n, |i| {
+    // Paced, so the measure is the tier's timing rather than a burst's queueing.
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(
+        1.0 / f64::from(options.precision_rate.max(1)),
+    ));
+    let mut confirms = futures_util::stream::FuturesUnordered::new();
+    for i in 0..n {
+        tick.tick().await;
         let e = NewEvent {
             id: format!("prec_{i}"),
             tenant: "bench".into(),
@@ -629,10 +711,28 @@ async fn promotion_precision(
             body: body(i),
         };
         // Due when the tier's TTL runs out: one second after it is stored.
-        let props = envelope::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
-        (delay.clone(), ladder.tier_routing_key(0, "bench"), e.body, props)
-    })
-    .await?;
+        let props =
+            envelope::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
+        confirms.push(
+            publisher
+                .send(
+                    &delay,
+                    &ladder.tier_routing_key(0, "bench"),
+                    &e.body,
+                    props,
+                    true,
+                )
+                .await?,
+        );
+        while confirms.len() > 256 {
+            if let Some(r) = confirms.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = confirms.next().await {
+        r?;
+    }
     let lags = collect
         .await
         .map_err(|e| BenchError::Other(e.to_string()))?;
@@ -641,17 +741,30 @@ async fn promotion_precision(
 
 /// The ceiling loop (`hookrelay bench-ceiling`): consume with `prefetch`, POST each body to
 /// `url`, ack. Runs until killed.
-pub async fn ceiling_loop(config: &Config, queue: &str, prefetch: u16, url: &str) -> Result<(), BenchError> {
-    let conn = Connection::connect(config.amqp.url.expose(), ConnectionProperties::default()).await?;
+pub async fn ceiling_loop(
+    config: &Config,
+    queue: &str,
+    prefetch: u16,
+    url: &str,
+) -> Result<(), BenchError> {
+    let conn =
+        Connection::connect(config.amqp.url.expose(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
         .map_err(|e| BenchError::Other(e.to_string()))?;
     let url: reqwest::Url = url.parse().map_err(|e| BenchError::Other(format!("{e}")))?;
     let mut consumer = channel
-        .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
@@ -674,7 +787,9 @@ fn machine() -> String {
                 .find_map(|l| l.strip_prefix("MemTotal:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
-        .map_or_else(String::new, |kb| format!(", {:.0} GiB", kb / 1024.0 / 1024.0));
+        .map_or_else(String::new, |kb| {
+            format!(", {:.0} GiB", kb / 1024.0 / 1024.0)
+        });
     format!("{cpus} CPUs{mem}, broker, sink and worker on the same machine")
 }
 
@@ -689,7 +804,7 @@ impl BenchReport {
              ratio hookrelay/ceiling    {ratio:>12.2}\n\
              \n\
              publish -> delivered at {rate}/s       p50 {lp50:.1} ms   p99 {lp99:.1} ms   (n={ln})\n\
-             promotion (1s tier) minus due     p50 {pp50:.1} ms   p99 {pp99:.1} ms   (n={pn})\n\
+             promotion (1s tier) minus due     p50 {pp50:.1} ms   p99 {pp99:.1} ms   (n={pn}, {prate}/s)\n\
              first attempt, no backlog         p50 {bp50:.1} ms   p99 {bp99:.1} ms   (n={bn})\n\
              first attempt, {bl} due retries  p50 {wp50:.1} ms   p99 {wp99:.1} ms   (n={wn})\n\
              isolation p99 ratio (with/without backlog) {iso:.2}\n",
@@ -712,6 +827,7 @@ impl BenchReport {
             pp50 = self.promotion.p50_ms,
             pp99 = self.promotion.p99_ms,
             pn = self.promotion.count,
+            prate = self.promotion_rate_per_s,
             bp50 = self.first_attempt_baseline.p50_ms,
             bp99 = self.first_attempt_baseline.p99_ms,
             bn = self.first_attempt_baseline.count,

@@ -305,6 +305,12 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Messages per second published into the 1s tier for promotion precision.
+    #[arg(long, default_value_t = 2_000)]
+    pub precision_rate: u32,
+    /// Measure throughput only (skips latency, promotion precision and isolation).
+    #[arg(long)]
+    pub throughput_only: bool,
 }
 
 #[derive(Debug, Args)]
@@ -376,6 +382,8 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     QueueType::Quorum
                 },
                 isolation_backlog: args.backlog,
+                throughput_only: args.throughput_only,
+                precision_rate: args.precision_rate,
                 ..Default::default()
             };
             let exe = std::env::current_exe().context("cannot find the hookrelay binary")?;

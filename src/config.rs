@@ -452,6 +452,24 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if self.endpoints.defer_rate > 0 {
+            let queued = Duration::from_secs_f64(
+                f64::from(self.worker.in_flight) / f64::from(self.endpoints.defer_rate),
+            );
+            if queued > self.worker.lease_slack {
+                return Err(ConfigError::invalid(
+                    "endpoints.defer_rate",
+                    format!(
+                        "{} deferrals per second would let worker.in_flight ({}) deferrals wait up \
+                         to {}, longer than worker.lease_slack ({})",
+                        self.endpoints.defer_rate,
+                        self.worker.in_flight,
+                        fmt_duration(Duration::from_millis(queued.as_millis() as u64)),
+                        fmt_duration(self.worker.lease_slack)
+                    ),
+                ));
+            }
+        }
         if self.worker.in_flight < 2 {
             return Err(ConfigError::invalid(
                 "worker.in_flight",
@@ -535,7 +553,8 @@ impl Config {
     }
 
     /// The longest one delivery can legitimately be held: the wait for an endpoint slot, the
-    /// HTTP attempt, and the confirm of its republish.
+    /// HTTP attempt, and the confirm of its republish. (A paced deferral waits instead of the
+    /// attempt, at most its prefetch divided by `endpoints.defer_rate`.)
     pub fn attempt_budget(&self) -> Duration {
         self.endpoints.wait
             + self.http.connect_timeout

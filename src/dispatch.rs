@@ -32,12 +32,22 @@ pub enum LaneKind {
     Retry,
 }
 
+/// A lane's metric handles, resolved once rather than by label on every delivery.
+#[derive(Debug)]
+struct LaneMetrics {
+    in_flight: prometheus::IntGauge,
+    oldest_ready_age: prometheus::Gauge,
+    attempt_seconds: prometheus::Histogram,
+    delivered: prometheus::IntCounter,
+}
+
 /// One ready queue: what the worker consumes, and what it has seen at its head.
 #[derive(Debug)]
 pub struct Lane {
     pub kind: LaneKind,
     pub queue: String,
     pub prefetch: u16,
+    metrics: LaneMetrics,
     /// How long the most recently delivered message had waited, in ms.
     last_age_ms: AtomicU64,
     /// When that delivery arrived, in ms since `epoch`.
@@ -46,8 +56,17 @@ pub struct Lane {
 }
 
 impl Lane {
-    pub fn new(kind: LaneKind, queue: String, prefetch: u16) -> Self {
+    pub fn new(kind: LaneKind, queue: String, prefetch: u16, metrics: &Metrics) -> Self {
+        let label = [queue.as_str()];
         Self {
+            metrics: LaneMetrics {
+                in_flight: metrics.in_flight.with_label_values(&label),
+                oldest_ready_age: metrics.oldest_ready_age.with_label_values(&label),
+                attempt_seconds: metrics.attempt_seconds.with_label_values(&label),
+                delivered: metrics
+                    .outcomes
+                    .with_label_values(&[queue.as_str(), "delivered"]),
+            },
             kind,
             queue,
             prefetch,
@@ -162,7 +181,7 @@ impl Dispatcher {
 
     /// Handles one delivery to the end: an ack, or a nack back to its lane.
     pub async fn handle(self: Arc<Self>, lane: Arc<Lane>, delivery: Delivery) {
-        let gauge = self.metrics.in_flight.with_label_values(&[lane.label()]);
+        let gauge = lane.metrics.in_flight.clone();
         gauge.inc();
         let _in_flight = InFlight(gauge);
         let Delivery {
@@ -211,10 +230,7 @@ impl Dispatcher {
         if let Some(since) = waited_since {
             let age = now.saturating_sub(since);
             lane.saw_head(age);
-            self.metrics
-                .oldest_ready_age
-                .with_label_values(&[lane.label()])
-                .set(age as f64 / 1000.0);
+            lane.metrics.oldest_ready_age.set(age as f64 / 1000.0);
         }
         if lane.kind == LaneKind::Retry
             && let Some(queue) = envelope::promoted_from(properties)
@@ -336,6 +352,7 @@ impl Dispatcher {
                     .deferrals
                     .with_label_values(&[deferral.kind()])
                     .inc();
+                self.endpoints.pace_deferral().await;
                 let result = AttemptResult::Deferred {
                     reason: deferral.to_string(),
                     wait: deferral.wait(),
@@ -362,9 +379,8 @@ impl Dispatcher {
             })
             .await;
         slot.finish(&report.result);
-        self.metrics
+        lane.metrics
             .attempt_seconds
-            .with_label_values(&[lane.label()])
             .observe(report.latency.as_secs_f64());
         debug!(
             envelope = %envelope.id,
@@ -513,10 +529,14 @@ impl Dispatcher {
         };
         match stored {
             Ok(()) => {
-                self.metrics
-                    .outcomes
-                    .with_label_values(&[lane.label(), outcome.kind()])
-                    .inc();
+                match outcome {
+                    Outcome::Delivered { .. } => lane.metrics.delivered.inc(),
+                    _ => self
+                        .metrics
+                        .outcomes
+                        .with_label_values(&[lane.label(), outcome.kind()])
+                        .inc(),
+                }
                 if let Err(e) = acker.ack(BasicAckOptions::default()).await {
                     // The channel is gone; the broker redelivers the message (a duplicate,
                     // never a loss).

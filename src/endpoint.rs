@@ -30,6 +30,10 @@ pub struct EndpointConfig {
     /// How long an open breaker refuses attempts before it lets one probe through.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
+    /// Deferrals moved to their tier per second at most, per worker (0: no limit). A dead
+    /// endpoint's backlog then drains into the tiers at this pace instead of as fast as the
+    /// broker allows, which would load the broker and the worker at other tenants' expense.
+    pub defer_rate: u32,
 }
 
 impl Default for EndpointConfig {
@@ -39,6 +43,7 @@ impl Default for EndpointConfig {
             wait: Duration::from_secs(5),
             breaker_failures: 20,
             breaker_cooldown: Duration::from_secs(30),
+            defer_rate: 500,
         }
     }
 }
@@ -157,6 +162,8 @@ impl Slot {
 
 struct EndpointsInner {
     config: EndpointConfig,
+    /// When the next deferral may be settled.
+    next_deferral: Mutex<tokio::time::Instant>,
     limits: Mutex<HashMap<(String, u32), Arc<Semaphore>>>,
     breakers: Mutex<HashMap<String, Breaker>>,
 }
@@ -243,6 +250,7 @@ pub fn endpoint_key(url: &reqwest::Url) -> String {
 impl Endpoints {
     pub fn new(config: EndpointConfig) -> Self {
         Self(Arc::new(EndpointsInner {
+            next_deferral: Mutex::new(tokio::time::Instant::now()),
             config,
             limits: Mutex::new(HashMap::new()),
             breakers: Mutex::new(HashMap::new()),
@@ -297,6 +305,27 @@ impl Endpoints {
             _permit: permit,
             endpoints: Arc::clone(&self.0),
         })
+    }
+
+    /// Waits for this deferral's turn under `endpoints.defer_rate`. The wait is short (the
+    /// worker holds at most its prefetch of deferrals) and stays within the attempt budget.
+    pub async fn pace_deferral(&self) {
+        let rate = self.0.config.defer_rate;
+        if rate == 0 {
+            return;
+        }
+        let step = Duration::from_secs(1) / rate;
+        let at = {
+            let mut next = self
+                .0
+                .next_deferral
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let at = (*next).max(tokio::time::Instant::now());
+            *next = at + step;
+            at
+        };
+        tokio::time::sleep_until(at).await;
     }
 
     /// Whether `url`'s breaker is open now (for tests and status).
@@ -384,6 +413,20 @@ mod tests {
         ] {
             assert!(!is_endpoint_failure(&fine), "{fine:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn deferrals_are_paced() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            defer_rate: 100,
+            ..EndpointConfig::default()
+        });
+        let started = tokio::time::Instant::now();
+        for _ in 0..11 {
+            endpoints.pace_deferral().await;
+        }
+        // The first goes at once, the next ten 10 ms apart.
+        assert!(started.elapsed() >= Duration::from_millis(100));
     }
 
     #[tokio::test]

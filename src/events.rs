@@ -6,7 +6,9 @@
 //! or fails a delivery: they pass through a bounded buffer, and what does not fit is counted as
 //! dropped.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -17,7 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::metrics::Metrics;
-use crate::publish::Publisher;
+use crate::publish::{PublishError, Publisher};
 
 /// How many notices may wait for the broker before new ones are dropped.
 pub const BUFFER: usize = 10_000;
@@ -179,26 +181,44 @@ impl Notices {
     }
 }
 
+/// How long notices for a routing key nobody is bound to are skipped after the broker said so.
+const UNROUTED_PAUSE: Duration = Duration::from_secs(1);
+
+/// Publishes notices, pipelining confirms. A notice the broker returns as unroutable (no queue is
+/// bound for its routing key) would have been dropped by the broker anyway; for a second after
+/// that, notices with the same key are not sent at all, which saves the broker a publish per
+/// delivery when nobody keeps the attempt log. A binding made in that second misses at most
+/// that second.
 async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metrics: Metrics) {
     let mut pending = FuturesUnordered::new();
+    let mut unrouted: HashMap<(Arc<str>, String), Instant> = HashMap::new();
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
+    let settle = |(key, result): ((Arc<str>, String), Result<(), PublishError>),
+                  unrouted: &mut HashMap<(Arc<str>, String), Instant>| {
+        match result {
+            Ok(()) => {}
+            Err(PublishError::Unroutable { .. }) => {
+                unrouted.insert(key, Instant::now() + UNROUTED_PAUSE);
+            }
+            Err(e) => {
+                metrics.notices_failed.inc();
+                warn!(error = %e, "Notice not confirmed by the broker");
+            }
+        }
+    };
     loop {
         tokio::select! {
-            Some(result) = pending.next(), if !pending.is_empty() => {
-                if let Err(e) = result {
-                    metrics.notices_failed.inc();
-                    warn!(error = %e, "Notice not confirmed by the broker");
-                }
-            }
+            Some(done) = pending.next(), if !pending.is_empty() => settle(done, &mut unrouted),
             notice = rx.recv(), if pending.len() < IN_FLIGHT => {
                 let Some(n) = notice else { break };
-                match publisher
-                    .send(&n.exchange, &n.routing_key, &n.body, props.clone(), false)
-                    .await
-                {
-                    Ok(confirm) => pending.push(confirm),
+                let key = (n.exchange, n.routing_key);
+                if unrouted.get(&key).is_some_and(|until| Instant::now() < *until) {
+                    continue;
+                }
+                match publisher.send(&key.0, &key.1, &n.body, props.clone(), true).await {
+                    Ok(confirm) => pending.push(async move { (key, confirm.await) }),
                     Err(e) => {
                         metrics.notices_failed.inc();
                         warn!(error = %e, "Notice not published");
@@ -207,10 +227,8 @@ async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metric
             }
         }
     }
-    while let Some(result) = pending.next().await {
-        if result.is_err() {
-            metrics.notices_failed.inc();
-        }
+    while let Some(done) = pending.next().await {
+        settle(done, &mut unrouted);
     }
 }
 

@@ -171,7 +171,7 @@ impl Worker {
             ladder.attempts_exchange(),
             metrics.clone(),
         );
-        let lanes = lanes_of(&config, &ladder).await;
+        let lanes = lanes_of(&config, &ladder, &metrics).await;
         let dispatcher = Dispatcher::new(
             config,
             ladder,
@@ -390,7 +390,7 @@ const RETIRED_IN_FLIGHT: u16 = 20;
 /// The lanes to consume: the shared pair, each dedicated tenant's pair, and the lanes of tenants
 /// no longer dedicated that still exist (found through the management API), so what they hold
 /// is delivered.
-async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
+async fn lanes_of(config: &Config, ladder: &Ladder, metrics: &Metrics) -> Vec<Arc<Lane>> {
     let mut pairs = vec![(
         ladder.first_lane(),
         ladder.retry_lane(),
@@ -430,8 +430,18 @@ async fn lanes_of(config: &Config, ladder: &Ladder) -> Vec<Arc<Lane>> {
     let mut lanes = Vec::new();
     for (first, retry, budget) in pairs {
         let (first_prefetch, retry_prefetch) = config.worker.split(budget);
-        lanes.push(Arc::new(Lane::new(LaneKind::First, first, first_prefetch)));
-        lanes.push(Arc::new(Lane::new(LaneKind::Retry, retry, retry_prefetch)));
+        lanes.push(Arc::new(Lane::new(
+            LaneKind::First,
+            first,
+            first_prefetch,
+            metrics,
+        )));
+        lanes.push(Arc::new(Lane::new(
+            LaneKind::Retry,
+            retry,
+            retry_prefetch,
+            metrics,
+        )));
     }
     lanes
 }
