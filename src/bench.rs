@@ -64,6 +64,8 @@ pub struct BenchOptions {
     pub isolation_events: usize,
     /// Throughput only: no latency, precision or isolation runs.
     pub throughput_only: bool,
+    /// Bind a queue to the attempt log during the runs, as an operator keeping history would.
+    pub keep_attempt_log: bool,
 }
 
 impl Default for BenchOptions {
@@ -75,10 +77,11 @@ impl Default for BenchOptions {
             latency_events: 5_000,
             latency_rate: 1_000,
             precision_messages: 10_000,
-            precision_rate: 2_000,
+            precision_rate: 5_000,
             isolation_backlog: 50_000,
             isolation_events: 2_000,
             throughput_only: false,
+            keep_attempt_log: false,
         }
     }
 }
@@ -138,10 +141,12 @@ pub struct BenchReport {
     pub first_attempt_with_backlog: Percentiles,
     pub isolation_backlog: usize,
     pub isolation_ratio_p99: f64,
+    /// Whether a queue kept the attempt log during the runs.
+    pub attempt_log_kept: bool,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
-/// `"t":<ms>` field the bench puts in each body.
+/// `"t":<microseconds>` field the bench puts in each body.
 struct Sink {
     started: Instant,
     count: AtomicU64,
@@ -215,7 +220,7 @@ async fn sink_handler(State(sink): State<Arc<Sink>>, body: Bytes) -> StatusCode 
     if sink.record.load(Ordering::Relaxed)
         && let Some(t) = body_time(&body)
     {
-        let ms = now_ms().saturating_sub(t) as f64;
+        let ms = now_us().saturating_sub(t) as f64 / 1000.0;
         sink.latencies
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -236,9 +241,16 @@ async fn start_sink(sink: Arc<Sink>) -> std::io::Result<std::net::SocketAddr> {
     Ok(addr)
 }
 
-/// A body of about 512 bytes carrying its publish time.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or_default()
+}
+
+/// A body of about 512 bytes carrying its publish time (microseconds since the epoch).
 fn body(n: usize) -> Vec<u8> {
-    let mut b = format!(r#"{{"n":{n},"t":{},"pad":""#, now_ms()).into_bytes();
+    let mut b = format!(r#"{{"n":{n},"t":{},"pad":""#, now_us()).into_bytes();
     b.resize(500, b'x');
     b.extend_from_slice(b"\"}");
     b
@@ -340,6 +352,7 @@ pub async fn run(
         latency_rate_per_s: options.latency_rate,
         promotion_rate_per_s: options.precision_rate,
         isolation_backlog: options.isolation_backlog,
+        attempt_log_kept: options.keep_attempt_log,
         ..BenchReport::default()
     };
 
@@ -405,6 +418,28 @@ pub async fn run(
     let ladder = Ladder::build(&prefix, options.queue_type, &["1s", "10s"], &["1s", "10s"])?;
     let topology = ladder.objects();
     topology.apply(&channel).await?;
+    let history = format!("{prefix}.history");
+    if options.keep_attempt_log {
+        channel
+            .queue_declare(
+                history.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                queue_args(QueueType::Classic),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                history.as_str().into(),
+                ladder.attempts_exchange().as_str().into(),
+                "#".into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
     let result = run_hookrelay(
         config,
         options,
@@ -418,6 +453,11 @@ pub async fn run(
     )
     .await;
     let _ = topology.delete(&channel).await;
+    if options.keep_attempt_log {
+        let _ = channel
+            .queue_delete(history.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
     publisher.close().await;
     let _ = conn.close(200, "bench done".into()).await;
     result?;
@@ -796,7 +836,7 @@ fn machine() -> String {
 impl BenchReport {
     pub fn table(&self) -> String {
         format!(
-            "hookrelay bench ({machine}; {broker}, {qt} queues, prefetch {pf}, {ev} events)\n\
+            "hookrelay bench ({machine}; {broker}, {qt} queues, prefetch {pf}, {ev} events{log})\n\
              \n\
              throughput                 deliveries/s   seconds   peak RSS\n\
              ceiling (raw lapin loop)   {c:>12.0}   {cs:>7.2}   {cr:>5.1} MiB\n\
@@ -813,6 +853,11 @@ impl BenchReport {
             qt = self.queue_type,
             pf = self.prefetch,
             ev = self.events,
+            log = if self.attempt_log_kept {
+                "; a queue keeps the attempt log"
+            } else {
+                ""
+            },
             c = self.ceiling.per_second,
             cs = self.ceiling.seconds,
             cr = self.ceiling.peak_rss_mib,

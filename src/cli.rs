@@ -306,8 +306,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Messages per second published into the 1s tier for promotion precision.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 5_000)]
     pub precision_rate: u32,
+    /// Bind a queue to the attempt log during the runs (as when an operator keeps history).
+    #[arg(long)]
+    pub keep_attempt_log: bool,
     /// Measure throughput only (skips latency, promotion precision and isolation).
     #[arg(long)]
     pub throughput_only: bool,
@@ -384,6 +387,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 isolation_backlog: args.backlog,
                 throughput_only: args.throughput_only,
                 precision_rate: args.precision_rate,
+                keep_attempt_log: args.keep_attempt_log,
                 ..Default::default()
             };
             let exe = std::env::current_exe().context("cannot find the hookrelay binary")?;

@@ -545,8 +545,14 @@ impl Dispatcher {
                 if let Some(envelope) = envelope {
                     self.announce(envelope, outcome);
                 }
-                self.notices
-                    .attempt(&self.record(lane, properties, envelope, &attempted));
+                let key = crate::events::routing_key(
+                    attempted.outcome.kind(),
+                    envelope.map(|e| e.tenant.as_str()),
+                );
+                if self.notices.attempt_wanted(&key) {
+                    self.notices
+                        .attempt(&self.record(lane, properties, envelope, &attempted));
+                }
             }
             Err((e, target)) => {
                 self.metrics

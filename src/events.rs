@@ -7,7 +7,7 @@
 //! dropped.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -95,12 +95,13 @@ pub struct AttemptRecord {
 impl AttemptRecord {
     /// `<outcome>.<tenant>`; tenants never contain dots, so the key splits cleanly.
     pub fn routing_key(&self) -> String {
-        format!(
-            "{}.{}",
-            self.outcome,
-            self.tenant.as_deref().unwrap_or("unknown")
-        )
+        routing_key(&self.outcome, self.tenant.as_deref())
     }
+}
+
+/// The attempt log's routing key for an outcome of a tenant (`unknown` when there was none).
+pub fn routing_key(outcome: &str, tenant: Option<&str>) -> String {
+    format!("{outcome}.{}", tenant.unwrap_or("unknown"))
 }
 
 /// Now, as the records write it.
@@ -108,8 +109,38 @@ pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
+/// One exchange notices go to, and the routing keys it recently had no queue for.
+struct Route {
+    exchange: String,
+    unrouted: Mutex<HashMap<String, Instant>>,
+}
+
+impl Route {
+    fn new(exchange: String) -> Arc<Self> {
+        Arc::new(Self {
+            exchange,
+            unrouted: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether a notice with `key` would reach a queue, as far as the broker last said.
+    fn routed(&self, key: &str) -> bool {
+        let unrouted = self.unrouted.lock().unwrap_or_else(|p| p.into_inner());
+        unrouted
+            .get(key)
+            .is_none_or(|until| Instant::now() >= *until)
+    }
+
+    fn mark_unrouted(&self, key: String) {
+        self.unrouted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Instant::now() + UNROUTED_PAUSE);
+    }
+}
+
 struct Notice {
-    exchange: Arc<str>,
+    route: Arc<Route>,
     routing_key: String,
     body: Vec<u8>,
 }
@@ -118,15 +149,16 @@ struct Notice {
 #[derive(Clone)]
 pub struct Notices {
     tx: mpsc::Sender<Notice>,
-    events_exchange: Arc<str>,
-    attempts_exchange: Arc<str>,
+    events: Arc<Route>,
+    attempts: Arc<Route>,
     metrics: Metrics,
 }
 
 impl std::fmt::Debug for Notices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notices")
-            .field("events_exchange", &self.events_exchange)
+            .field("events", &self.events.exchange)
+            .field("attempts", &self.attempts.exchange)
             .finish_non_exhaustive()
     }
 }
@@ -145,33 +177,35 @@ impl Notices {
         (
             Self {
                 tx,
-                events_exchange: events_exchange.into(),
-                attempts_exchange: attempts_exchange.into(),
+                events: Route::new(events_exchange),
+                attempts: Route::new(attempts_exchange),
                 metrics,
             },
             task,
         )
     }
 
+    /// Whether an attempt-log record with this routing key is worth making: false for a second
+    /// after the broker said no queue is bound for it.
+    pub fn attempt_wanted(&self, routing_key: &str) -> bool {
+        self.attempts.routed(routing_key)
+    }
+
     /// Queues an attempt-log record; drops (and counts) it when the buffer is full.
     pub fn attempt(&self, record: &AttemptRecord) {
         let body = serde_json::to_vec(record).unwrap_or_default();
-        self.enqueue(
-            Arc::clone(&self.attempts_exchange),
-            record.routing_key(),
-            body,
-        );
+        self.enqueue(&self.attempts, record.routing_key(), body);
     }
 
     /// Queues an operational event; drops (and counts) it when the buffer is full.
     pub fn operational(&self, event: OperationalEvent) {
         let body = serde_json::to_vec(&event).unwrap_or_default();
-        self.enqueue(Arc::clone(&self.events_exchange), event.event, body);
+        self.enqueue(&self.events, event.event, body);
     }
 
-    fn enqueue(&self, exchange: Arc<str>, routing_key: String, body: Vec<u8>) {
+    fn enqueue(&self, route: &Arc<Route>, routing_key: String, body: Vec<u8>) {
         let notice = Notice {
-            exchange,
+            route: Arc::clone(route),
             routing_key,
             body,
         };
@@ -186,39 +220,33 @@ const UNROUTED_PAUSE: Duration = Duration::from_secs(1);
 
 /// Publishes notices, pipelining confirms. A notice the broker returns as unroutable (no queue is
 /// bound for its routing key) would have been dropped by the broker anyway; for a second after
-/// that, notices with the same key are not sent at all, which saves the broker a publish per
-/// delivery when nobody keeps the attempt log. A binding made in that second misses at most
-/// that second.
+/// that, notices with the same key are not made or sent at all, which saves a publish per
+/// delivery when nobody keeps the attempt log. A binding made in that second misses at most that
+/// second.
 async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metrics: Metrics) {
     let mut pending = FuturesUnordered::new();
-    let mut unrouted: HashMap<(Arc<str>, String), Instant> = HashMap::new();
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    let settle = |(key, result): ((Arc<str>, String), Result<(), PublishError>),
-                  unrouted: &mut HashMap<(Arc<str>, String), Instant>| {
-        match result {
-            Ok(()) => {}
-            Err(PublishError::Unroutable { .. }) => {
-                unrouted.insert(key, Instant::now() + UNROUTED_PAUSE);
-            }
-            Err(e) => {
-                metrics.notices_failed.inc();
-                warn!(error = %e, "Notice not confirmed by the broker");
-            }
+    let settle = |(route, key, result): (Arc<Route>, String, Result<(), PublishError>)| match result
+    {
+        Ok(()) => {}
+        Err(PublishError::Unroutable { .. }) => route.mark_unrouted(key),
+        Err(e) => {
+            metrics.notices_failed.inc();
+            warn!(error = %e, "Notice not confirmed by the broker");
         }
     };
     loop {
         tokio::select! {
-            Some(done) = pending.next(), if !pending.is_empty() => settle(done, &mut unrouted),
+            Some(done) = pending.next(), if !pending.is_empty() => settle(done),
             notice = rx.recv(), if pending.len() < IN_FLIGHT => {
-                let Some(n) = notice else { break };
-                let key = (n.exchange, n.routing_key);
-                if unrouted.get(&key).is_some_and(|until| Instant::now() < *until) {
+                let Some(Notice { route, routing_key, body }) = notice else { break };
+                if !route.routed(&routing_key) {
                     continue;
                 }
-                match publisher.send(&key.0, &key.1, &n.body, props.clone(), true).await {
-                    Ok(confirm) => pending.push(async move { (key, confirm.await) }),
+                match publisher.send(&route.exchange, &routing_key, &body, props.clone(), true).await {
+                    Ok(confirm) => pending.push(async move { (route, routing_key, confirm.await) }),
                     Err(e) => {
                         metrics.notices_failed.inc();
                         warn!(error = %e, "Notice not published");
@@ -228,7 +256,7 @@ async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metric
         }
     }
     while let Some(done) = pending.next().await {
-        settle(done, &mut unrouted);
+        settle(done);
     }
 }
 
