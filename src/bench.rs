@@ -143,6 +143,8 @@ pub struct BenchReport {
     pub isolation_ratio_p99: f64,
     /// Whether a queue kept the attempt log during the runs.
     pub attempt_log_kept: bool,
+    /// Only throughput was measured.
+    pub throughput_only: bool,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
@@ -353,6 +355,7 @@ pub async fn run(
         promotion_rate_per_s: options.precision_rate,
         isolation_backlog: options.isolation_backlog,
         attempt_log_kept: options.keep_attempt_log,
+        throughput_only: options.throughput_only,
         ..BenchReport::default()
     };
 
@@ -835,7 +838,7 @@ fn machine() -> String {
 
 impl BenchReport {
     pub fn table(&self) -> String {
-        format!(
+        let table = format!(
             "hookrelay bench ({machine}; {broker}, {qt} queues, prefetch {pf}, {ev} events{log})\n\
              \n\
              throughput                 deliveries/s   seconds   peak RSS\n\
@@ -881,6 +884,11 @@ impl BenchReport {
             wp99 = self.first_attempt_with_backlog.p99_ms,
             wn = self.first_attempt_with_backlog.count,
             iso = self.isolation_ratio_p99,
-        )
+        );
+        if self.throughput_only {
+            // The lines after the ratio were not measured.
+            return table.split("\n\n").take(2).collect::<Vec<_>>().join("\n\n") + "\n";
+        }
+        table
     }
 }
