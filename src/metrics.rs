@@ -44,6 +44,8 @@ pub struct Metrics {
     pub broker_stats_up: IntGauge,
     /// 1 while the worker consumes every lane.
     pub consuming: IntGauge,
+    /// 1 while the broker blocks the worker's publishing connection (a resource alarm).
+    pub publisher_blocked: IntGauge,
     /// Republishes (to a tier, the sink, fan-out deliveries) the broker did not confirm; the
     /// original went back to its lane.
     pub republish_failures: IntCounterVec,
@@ -93,7 +95,7 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 20] = [
+    let collectors: [&dyn Collector; 21] = [
         &m.outcomes,
         &m.retries,
         &m.rejections,
@@ -109,6 +111,7 @@ pub fn metric_names() -> Vec<String> {
         &m.queue_consumers,
         &m.broker_stats_up,
         &m.consuming,
+        &m.publisher_blocked,
         &m.republish_failures,
         &m.reconnects,
         &m.subscription_reloads,
@@ -242,6 +245,14 @@ impl Metrics {
                 IntGauge::new(
                     "hookrelay_consuming",
                     "1 while the worker consumes every lane",
+                )
+                .expect("valid metric"),
+            ),
+            publisher_blocked: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_publisher_blocked",
+                    "1 while the broker blocks the worker's publishing connection (resource alarm)",
                 )
                 .expect("valid metric"),
             ),

@@ -3,7 +3,12 @@
 //! counts once the broker confirmed it and did not return it as unroutable.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use futures_util::StreamExt;
+use tracing::{info, warn};
 
 use deadpool_lapin::{Pool, PoolConfig, Runtime};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -50,6 +55,8 @@ pub struct Publisher {
     pool: Pool,
     channel: Mutex<Option<Channel>>,
     confirm_timeout: Duration,
+    /// Set while the broker blocks the connection (a memory or disk alarm).
+    blocked: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -82,6 +89,7 @@ impl Publisher {
             pool,
             channel: Mutex::new(None),
             confirm_timeout,
+            blocked: Arc::new(AtomicBool::new(false)),
         };
         publisher.channel().await?;
         Ok(publisher)
@@ -101,8 +109,37 @@ impl Publisher {
             .map_err(|e| PublishError::Connect(e.to_string()))?;
         let ch = conn.create_channel().await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        self.watch(conn.events_listener());
         *slot = Some(ch.clone());
         Ok(ch)
+    }
+
+    /// Follows a connection's events: a blocked connection (resource alarm) is logged and
+    /// flagged; publishes then wait for their confirm timeout and the originals stay unacked.
+    fn watch(&self, events: impl futures_util::Stream<Item = lapin::Event> + Send + 'static) {
+        let blocked = Arc::clone(&self.blocked);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    lapin::Event::ConnectionBlocked(reason) => {
+                        blocked.store(true, Ordering::SeqCst);
+                        warn!(reason = %reason, "The broker blocked the publishing connection (resource alarm); republishes wait");
+                    }
+                    lapin::Event::ConnectionUnblocked => {
+                        blocked.store(false, Ordering::SeqCst);
+                        info!("The broker unblocked the publishing connection");
+                    }
+                    lapin::Event::Error(_) => break,
+                    _ => {}
+                }
+            }
+        });
+    }
+
+    /// Whether the broker blocks the publishing connection now.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked.load(Ordering::SeqCst)
     }
 
     /// Publishes one message and waits for the broker's confirm. `Ok` means the broker has it

@@ -74,12 +74,13 @@ fn role_of(ladder: &Ladder, queue: &str) -> &'static str {
     }
 }
 
-/// Reads the ladder's queues every `interval` and sets the depth gauges and the oldest-ready
-/// estimate of lanes that have gone quiet.
+/// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready
+/// estimate of lanes that have gone quiet, and whether the publisher is blocked.
 pub async fn poll_queues(
     api: Management,
     ladder: Ladder,
     lanes: Vec<Arc<Lane>>,
+    publisher: Arc<crate::publish::Publisher>,
     metrics: Metrics,
     interval: Duration,
     stop: CancellationToken,
@@ -93,6 +94,7 @@ pub async fn poll_queues(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        metrics.publisher_blocked.set(i64::from(publisher.is_blocked()));
         let queues = match api.get(&["queues", api.vhost()]).await {
             Ok(serde_json::Value::Array(list)) => list,
             Ok(other) => {

@@ -229,6 +229,7 @@ impl Worker {
                 api,
                 self.dispatcher.ladder.clone(),
                 self.lanes.clone(),
+                Arc::clone(&self.dispatcher.publisher),
                 metrics.clone(),
                 config.metrics.poll_interval,
                 stop_helpers.clone(),

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +75,8 @@ pub struct TestLadder {
     pub config: Config,
     pub conn: Connection,
     pub channel: Channel,
+    /// Whether dropping this removes the ladder's objects.
+    owned: bool,
 }
 
 impl TestLadder {
@@ -87,7 +91,17 @@ impl TestLadder {
         tiers: &[&str],
         schedule: &[&str],
     ) -> Self {
-        let config = config();
+        Self::apply_on(config(), name, queue_type, tiers, schedule).await
+    }
+
+    /// On the broker `config` points at (a fault test's own node).
+    pub async fn apply_on(
+        config: Config,
+        name: &str,
+        queue_type: QueueType,
+        tiers: &[&str],
+        schedule: &[&str],
+    ) -> Self {
         let ladder = Ladder::build(&unique(name), queue_type, tiers, schedule).unwrap();
         let conn = connect(&config).await;
         let channel = conn.create_channel().await.unwrap();
@@ -97,6 +111,21 @@ impl TestLadder {
             config,
             conn,
             channel,
+            owned: true,
+        }
+    }
+
+    /// Another connection to an existing ladder (through another cluster node, say); dropping
+    /// it removes nothing.
+    pub async fn view(ladder: Ladder, config: Config) -> Self {
+        let conn = connect(&config).await;
+        let channel = conn.create_channel().await.unwrap();
+        Self {
+            ladder,
+            config,
+            conn,
+            channel,
+            owned: false,
         }
     }
 
@@ -160,6 +189,9 @@ impl TestLadder {
 
 impl Drop for TestLadder {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let topology = self.ladder.objects();
         let url = self.config.amqp.url.clone();
         // Async cleanup from a destructor: a thread with its own runtime.
