@@ -449,7 +449,11 @@ impl Dispatcher {
             }
             Outcome::Cancelled { reason, detail } => {
                 info!(envelope = %id, reason = reason.as_str(), detail = %detail, "Cancelled");
-                Ok(())
+                // A cancellation is a terminal state only the records hold: they are confirmed
+                // before the ack, as a dead letter is.
+                self.record_cancellation(lane, properties, envelope, &attempted)
+                    .await
+                    .map_err(|e| (e, "attempts"))
             }
             Outcome::FanOut { subscriptions } => {
                 let Some(envelope) = envelope else {
@@ -542,6 +546,9 @@ impl Dispatcher {
                     // never a loss).
                     warn!(envelope = %id, error = %e, "Ack failed; the broker will redeliver");
                 }
+                if matches!(outcome, Outcome::Cancelled { .. }) {
+                    return;
+                }
                 if let Some(envelope) = envelope {
                     self.announce(envelope, outcome);
                 }
@@ -627,16 +634,60 @@ impl Dispatcher {
         }
     }
 
+    /// Publishes a cancellation's attempt-log record and `delivery.cancelled` event and waits for
+    /// both confirms. Nobody being bound to either is fine: the broker then drops them.
+    async fn record_cancellation(
+        &self,
+        lane: &Lane,
+        properties: &BasicProperties,
+        envelope: Option<&Envelope>,
+        attempted: &Attempted,
+    ) -> Result<(), PublishError> {
+        let Outcome::Cancelled { reason, detail } = &attempted.outcome else {
+            return Ok(());
+        };
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let record = self.record(lane, properties, envelope, attempted);
+        let record_body = serde_json::to_vec(&record).unwrap_or_default();
+        let mut event = OperationalEvent::new("delivery.cancelled", reason.as_str()).detail(detail);
+        if let Some(e) = envelope {
+            event = event.about(&e.tenant, e.subscription.as_deref(), &e.id);
+        }
+        let event_body = serde_json::to_vec(&event).unwrap_or_default();
+        let logged = self
+            .publisher
+            .send(
+                &self.ladder.attempts_exchange(),
+                &record.routing_key(),
+                &record_body,
+                props.clone(),
+                false,
+            )
+            .await?;
+        let announced = self
+            .publisher
+            .send(
+                &self.ladder.events_exchange(),
+                "delivery.cancelled",
+                &event_body,
+                props,
+                false,
+            )
+            .await?;
+        logged.await?;
+        announced.await?;
+        self.metrics
+            .cancellations
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        Ok(())
+    }
+
     /// The operational events an outcome calls for.
     fn announce(&self, envelope: &Envelope, outcome: &Outcome) {
         let event = match outcome {
-            Outcome::Cancelled { reason, detail } => {
-                self.metrics
-                    .cancellations
-                    .with_label_values(&[reason.as_str()])
-                    .inc();
-                OperationalEvent::new("delivery.cancelled", reason.as_str()).detail(detail)
-            }
             Outcome::Dead {
                 reason: DeadReason::Gone,
                 error,

@@ -111,28 +111,30 @@ struct Account {
 /// Waits until every published id has reached a terminal state (or `SETTLE` passes), then
 /// counts from the endpoint, the dead sink and the attempt log.
 async fn account(t: &TestLadder, receiver: &Receiver, published: &[String], cancelled_queue: &str) -> Account {
+    let mut dead = HashSet::new();
+    let mut cancelled = HashSet::new();
     let deadline = Instant::now() + SETTLE;
     loop {
-        let terminal = receiver.delivered_count()
-            + t.depth(&t.ladder.dead()).await as usize
-            + t.depth(cancelled_queue).await as usize;
-        if terminal >= published.len() || Instant::now() > deadline {
+        for m in t.drain_dead().await {
+            if let Some(id) = m.delivery.properties.message_id() {
+                dead.insert(id.to_string());
+            }
+        }
+        while let Some(m) = t.channel.basic_get(cancelled_queue.into(), BasicGetOptions { no_ack: true }).await.unwrap() {
+            let r: hookrelay::events::AttemptRecord = serde_json::from_slice(&m.delivery.data).unwrap();
+            cancelled.insert(r.envelope.unwrap());
+        }
+        let delivered = receiver.delivered();
+        let open = published
+            .iter()
+            .filter(|id| !delivered.contains_key(*id) && !dead.contains(*id) && !cancelled.contains(*id))
+            .count();
+        if open == 0 || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let delivered = receiver.delivered();
-    let dead: HashSet<String> = t
-        .drain_dead()
-        .await
-        .iter()
-        .filter_map(|m| m.delivery.properties.message_id().as_ref().map(|id| id.to_string()))
-        .collect();
-    let mut cancelled = HashSet::new();
-    while let Some(m) = t.channel.basic_get(cancelled_queue.into(), BasicGetOptions { no_ack: true }).await.unwrap() {
-        let r: hookrelay::events::AttemptRecord = serde_json::from_slice(&m.delivery.data).unwrap();
-        cancelled.insert(r.envelope.unwrap());
-    }
     let published_set: HashSet<&String> = published.iter().collect();
     let lost: Vec<String> = published
         .iter()
@@ -200,7 +202,9 @@ async fn broker_app_restart_under_load_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     node.ctl_ok(&["start_app"]);
     let published = load.await.unwrap();
-    let a = account(&t, &receiver, &published, &cancelled).await;
+    // The test's own connection did not survive the fault; account through a fresh one.
+    let view = TestLadder::view(t.ladder.clone(), t.config.clone()).await;
+    let a = account(&view, &receiver, &published, &cancelled).await;
     let reconnects = worker.metrics.count("hookrelay_reconnects_total", &[]);
     worker.stop().await;
     assert!(reconnects >= 1, "the worker reconnected");
@@ -219,7 +223,9 @@ async fn broker_node_restart_under_load_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     node.boot();
     let published = load.await.unwrap();
-    let a = account(&t, &receiver, &published, &cancelled).await;
+    // The test's own connection did not survive the fault; account through a fresh one.
+    let view = TestLadder::view(t.ladder.clone(), t.config.clone()).await;
+    let a = account(&view, &receiver, &published, &cancelled).await;
     worker.stop().await;
     a.check("broker node stop/start", t.config.worker.in_flight as usize);
 }
@@ -235,7 +241,9 @@ async fn connections_cut_repeatedly_lose_nothing() {
         node.ctl_ok(&["close_all_connections", "fault test"]);
     }
     let published = load.await.unwrap();
-    let a = account(&t, &receiver, &published, &cancelled).await;
+    // The test's own connection did not survive the fault; account through a fresh one.
+    let view = TestLadder::view(t.ladder.clone(), t.config.clone()).await;
+    let a = account(&view, &receiver, &published, &cancelled).await;
     let reconnects = worker.metrics.count("hookrelay_reconnects_total", &[]);
     worker.stop().await;
     assert!(reconnects >= 3, "reconnected after each cut ({reconnects})");
@@ -335,7 +343,9 @@ async fn a_memory_alarm_blocks_republishes_without_acks_then_recovers() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let blocked_failures = worker.metrics.count("hookrelay_republish_failures_total", &[]);
     node.ctl_ok(&["set_vm_memory_high_watermark", "0.4"]);
-    let a = account(&t, &receiver, &published, &cancelled).await;
+    // The test's own connection did not survive the fault; account through a fresh one.
+    let view = TestLadder::view(t.ladder.clone(), t.config.clone()).await;
+    let a = account(&view, &receiver, &published, &cancelled).await;
     worker.stop().await;
     // Republishes during the alarm were not confirmed: their originals went back to the lanes
     // (counted as failures, never acked) and were delivered once it cleared.

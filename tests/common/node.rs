@@ -86,8 +86,21 @@ impl Node {
             .status()
             .expect("rabbitmq-server is installed (rabbitmq/up installs it)");
         assert!(status.success(), "rabbitmq-server -detached failed for {}", self.name);
-        let out = self.ctl(&["await_startup", "--timeout", "120"]);
-        assert!(out.status.success(), "{} did not start: {}", self.name, String::from_utf8_lossy(&out.stderr));
+        // `await_startup` needs the node to be reachable; right after `-detached` it may not be.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let out = self.ctl(&["await_startup", "--timeout", "60"]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not start: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
         self.wait_management();
     }
 
