@@ -1,14 +1,16 @@
 # The two commands README starts with. Both bring up a local RabbitMQ first if none answers.
-.PHONY: demo test broker check unit
+.PHONY: demo test broker check
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
 	cargo run --release --quiet -- demo
 
-# Format, lint and every test against the real broker.
+# Format, lint, every test against the real broker, then the fault suite (which starts broker
+# nodes of its own on other ports and never touches the shared one).
 test: broker check
-	cargo nextest run --workspace --all-targets --no-fail-fast
+	cargo nextest run --workspace --all-targets --no-fail-fast -E 'not binary(faults)'
 	cargo test --doc --quiet
+	cargo nextest run --test faults --no-fail-fast --no-capture
 
 broker:
 	rabbitmq/up

@@ -13,6 +13,7 @@
 //! - [`subscriptions`]: who receives what (live from a file), secret references, fan-out targets.
 //! - [`signing`]: Standard Webhooks signatures.
 //! - [`egress`]: where a webhook may go, checked on the addresses actually connected to.
+//! - [`endpoint`]: per-endpoint concurrency caps and circuit breakers.
 //! - [`http`]: the signed POST, with enforced timeouts and a capped response read.
 //! - [`outcome`]: the pure decision: ack, which tier, cancel, fan out, or dead-letter and why.
 //! - [`events`]: operational events for owning systems, never holding up a delivery.
@@ -23,6 +24,7 @@
 //! - [`redrive`]: moving envelopes out of the dead sink with a fresh budget.
 //! - [`mover`]: the confirmed, paced queue-to-exchange move both of those use.
 //! - [`progress`]: progress bars (or log lines) for long work.
+//! - [`bench`]: `hookrelay bench`, throughput against a raw consume loop, and the rest.
 //! - [`receiver`]: an embedded, verifying webhook endpoint for the demo and tests.
 //! - [`demo`]: `hookrelay demo`, the whole path end to end.
 //! - [`cli`]: the command line.

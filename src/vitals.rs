@@ -94,7 +94,9 @@ pub async fn poll_queues(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        metrics.publisher_blocked.set(i64::from(publisher.is_blocked()));
+        metrics
+            .publisher_blocked
+            .set(i64::from(publisher.is_blocked()));
         let queues = match api.get(&["queues", api.vhost()]).await {
             Ok(serde_json::Value::Array(list)) => list,
             Ok(other) => {

@@ -41,14 +41,30 @@ impl Node {
         let mgmt_port = free_port();
         let dist_port = free_port();
         let conf = CONF
-            .replace("listeners.tcp.default = 5672", &format!("listeners.tcp.default = {amqp_port}"))
-            .replace("management.tcp.port = 15672", &format!("management.tcp.port = {mgmt_port}"));
-        assert!(conf.contains(&amqp_port.to_string()), "rabbitmq.conf sets listeners.tcp.default");
+            .replace(
+                "listeners.tcp.default = 5672",
+                &format!("listeners.tcp.default = {amqp_port}"),
+            )
+            .replace(
+                "management.tcp.port = 15672",
+                &format!("management.tcp.port = {mgmt_port}"),
+            );
+        assert!(
+            conf.contains(&amqp_port.to_string()),
+            "rabbitmq.conf sets listeners.tcp.default"
+        );
         std::fs::write(dir.path().join("rabbitmq.conf"), conf).unwrap();
         std::fs::write(dir.path().join("advanced.config"), ADVANCED).unwrap();
         // Management only: the shared broker's prometheus plugin holds its default port.
-        std::fs::write(dir.path().join("enabled_plugins"), "[rabbitmq_management].\n").unwrap();
-        let name = format!("hrt-{tag}-{}@localhost", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        std::fs::write(
+            dir.path().join("enabled_plugins"),
+            "[rabbitmq_management].\n",
+        )
+        .unwrap();
+        let name = format!(
+            "hrt-{tag}-{}@localhost",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
         let node = Node {
             name,
             amqp_port,
@@ -69,12 +85,24 @@ impl Node {
             ("RABBITMQ_NODENAME", self.name.clone()),
             ("RABBITMQ_NODE_PORT", self.amqp_port.to_string()),
             ("RABBITMQ_DIST_PORT", self.dist_port.to_string()),
-            ("RABBITMQ_MNESIA_BASE", self.path("mnesia").display().to_string()),
+            (
+                "RABBITMQ_MNESIA_BASE",
+                self.path("mnesia").display().to_string(),
+            ),
             ("RABBITMQ_LOG_BASE", self.path("log").display().to_string()),
             ("RABBITMQ_PID_FILE", self.path("pid").display().to_string()),
-            ("RABBITMQ_CONFIG_FILE", self.path("rabbitmq.conf").display().to_string()),
-            ("RABBITMQ_ADVANCED_CONFIG_FILE", self.path("advanced.config").display().to_string()),
-            ("RABBITMQ_ENABLED_PLUGINS_FILE", self.path("enabled_plugins").display().to_string()),
+            (
+                "RABBITMQ_CONFIG_FILE",
+                self.path("rabbitmq.conf").display().to_string(),
+            ),
+            (
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                self.path("advanced.config").display().to_string(),
+            ),
+            (
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                self.path("enabled_plugins").display().to_string(),
+            ),
         ]
     }
 
@@ -85,7 +113,11 @@ impl Node {
             .envs(self.env())
             .status()
             .expect("rabbitmq-server is installed (rabbitmq/up installs it)");
-        assert!(status.success(), "rabbitmq-server -detached failed for {}", self.name);
+        assert!(
+            status.success(),
+            "rabbitmq-server -detached failed for {}",
+            self.name
+        );
         // `await_startup` needs the node to be reachable; right after `-detached` it may not be.
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -108,7 +140,12 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             let ok = Command::new("curl")
-                .args(["-fsS", "-o", "/dev/null", &format!("{}/api/overview", self.mgmt_url())])
+                .args([
+                    "-fsS",
+                    "-o",
+                    "/dev/null",
+                    &format!("{}/api/overview", self.mgmt_url()),
+                ])
                 .status()
                 .is_ok_and(|s| s.success());
             if ok {

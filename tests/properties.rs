@@ -1,0 +1,150 @@
+//! Property tests (many generated cases) for the two pure functions hostile input reaches first:
+//! reading a delivery as an envelope, and deciding what happens after an attempt. Neither may
+//! panic on anything a client can send; both must keep their promises on what they accept.
+
+use std::time::Duration;
+
+use hookrelay::envelope::{self, Envelope, check_event_type, check_id, check_tenant};
+use hookrelay::outcome::{AttemptResult, DeadReason, Outcome, decide};
+use hookrelay::topology::Ladder;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use proptest::prelude::*;
+
+fn header_names() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(envelope::SUBSCRIPTION_HEADER.to_owned()),
+        Just(envelope::TENANT_HEADER.to_owned()),
+        Just(envelope::ATTEMPTS_HEADER.to_owned()),
+        Just(envelope::DUE_HEADER.to_owned()),
+        Just(envelope::EVENT_ID_HEADER.to_owned()),
+        Just(envelope::ENDPOINT_HEADER.to_owned()),
+        Just("x-death".to_owned()),
+        "[a-z-]{1,20}",
+    ]
+}
+
+fn values() -> impl Strategy<Value = AMQPValue> {
+    let leaf = prop_oneof![
+        any::<bool>().prop_map(AMQPValue::Boolean),
+        any::<i8>().prop_map(AMQPValue::ShortShortInt),
+        any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+        any::<i16>().prop_map(AMQPValue::ShortInt),
+        any::<i32>().prop_map(AMQPValue::LongInt),
+        any::<u32>().prop_map(AMQPValue::LongUInt),
+        any::<i64>().prop_map(AMQPValue::LongLongInt),
+        any::<f64>().prop_map(AMQPValue::Double),
+        any::<u64>().prop_map(AMQPValue::Timestamp),
+        ".{0,40}".prop_map(|s| AMQPValue::LongString(LongString::from(s))),
+        proptest::collection::vec(any::<u8>(), 0..40)
+            .prop_map(|b| AMQPValue::LongString(LongString::from(b))),
+        "[a-z_]{0,40}".prop_map(|s| AMQPValue::ShortString(ShortString::from(s))),
+        Just(AMQPValue::Void),
+    ];
+    leaf.prop_recursive(2, 8, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4)
+                .prop_map(|v| AMQPValue::FieldArray(FieldArray::from(v))),
+            proptest::collection::vec(("[a-z-]{1,10}", inner), 0..4).prop_map(|kv| {
+                let mut t = FieldTable::default();
+                for (k, v) in kv {
+                    t.insert(k.into(), v);
+                }
+                AMQPValue::FieldTable(t)
+            }),
+        ]
+    })
+}
+
+fn bodies() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..600),
+        Just(br#"{"ok":true}"#.to_vec()),
+        "[\\[\\]{}\",:0-9a-z ]{0,200}".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn reading_a_delivery_never_panics_and_accepts_only_the_contract(
+        id in proptest::option::of(".{0,200}"),
+        kind in proptest::option::of("[ -~]{0,140}"),
+        headers in proptest::collection::vec((header_names(), values()), 0..6),
+        routing_key in "[ -~]{0,80}",
+        body in bodies(),
+    ) {
+        let mut table = FieldTable::default();
+        for (k, v) in headers {
+            table.insert(k.as_str().into(), v);
+        }
+        let mut props = BasicProperties::default().with_headers(table);
+        if let Some(id) = id.filter(|i| i.len() <= 255) {
+            props = props.with_message_id(id.as_str().into());
+        }
+        if let Some(kind) = kind {
+            props = props.with_type(kind.as_str().into());
+        }
+        if let Ok(e) = Envelope::from_delivery(&props, &routing_key, &body, 512) {
+            prop_assert!(check_id(&e.id).is_ok());
+            prop_assert!(check_tenant(&e.tenant).is_ok());
+            prop_assert!(check_event_type(&e.event_type).is_ok());
+            prop_assert!(body.len() <= 512);
+            prop_assert!(serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok());
+            prop_assert!(e.attempts_made <= 10_000);
+        }
+    }
+}
+
+fn results() -> impl Strategy<Value = AttemptResult> {
+    prop_oneof![
+        (0u16..1000, proptest::option::of(0u64..200_000)).prop_map(|(status, ra)| {
+            AttemptResult::Response {
+                status,
+                retry_after: ra.map(Duration::from_secs),
+            }
+        }),
+        Just(AttemptResult::Timeout),
+        ".{0,20}".prop_map(AttemptResult::Transport),
+        ".{0,20}".prop_map(AttemptResult::NotSent),
+        ".{0,20}".prop_map(AttemptResult::EgressDenied),
+        (".{0,20}", proptest::option::of(0u64..200_000)).prop_map(|(reason, wait)| {
+            AttemptResult::Deferred {
+                reason,
+                wait: wait.map(Duration::from_secs),
+            }
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(5000))]
+
+    #[test]
+    fn every_decision_stays_within_the_ladder(before in 0u32..30, result in results()) {
+        let ladder = Ladder::parse(include_str!("../topology/ladder.toml")).unwrap();
+        let max = ladder.max_attempts();
+        match decide(&ladder, before, &result) {
+            Outcome::Delivered { status } => {
+                prop_assert!((200..300).contains(&status));
+                let answered = matches!(result, AttemptResult::Response { .. });
+                prop_assert!(answered);
+            }
+            Outcome::Retry { tier, attempts_made, .. } => {
+                prop_assert_eq!(attempts_made, before + 1);
+                prop_assert!(attempts_made < max, "a retry never goes past the budget");
+                prop_assert!(tier < ladder.tiers.len());
+                // Never a shorter wait than the schedule's.
+                prop_assert!(tier >= ladder.tier_after(attempts_made).unwrap());
+            }
+            Outcome::Dead { reason, attempts_made, .. } => {
+                prop_assert_eq!(attempts_made, before + 1);
+                if reason == DeadReason::Exhausted {
+                    prop_assert!(attempts_made >= max);
+                }
+            }
+            other => prop_assert!(false, "decide never yields {:?}", other),
+        }
+    }
+}
