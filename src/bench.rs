@@ -309,6 +309,32 @@ async fn publish_many(
     Ok(())
 }
 
+/// Publishes `n` messages at `rate` per second, keeping up to 256 confirms outstanding so the
+/// pace does not wait on each one.
+async fn publish_paced(
+    publisher: &Arc<Publisher>,
+    n: usize,
+    rate: u32,
+    make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
+) -> Result<(), BenchError> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
+    let mut confirms = futures_util::stream::FuturesUnordered::new();
+    for i in 0..n {
+        tick.tick().await;
+        let (exchange, key, body, props) = make(i);
+        confirms.push(publisher.send(&exchange, &key, &body, props, true).await?);
+        while confirms.len() > 256 {
+            if let Some(r) = confirms.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = confirms.next().await {
+        r?;
+    }
+    Ok(())
+}
+
 fn queue_args(queue_type: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
@@ -552,7 +578,6 @@ async fn run_hookrelay(
         &secret_file,
     );
     let ingress = ladder.ingress();
-    let max_body = config.limits.max_body_bytes;
     let event = |i: usize, id: String, subscription: &str| NewEvent {
         id,
         tenant: "bench".into(),
@@ -600,28 +625,21 @@ async fn run_hookrelay(
     // Latency at a steady rate below the ceiling.
     sink.reset();
     sink.record.store(true, Ordering::SeqCst);
-    let pace = Duration::from_secs_f64(1.0 / f64::from(options.latency_rate.max(1)));
-    let mut tick = tokio::time::interval(pace);
-    let mut confirms = futures_util::stream::FuturesUnordered::new();
-    for i in 0..options.latency_events {
-        tick.tick().await;
-        let e = event(i, format!("lat_{i}"), "bench_fast");
-        e.validate(max_body)
-            .map_err(crate::publish::PublishError::from)?;
-        confirms.push(
-            publisher
-                .send(&ingress, &e.tenant, &e.body, e.properties(), true)
-                .await?,
-        );
-        while confirms.len() > 256 {
-            if let Some(r) = confirms.next().await {
-                r?;
-            }
-        }
-    }
-    while let Some(r) = confirms.next().await {
-        r?;
-    }
+    publish_paced(
+        publisher,
+        options.latency_events,
+        options.latency_rate,
+        |i| {
+            let e = event(i, format!("lat_{i}"), "bench_fast");
+            (
+                ingress.clone(),
+                e.tenant.clone(),
+                e.body.clone(),
+                e.properties(),
+            )
+        },
+    )
+    .await?;
     wait_count(
         sink,
         options.latency_events as u64,
@@ -675,16 +693,16 @@ async fn fresh_first_attempts(
     sink.reset();
     sink.record.store(true, Ordering::SeqCst);
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    let mut tick = tokio::time::interval(Duration::from_millis(2));
-    for i in 0..options.isolation_events {
-        tick.tick().await;
+    publish_paced(publisher, options.isolation_events, 500, |i| {
         let e = event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast");
-        // Not waiting for each confirm keeps the publish pace steady.
-        let confirm = publisher
-            .send(ingress, &e.tenant, &e.body, e.properties(), true)
-            .await?;
-        tokio::spawn(confirm);
-    }
+        (
+            ingress.to_owned(),
+            e.tenant.clone(),
+            e.body.clone(),
+            e.properties(),
+        )
+    })
+    .await?;
     wait_count(
         sink,
         options.isolation_events as u64,
@@ -739,12 +757,7 @@ async fn promotion_precision(
         lags
     });
     // Paced, so the measure is the tier's timing rather than a burst's queueing.
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(
-        1.0 / f64::from(options.precision_rate.max(1)),
-    ));
-    let mut confirms = futures_util::stream::FuturesUnordered::new();
-    for i in 0..n {
-        tick.tick().await;
+    publish_paced(publisher, n, options.precision_rate, |i| {
         let e = NewEvent {
             id: format!("prec_{i}"),
             tenant: "bench".into(),
@@ -756,26 +769,14 @@ async fn promotion_precision(
         // Due when the tier's TTL runs out: one second after it is stored.
         let props =
             envelope::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
-        confirms.push(
-            publisher
-                .send(
-                    &delay,
-                    &ladder.tier_routing_key(0, "bench"),
-                    &e.body,
-                    props,
-                    true,
-                )
-                .await?,
-        );
-        while confirms.len() > 256 {
-            if let Some(r) = confirms.next().await {
-                r?;
-            }
-        }
-    }
-    while let Some(r) = confirms.next().await {
-        r?;
-    }
+        (
+            delay.clone(),
+            ladder.tier_routing_key(0, "bench"),
+            e.body,
+            props,
+        )
+    })
+    .await?;
     let lags = collect
         .await
         .map_err(|e| BenchError::Other(e.to_string()))?;

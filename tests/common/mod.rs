@@ -21,8 +21,7 @@ use hookrelay::subscriptions::{
 use hookrelay::topology::{Ladder, QueueType};
 use hookrelay::worker::{Worker, WorkerSetup};
 use lapin::message::BasicGetMessage;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicGetOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::task::JoinHandle;
 
@@ -132,19 +131,9 @@ impl TestLadder {
     /// Messages in a queue (ready ones; nobody consumes the sink).
     pub async fn depth(&self, queue: &str) -> u32 {
         let channel = self.conn.create_channel().await.unwrap();
-        let q = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let n = hookrelay::mover::depth(&channel, queue).await.unwrap();
         let _ = channel.close(200, "".into()).await;
-        q.message_count()
+        n
     }
 
     /// Takes every message out of the dead sink.
