@@ -291,19 +291,24 @@ fn say(line: &str) {
     eprintln!("bench: {line}");
 }
 
+/// Publishes `n` messages pipelined, up to 512 confirms outstanding. Every target here has a
+/// route (the ingress exchange has its alternate exchange), so any return fails the run.
 async fn publish_many(
     publisher: &Arc<Publisher>,
     n: usize,
     make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
 ) -> Result<(), BenchError> {
-    let mut stream = futures_util::stream::iter(0..n)
-        .map(|i| {
-            let (exchange, key, body, props) = make(i);
-            let publisher = Arc::clone(publisher);
-            async move { publisher.publish(&exchange, &key, &body, props).await }
-        })
-        .buffer_unordered(512);
-    while let Some(r) = stream.next().await {
+    let mut confirms = futures_util::stream::FuturesUnordered::new();
+    for i in 0..n {
+        let (exchange, key, body, props) = make(i);
+        confirms.push(publisher.send(&exchange, &key, &body, props, true).await?);
+        while confirms.len() >= 512 {
+            if let Some(r) = confirms.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = confirms.next().await {
         r?;
     }
     Ok(())

@@ -164,8 +164,8 @@ impl std::fmt::Debug for Notices {
 }
 
 impl Notices {
-    /// Starts the publishing task. It ends once every `Notices` clone is dropped and what was
-    /// buffered has been sent.
+    /// Starts the publishing task on a publisher of its own. It ends once every `Notices` clone
+    /// is dropped and what was buffered has been sent, closing the publisher.
     pub fn start(
         publisher: Arc<Publisher>,
         events_exchange: String,
@@ -173,12 +173,15 @@ impl Notices {
         metrics: Metrics,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let task = tokio::spawn(drain(publisher, rx, metrics.clone()));
+        let events = Route::new(events_exchange);
+        let attempts = Route::new(attempts_exchange);
+        let routes = vec![Arc::clone(&events), Arc::clone(&attempts)];
+        let task = tokio::spawn(drain(publisher, rx, routes, metrics.clone()));
         (
             Self {
                 tx,
-                events: Route::new(events_exchange),
-                attempts: Route::new(attempts_exchange),
+                events,
+                attempts,
                 metrics,
             },
             task,
@@ -222,16 +225,29 @@ const UNROUTED_PAUSE: Duration = Duration::from_secs(1);
 /// bound for its routing key) would have been dropped by the broker anyway; for a second after
 /// that, notices with the same key are not made or sent at all, which saves a publish per
 /// delivery when nobody keeps the attempt log. A binding made in that second misses at most that
-/// second.
-async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metrics: Metrics) {
+/// second. The key skipped is the returned message's own (a return may arrive with another
+/// notice's confirm).
+async fn drain(
+    publisher: Arc<Publisher>,
+    mut rx: mpsc::Receiver<Notice>,
+    routes: Vec<Arc<Route>>,
+    metrics: Metrics,
+) {
     let mut pending = FuturesUnordered::new();
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    let settle = |(route, key, result): (Arc<Route>, String, Result<(), PublishError>)| match result
-    {
+    let settle = |result: Result<(), PublishError>| match result {
         Ok(()) => {}
-        Err(PublishError::Unroutable { .. }) => route.mark_unrouted(key),
+        Err(PublishError::Unroutable {
+            exchange,
+            routing_key,
+            ..
+        }) => {
+            if let Some(route) = routes.iter().find(|r| r.exchange == exchange) {
+                route.mark_unrouted(routing_key);
+            }
+        }
         Err(e) => {
             metrics.notices_failed.inc();
             warn!(error = %e, "Notice not confirmed by the broker");
@@ -246,7 +262,7 @@ async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metric
                     continue;
                 }
                 match publisher.send(&route.exchange, &routing_key, &body, props.clone(), true).await {
-                    Ok(confirm) => pending.push(async move { (route, routing_key, confirm.await) }),
+                    Ok(confirm) => pending.push(confirm),
                     Err(e) => {
                         metrics.notices_failed.inc();
                         warn!(error = %e, "Notice not published");
@@ -258,6 +274,7 @@ async fn drain(publisher: Arc<Publisher>, mut rx: mpsc::Receiver<Notice>, metric
     while let Some(done) = pending.next().await {
         settle(done);
     }
+    publisher.close().await;
 }
 
 /// One line of `hookrelay attempts tail`.

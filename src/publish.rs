@@ -1,6 +1,7 @@
 //! Confirmed, mandatory publishing. Used by producers (`hookrelay publish`, [`Publisher`] in the
 //! library) and by the worker for every republish into a tier or the dead sink: a publish only
-//! counts once the broker confirmed it and did not return it as unroutable.
+//! counts once the broker confirmed it and did not return it as unroutable, and a return is
+//! only ever attributed to the message it belongs to.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use tracing::{info, warn};
 use deadpool_lapin::{Pool, PoolConfig, Runtime};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
 use crate::config::SecretUrl;
 use crate::envelope::{InvalidEnvelope, NewEvent};
@@ -50,13 +51,33 @@ impl PublishError {
     }
 }
 
-/// A confirm-mode channel on a pooled connection, re-created when the broker connection drops.
+/// How many [`Publisher::publish`] calls may await their confirm at once (one confirm-mode
+/// channel each).
+pub const EXACT_CHANNELS: usize = 32;
+
+/// Confirmed publishing on one pooled connection, re-created when the broker connection drops.
+///
+/// AMQP does not say which publish a `basic.return` belongs to: the broker sends it before the
+/// confirm, and a confirm may cover many publishes at once (`multiple`). So [`publish`] keeps at
+/// most one message awaiting its confirm on each of its channels, which makes the return that
+/// precedes the confirm unambiguously that message's. [`send`] pipelines many messages on one
+/// shared channel instead; a return there is reported with the returned message's own exchange
+/// and routing key, which need not be the message whose confirm carried it.
+///
+/// [`publish`]: Publisher::publish
+/// [`send`]: Publisher::send
 pub struct Publisher {
     pool: Pool,
-    channel: Mutex<Option<Channel>>,
+    /// Confirm-mode channels with nothing in flight, for [`Publisher::publish`].
+    idle: std::sync::Mutex<Vec<Channel>>,
+    exact: Semaphore,
+    /// The shared channel [`Publisher::send`] pipelines on.
+    pipelined: Mutex<Option<Channel>>,
     confirm_timeout: Duration,
     /// Set while the broker blocks the connection (a memory or disk alarm).
     blocked: Arc<AtomicBool>,
+    /// Whether a task follows the current connection's events.
+    watching: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -87,21 +108,20 @@ impl Publisher {
         .map_err(|e| PublishError::Connect(e.to_string()))?;
         let publisher = Self {
             pool,
-            channel: Mutex::new(None),
+            idle: std::sync::Mutex::new(Vec::new()),
+            exact: Semaphore::new(EXACT_CHANNELS),
+            pipelined: Mutex::new(None),
             confirm_timeout,
             blocked: Arc::new(AtomicBool::new(false)),
+            watching: Arc::new(AtomicBool::new(false)),
         };
-        publisher.channel().await?;
+        let channel = publisher.new_channel().await?;
+        publisher.give_back(channel);
         Ok(publisher)
     }
 
-    async fn channel(&self) -> Result<Channel, PublishError> {
-        let mut slot = self.channel.lock().await;
-        if let Some(ch) = slot.as_ref()
-            && ch.status().connected()
-        {
-            return Ok(ch.clone());
-        }
+    /// A new confirm-mode channel on the pooled connection (reconnecting if it dropped).
+    async fn new_channel(&self) -> Result<Channel, PublishError> {
         let conn = self
             .pool
             .get()
@@ -109,7 +129,39 @@ impl Publisher {
             .map_err(|e| PublishError::Connect(e.to_string()))?;
         let ch = conn.create_channel().await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        self.watch(conn.events_listener());
+        if !self.watching.swap(true, Ordering::SeqCst) {
+            self.watch(conn.events_listener());
+        }
+        Ok(ch)
+    }
+
+    /// An idle channel for one exact publish, or a new one.
+    async fn exact_channel(&self) -> Result<Channel, PublishError> {
+        loop {
+            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match idle {
+                Some(ch) if ch.status().connected() => return Ok(ch),
+                Some(_) => continue,
+                None => return self.new_channel().await,
+            }
+        }
+    }
+
+    fn give_back(&self, channel: Channel) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(channel);
+    }
+
+    async fn pipelined_channel(&self) -> Result<Channel, PublishError> {
+        let mut slot = self.pipelined.lock().await;
+        if let Some(ch) = slot.as_ref()
+            && ch.status().connected()
+        {
+            return Ok(ch.clone());
+        }
+        let ch = self.new_channel().await?;
         *slot = Some(ch.clone());
         Ok(ch)
     }
@@ -118,6 +170,7 @@ impl Publisher {
     /// flagged; publishes then wait for their confirm timeout and the originals stay unacked.
     fn watch(&self, events: impl futures_util::Stream<Item = lapin::Event> + Send + 'static) {
         let blocked = Arc::clone(&self.blocked);
+        let watching = Arc::clone(&self.watching);
         tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
@@ -134,6 +187,9 @@ impl Publisher {
                     _ => {}
                 }
             }
+            // The next channel made on a new connection follows that one.
+            blocked.store(false, Ordering::SeqCst);
+            watching.store(false, Ordering::SeqCst);
         });
     }
 
@@ -142,8 +198,9 @@ impl Publisher {
         self.blocked.load(Ordering::SeqCst)
     }
 
-    /// Publishes one message and waits for the broker's confirm. `Ok` means the broker has it
-    /// in at least one queue.
+    /// Publishes one message with `mandatory` and waits for the broker's confirm. `Ok` means
+    /// the broker has it in at least one queue; `Unroutable` means this very message was
+    /// returned.
     pub async fn publish(
         &self,
         exchange: &str,
@@ -151,14 +208,74 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        self.send(exchange, routing_key, body, properties, true)
-            .await?
+        let _permit = self
+            .exact
+            .acquire()
             .await
+            .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
+        let channel = self.exact_channel().await?;
+        let result = async {
+            let confirm = channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    properties,
+                )
+                .await?;
+            self.confirmed(confirm).await
+        }
+        .await;
+        match &result {
+            // The channel has nothing left in flight: reuse it.
+            Ok(()) | Err(PublishError::Unroutable { .. } | PublishError::Nacked) => {
+                self.give_back(channel);
+            }
+            // A confirm may still arrive on it and would be taken for the next message's.
+            _ => {
+                tokio::spawn(async move {
+                    let _ = channel.close(200, "confirm abandoned".into()).await;
+                });
+            }
+        }
+        result
     }
 
-    /// Sends one message and returns the wait for its confirm, so a caller can keep many in
-    /// flight. Without `mandatory` an unroutable message is confirmed and dropped by the broker
-    /// (right for notices nobody may be listening to).
+    /// Waits (up to the confirm timeout) for a confirm and says what it means.
+    fn confirmed(
+        &self,
+        confirm: lapin::PublisherConfirm,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'static {
+        let timeout = self.confirm_timeout;
+        async move {
+            let confirmation = tokio::time::timeout(timeout, confirm)
+                .await
+                .map_err(|_| PublishError::ConfirmTimeout(timeout))??;
+            match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Err(PublishError::Unroutable {
+                        exchange: returned.delivery.exchange.to_string(),
+                        routing_key: returned.delivery.routing_key.to_string(),
+                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
+                    })
+                }
+                Confirmation::Nack(None) => Err(PublishError::Nacked),
+                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+            }
+        }
+    }
+
+    /// Sends one message on the shared pipelined channel and returns the wait for its confirm,
+    /// so a caller can keep many in flight. Without `mandatory` an unroutable message is
+    /// confirmed and dropped by the broker (right for notices nobody may be listening to).
+    /// With it, an `Unroutable` error names the returned message's exchange and routing key,
+    /// which may be another message sent in the same confirm batch: use [`Publisher::publish`]
+    /// where it matters which.
     pub async fn send(
         &self,
         exchange: &str,
@@ -167,7 +284,7 @@ impl Publisher {
         properties: BasicProperties,
         mandatory: bool,
     ) -> Result<impl Future<Output = Result<(), PublishError>> + Send + 'static, PublishError> {
-        let channel = self.channel().await?;
+        let channel = self.pipelined_channel().await?;
         let confirm = channel
             .basic_publish(
                 exchange.into(),
@@ -180,25 +297,7 @@ impl Publisher {
                 properties,
             )
             .await?;
-        let timeout = self.confirm_timeout;
-        let (exchange, routing_key) = (exchange.to_owned(), routing_key.to_owned());
-        Ok(async move {
-            let confirmation = tokio::time::timeout(timeout, confirm)
-                .await
-                .map_err(|_| PublishError::ConfirmTimeout(timeout))??;
-            match confirmation {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                    Err(PublishError::Unroutable {
-                        exchange,
-                        routing_key,
-                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
-                    })
-                }
-                Confirmation::Nack(None) => Err(PublishError::Nacked),
-                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
-            }
-        })
+        Ok(self.confirmed(confirm))
     }
 
     /// Validates `event` against the envelope contract and publishes it to `ingress` with the
@@ -217,7 +316,12 @@ impl Publisher {
 
     /// Closes the connection, waiting for nothing more than the close handshake.
     pub async fn close(&self) {
-        if let Some(ch) = self.channel.lock().await.take() {
+        self.exact.close();
+        if let Some(ch) = self.pipelined.lock().await.take() {
+            let _ = ch.close(200, "bye".into()).await;
+        }
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        for ch in idle {
             let _ = ch.close(200, "bye".into()).await;
         }
         if let Ok(conn) = self.pool.get().await {

@@ -165,8 +165,18 @@ impl Worker {
         );
         let vitals = crate::vitals::bind(&config.metrics.listen).await?;
         let metrics = Metrics::new();
+        // Notices have a connection of their own: their confirms and returns (nobody may bind
+        // the events exchange) stay apart from the republishes the lanes wait on.
+        let notice_publisher = Arc::new(
+            Publisher::connect(
+                &config.amqp.url,
+                &format!("{name} notices"),
+                config.amqp.confirm_timeout,
+            )
+            .await?,
+        );
         let (notices, notices_task) = Notices::start(
-            Arc::clone(&publisher),
+            notice_publisher,
             ladder.events_exchange(),
             ladder.attempts_exchange(),
             metrics.clone(),

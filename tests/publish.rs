@@ -237,3 +237,42 @@ async fn a_foreign_client_following_the_readme_is_delivered() {
     assert_eq!(record.verified_with, vec![true]);
     assert_eq!(&record.body[..], br#"{"order": 1234, "amount": 990}"#);
 }
+
+#[tokio::test]
+async fn a_return_is_attributed_to_the_message_it_belongs_to_under_concurrency() {
+    // The broker confirms many publishes at once and sends a return before the confirm without
+    // naming the publish: with many in flight on one channel, a return can arrive with another
+    // message's confirm. `publish` must still fail exactly the returned messages.
+    let t = TestLadder::apply("returns", &["1s"], &["1s"]).await;
+    let publisher = std::sync::Arc::new(t.publisher().await);
+    let dead = t.ladder.dead();
+    let nowhere = format!("{}.no-such-queue", t.ladder.prefix);
+    let results = futures_util::future::join_all((0..2000).map(|i| {
+        let publisher = std::sync::Arc::clone(&publisher);
+        let key = if i % 3 == 0 {
+            nowhere.clone()
+        } else {
+            dead.clone()
+        };
+        async move {
+            let e = event(&format!("evt_{i}"), "acme", "sub_a");
+            (
+                i,
+                publisher.publish("", &key, &e.body, e.properties()).await,
+            )
+        }
+    }))
+    .await;
+    for (i, result) in &results {
+        if i % 3 == 0 {
+            assert!(
+                matches!(result, Err(PublishError::Unroutable { .. })),
+                "{i}: {result:?}"
+            );
+        } else {
+            assert!(result.is_ok(), "{i}: {result:?}");
+        }
+    }
+    let routed = results.iter().filter(|(i, _)| i % 3 != 0).count() as u32;
+    assert_eq!(t.depth(&dead).await, routed);
+}
