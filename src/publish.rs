@@ -53,7 +53,7 @@ impl PublishError {
 
 /// How many [`Publisher::publish`] calls may await their confirm at once (one confirm-mode
 /// channel each).
-pub const EXACT_CHANNELS: usize = 32;
+pub const EXACT_CHANNELS: usize = 64;
 
 /// Confirmed publishing on one pooled connection, re-created when the broker connection drops.
 ///

@@ -781,7 +781,7 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
                 ingress,
                 "acme".into(),
                 good_body,
-                base.with_message_id(format!("{id}{}", "x".repeat(250)).into())
+                base.with_message_id(format!("{id}{}", "x".repeat(255 - id.len())).into())
                     .with_headers(headers),
             ),
             2 => (
