@@ -38,6 +38,8 @@ pub enum PublishError {
         "no confirm from the broker within {0:?}; the connection may be blocked by a resource alarm"
     )]
     ConfirmTimeout(Duration),
+    #[error("the broker did not answer {what} within {after:?}")]
+    NoAnswer { what: &'static str, after: Duration },
     #[error("cannot reach the broker: {0}")]
     Connect(String),
     #[error("broker error: {0}")]
@@ -97,9 +99,17 @@ impl Publisher {
         confirm_timeout: Duration,
     ) -> Result<Self, PublishError> {
         let name = name.to_owned();
+        // Bounded waits: a broker that accepts TCP but never finishes the handshake (booting,
+        // half-open) must surface as an error, not a publish that never returns.
+        let mut pool_config = PoolConfig::new(1);
+        pool_config.timeouts = deadpool_lapin::Timeouts {
+            wait: Some(confirm_timeout),
+            create: Some(confirm_timeout),
+            recycle: Some(confirm_timeout),
+        };
         let pool = deadpool_lapin::Config {
             url: Some(url.expose().to_owned()),
-            pool: Some(PoolConfig::new(1)),
+            pool: Some(pool_config),
         }
         .create_pool(
             move || ConnectionProperties::default().with_connection_name(name.clone().into()),
@@ -120,8 +130,19 @@ impl Publisher {
         Ok(publisher)
     }
 
-    /// A new confirm-mode channel on the pooled connection (reconnecting if it dropped).
+    /// A new confirm-mode channel on the pooled connection (reconnecting if it dropped), within
+    /// the confirm timeout.
     async fn new_channel(&self) -> Result<Channel, PublishError> {
+        let after = self.confirm_timeout;
+        tokio::time::timeout(after, self.open_channel())
+            .await
+            .map_err(|_| PublishError::NoAnswer {
+                what: "opening a channel",
+                after,
+            })?
+    }
+
+    async fn open_channel(&self) -> Result<Channel, PublishError> {
         let conn = self
             .pool
             .get()
@@ -214,22 +235,29 @@ impl Publisher {
             .await
             .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
         let channel = self.exact_channel().await?;
-        let result = async {
-            let confirm = channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    body,
-                    properties,
-                )
-                .await?;
-            self.confirmed(confirm).await
-        }
+        let after = self.confirm_timeout;
+        let sent = tokio::time::timeout(
+            after,
+            channel.basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                properties,
+            ),
+        )
         .await;
+        let result = match sent {
+            Err(_) => Err(PublishError::NoAnswer {
+                what: "taking the message",
+                after,
+            }),
+            Ok(Err(e)) => Err(e.into()),
+            Ok(Ok(confirm)) => self.confirmed(confirm).await,
+        };
         match &result {
             // The channel has nothing left in flight: reuse it.
             Ok(()) | Err(PublishError::Unroutable { .. } | PublishError::Nacked) => {
@@ -285,8 +313,10 @@ impl Publisher {
         mandatory: bool,
     ) -> Result<impl Future<Output = Result<(), PublishError>> + Send + 'static, PublishError> {
         let channel = self.pipelined_channel().await?;
-        let confirm = channel
-            .basic_publish(
+        let after = self.confirm_timeout;
+        let confirm = tokio::time::timeout(
+            after,
+            channel.basic_publish(
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
@@ -295,8 +325,13 @@ impl Publisher {
                 },
                 body,
                 properties,
-            )
-            .await?;
+            ),
+        )
+        .await
+        .map_err(|_| PublishError::NoAnswer {
+            what: "taking the message",
+            after,
+        })??;
         Ok(self.confirmed(confirm))
     }
 
@@ -314,8 +349,14 @@ impl Publisher {
         Ok(event.id.clone())
     }
 
-    /// Closes the connection, waiting for nothing more than the close handshake.
+    /// Closes the connection, waiting for nothing more than the close handshake (and for that
+    /// at most the confirm timeout).
     pub async fn close(&self) {
+        let _ = tokio::time::timeout(self.confirm_timeout, self.close_all()).await;
+        self.pool.close();
+    }
+
+    async fn close_all(&self) {
         self.exact.close();
         if let Some(ch) = self.pipelined.lock().await.take() {
             let _ = ch.close(200, "bye".into()).await;
@@ -327,6 +368,5 @@ impl Publisher {
         if let Ok(conn) = self.pool.get().await {
             let _ = conn.close(200, "bye".into()).await;
         }
-        self.pool.close();
     }
 }
