@@ -302,10 +302,24 @@ impl Worker {
         let config = &self.dispatcher.config;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} consume", self.name).into());
-        let conn = match Connection::connect(config.amqp.url.expose(), props).await {
-            Ok(c) => c,
-            Err(e) => {
+        let conn = match tokio::time::timeout(
+            BROKER_ANSWER,
+            Connection::connect(config.amqp.url.expose(), props),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
                 return failed(format!("connecting to {}: {e}", config.amqp.url), false);
+            }
+            Err(_) => {
+                return failed(
+                    format!(
+                        "connecting to {}: no answer within {BROKER_ANSWER:?}",
+                        config.amqp.url
+                    ),
+                    false,
+                );
             }
         };
         let mut channels: Vec<(Channel, String)> = Vec::new();
@@ -325,8 +339,11 @@ impl Worker {
                     )
                     .await?;
                 Ok::<_, lapin::Error>((ch, consumer))
-            }
-            .await;
+            };
+            let consumer = match tokio::time::timeout(BROKER_ANSWER, consumer).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {BROKER_ANSWER:?}")),
+            };
             match consumer {
                 Ok((ch, consumer)) => {
                     channels.push((ch, consumer.tag().to_string()));
@@ -340,8 +357,12 @@ impl Worker {
                     );
                 }
                 Err(e) => {
-                    let _ = conn.close(200, "cannot consume".into()).await;
-                    let hint = if e.to_string().contains("NOT_FOUND") {
+                    let _ = tokio::time::timeout(
+                        BROKER_ANSWER,
+                        conn.close(200, "cannot consume".into()),
+                    )
+                    .await;
+                    let hint = if e.contains("NOT_FOUND") {
                         "; the topology is missing: run `hookrelay topology apply`"
                     } else {
                         ""
@@ -382,18 +403,23 @@ impl Worker {
             "Shutting down: cancelling consumers and draining"
         );
         for (ch, tag) in &channels {
-            if let Err(e) = ch
-                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-                .await
-            {
-                warn!(error = %e, "Cancelling a consumer failed");
+            let cancel = ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+            match tokio::time::timeout(BROKER_ANSWER, cancel).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "Cancelling a consumer failed"),
+                Err(_) => warn!("The broker did not confirm a consumer's cancellation"),
             }
         }
         drain(tracker, config.worker.shutdown_grace).await;
-        let _ = conn.close(200, "shutdown".into()).await;
+        let _ = tokio::time::timeout(BROKER_ANSWER, conn.close(200, "shutdown".into())).await;
         SessionEnd::Shutdown
     }
 }
+
+/// How long a session waits for the broker to answer while connecting, opening its consumers
+/// or closing. A broker that takes the TCP connection but stalls (booting, half-open) then
+/// fails the session, which is retried with backoff, instead of hanging the worker.
+const BROKER_ANSWER: Duration = Duration::from_secs(30);
 
 /// Budget a retired tenant's lanes get while they drain.
 const RETIRED_IN_FLIGHT: u16 = 20;
