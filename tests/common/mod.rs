@@ -28,6 +28,13 @@ use tokio::task::JoinHandle;
 /// The configuration tests run with: the machine's broker (or `HOOKRELAY_*` overrides), with
 /// timeouts short enough for tests.
 pub fn config() -> Config {
+    // `RUST_LOG=hookrelay=debug cargo nextest run ... --no-capture` shows the worker's log.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     let mut config = Config::load(None, &ProcessEnv).expect("test configuration");
     config.http.connect_timeout = Duration::from_secs(1);
     config.http.request_timeout = Duration::from_secs(2);
