@@ -235,28 +235,12 @@ impl Publisher {
             .await
             .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
         let channel = self.exact_channel().await?;
-        let after = self.confirm_timeout;
-        let sent = tokio::time::timeout(
-            after,
-            channel.basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            ),
-        )
-        .await;
-        let result = match sent {
-            Err(_) => Err(PublishError::NoAnswer {
-                what: "taking the message",
-                after,
-            }),
-            Ok(Err(e)) => Err(e.into()),
-            Ok(Ok(confirm)) => self.confirmed(confirm).await,
+        let result = match self
+            .send_on(&channel, exchange, routing_key, body, properties, true)
+            .await
+        {
+            Ok(confirm) => self.confirmed(confirm).await,
+            Err(e) => Err(e),
         };
         match &result {
             // The channel has nothing left in flight: reuse it.
@@ -271,6 +255,37 @@ impl Publisher {
             }
         }
         result
+    }
+
+    /// Hands one message to `channel`, within the confirm timeout.
+    async fn send_on(
+        &self,
+        channel: &Channel,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<lapin::PublisherConfirm, PublishError> {
+        let after = self.confirm_timeout;
+        let options = BasicPublishOptions {
+            mandatory,
+            ..BasicPublishOptions::default()
+        };
+        let publish = channel.basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            options,
+            body,
+            properties,
+        );
+        tokio::time::timeout(after, publish)
+            .await
+            .map_err(|_| PublishError::NoAnswer {
+                what: "taking the message",
+                after,
+            })?
+            .map_err(PublishError::from)
     }
 
     /// Waits (up to the confirm timeout) for a confirm and says what it means.
@@ -313,25 +328,9 @@ impl Publisher {
         mandatory: bool,
     ) -> Result<impl Future<Output = Result<(), PublishError>> + Send + 'static, PublishError> {
         let channel = self.pipelined_channel().await?;
-        let after = self.confirm_timeout;
-        let confirm = tokio::time::timeout(
-            after,
-            channel.basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            ),
-        )
-        .await
-        .map_err(|_| PublishError::NoAnswer {
-            what: "taking the message",
-            after,
-        })??;
+        let confirm = self
+            .send_on(&channel, exchange, routing_key, body, properties, mandatory)
+            .await?;
         Ok(self.confirmed(confirm))
     }
 
