@@ -106,6 +106,7 @@ async fn publish_load(config: Config, ingress: String, tag: &str, n: usize) -> V
 /// survives the loss of a cluster node as the ladder does.
 async fn cancelled_log(t: &TestLadder) -> String {
     let name = format!("{}.accounting.cancelled", t.ladder.prefix);
+    t.owns_queue(&name);
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
@@ -579,6 +580,7 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
     .unwrap();
     let log = {
         let name = format!("{}.accounting.all", t.ladder.prefix);
+        t.owns_queue(&name);
         t.channel
             .queue_declare(
                 name.as_str().into(),

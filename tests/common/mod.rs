@@ -83,6 +83,8 @@ pub struct TestLadder {
     pub channel: Channel,
     /// Whether dropping this removes the ladder's objects.
     owned: bool,
+    /// Queues a test declared beside the ladder (accounting), removed with it.
+    extra_queues: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestLadder {
@@ -118,6 +120,7 @@ impl TestLadder {
             conn,
             channel,
             owned: true,
+            extra_queues: Default::default(),
         }
     }
 
@@ -132,6 +135,7 @@ impl TestLadder {
             conn,
             channel,
             owned: false,
+            extra_queues: Default::default(),
         }
     }
 
@@ -183,12 +187,27 @@ impl TestLadder {
     }
 }
 
+impl TestLadder {
+    /// Removes `queue` (declared by the test beside the ladder) when this is dropped.
+    pub fn owns_queue(&self, queue: &str) {
+        self.extra_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(queue.to_owned());
+    }
+}
+
 impl Drop for TestLadder {
     fn drop(&mut self) {
         if !self.owned {
             return;
         }
         let topology = self.ladder.objects();
+        let extra = std::mem::take(
+            self.extra_queues
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         let url = self.config.amqp.url.clone();
         // Async cleanup from a destructor: a thread with its own runtime.
         let _ = std::thread::spawn(move || {
@@ -202,6 +221,11 @@ impl Drop for TestLadder {
                     && let Ok(ch) = conn.create_channel().await
                 {
                     let _ = topology.delete(&ch).await;
+                    for queue in extra {
+                        let _ = ch
+                            .queue_delete(queue.as_str().into(), Default::default())
+                            .await;
+                    }
                     let _ = conn.close(200, "".into()).await;
                 }
             });
