@@ -58,6 +58,7 @@ impl PublishError {
 pub const EXACT_CHANNELS: usize = 64;
 
 /// Confirmed publishing on one pooled connection, re-created when the broker connection drops.
+/// Channels are opened on it concurrently: it is shared, not checked out per open.
 ///
 /// AMQP does not say which publish a `basic.return` belongs to: the broker sends it before the
 /// confirm, and a confirm may cover many publishes at once (`multiple`). So [`publish`] keeps at
@@ -70,6 +71,9 @@ pub const EXACT_CHANNELS: usize = 64;
 /// [`send`]: Publisher::send
 pub struct Publisher {
     pool: Pool,
+    /// The connection taken from `pool`, shared by every channel open until it drops; then it
+    /// goes back to the pool, which replaces it.
+    conn: Mutex<Option<Arc<deadpool_lapin::Object>>>,
     /// Confirm-mode channels with nothing in flight, for [`Publisher::publish`].
     idle: std::sync::Mutex<Vec<Channel>>,
     exact: Semaphore,
@@ -78,8 +82,6 @@ pub struct Publisher {
     confirm_timeout: Duration,
     /// Set while the broker blocks the connection (a memory or disk alarm).
     blocked: Arc<AtomicBool>,
-    /// Whether a task follows the current connection's events.
-    watching: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -99,17 +101,9 @@ impl Publisher {
         confirm_timeout: Duration,
     ) -> Result<Self, PublishError> {
         let name = name.to_owned();
-        // Bounded waits: a broker that accepts TCP but never finishes the handshake (booting,
-        // half-open) must surface as an error, not a publish that never returns.
-        let mut pool_config = PoolConfig::new(1);
-        pool_config.timeouts = deadpool_lapin::Timeouts {
-            wait: Some(confirm_timeout),
-            create: Some(confirm_timeout),
-            recycle: Some(confirm_timeout),
-        };
         let pool = deadpool_lapin::Config {
             url: Some(url.expose().to_owned()),
-            pool: Some(pool_config),
+            pool: Some(PoolConfig::new(1)),
         }
         .create_pool(
             move || ConnectionProperties::default().with_connection_name(name.clone().into()),
@@ -118,12 +112,12 @@ impl Publisher {
         .map_err(|e| PublishError::Connect(e.to_string()))?;
         let publisher = Self {
             pool,
+            conn: Mutex::new(None),
             idle: std::sync::Mutex::new(Vec::new()),
             exact: Semaphore::new(EXACT_CHANNELS),
             pipelined: Mutex::new(None),
             confirm_timeout,
             blocked: Arc::new(AtomicBool::new(false)),
-            watching: Arc::new(AtomicBool::new(false)),
         };
         let channel = publisher.new_channel().await?;
         publisher.give_back(channel);
@@ -131,7 +125,9 @@ impl Publisher {
     }
 
     /// A new confirm-mode channel on the pooled connection (reconnecting if it dropped), within
-    /// the confirm timeout.
+    /// the confirm timeout. The deadline covers connecting too: a broker that takes TCP but never
+    /// finishes the handshake, or a channel open lapin never answers, becomes an error here
+    /// instead of a publish that never returns.
     async fn new_channel(&self) -> Result<Channel, PublishError> {
         let after = self.confirm_timeout;
         tokio::time::timeout(after, self.open_channel())
@@ -143,17 +139,31 @@ impl Publisher {
     }
 
     async fn open_channel(&self) -> Result<Channel, PublishError> {
+        let conn = self.connection().await?;
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(ch)
+    }
+
+    /// The shared connection, or a new one from the pool once the current one has dropped.
+    async fn connection(&self) -> Result<Arc<deadpool_lapin::Object>, PublishError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref()
+            && conn.status().connected()
+        {
+            return Ok(Arc::clone(conn));
+        }
+        // Let go of the dropped one so the pool can recycle it once pending opens let go too.
+        *slot = None;
         let conn = self
             .pool
             .get()
             .await
             .map_err(|e| PublishError::Connect(e.to_string()))?;
-        let ch = conn.create_channel().await?;
-        ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        if !self.watching.swap(true, Ordering::SeqCst) {
-            self.watch(conn.events_listener());
-        }
-        Ok(ch)
+        self.watch(conn.events_listener());
+        let conn = Arc::new(conn);
+        *slot = Some(Arc::clone(&conn));
+        Ok(conn)
     }
 
     /// An idle channel for one exact publish, or a new one.
@@ -191,7 +201,6 @@ impl Publisher {
     /// flagged; publishes then wait for their confirm timeout and the originals stay unacked.
     fn watch(&self, events: impl futures_util::Stream<Item = lapin::Event> + Send + 'static) {
         let blocked = Arc::clone(&self.blocked);
-        let watching = Arc::clone(&self.watching);
         tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
@@ -208,9 +217,8 @@ impl Publisher {
                     _ => {}
                 }
             }
-            // The next channel made on a new connection follows that one.
+            // The next connection has a watcher of its own.
             blocked.store(false, Ordering::SeqCst);
-            watching.store(false, Ordering::SeqCst);
         });
     }
 
@@ -364,7 +372,7 @@ impl Publisher {
         for ch in idle {
             let _ = ch.close(200, "bye".into()).await;
         }
-        if let Ok(conn) = self.pool.get().await {
+        if let Some(conn) = self.conn.lock().await.take() {
             let _ = conn.close(200, "bye".into()).await;
         }
     }

@@ -176,6 +176,14 @@ impl TestLadder {
         false
     }
 
+    /// Removes `queue` (declared by the test beside the ladder) when this is dropped.
+    pub fn owns_queue(&self, queue: &str) {
+        self.extra_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(queue.to_owned());
+    }
+
     pub async fn publisher(&self) -> Publisher {
         Publisher::connect(
             &self.config.amqp.url,
@@ -184,16 +192,6 @@ impl TestLadder {
         )
         .await
         .unwrap()
-    }
-}
-
-impl TestLadder {
-    /// Removes `queue` (declared by the test beside the ladder) when this is dropped.
-    pub fn owns_queue(&self, queue: &str) {
-        self.extra_queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(queue.to_owned());
     }
 }
 
