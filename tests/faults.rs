@@ -298,9 +298,9 @@ async fn wait_delivered(receiver: &Receiver, n: usize) {
     );
 }
 
-// One thread on purpose: `rabbitmqctl` blocks it, so the producer's channel opens are in
-// flight, unpolled, when the broker drops the connection. lapin 4.12 then never completes such
-// an open; without the publisher's own deadlines this test hung for good.
+// One thread on purpose: `rabbitmqctl` blocks it, so the producer's work is in flight, unpolled,
+// when the broker drops the connection. That once left a channel open lapin 4.12 never
+// completed, and this test hung for good; the publisher's deadlines now bound such waits.
 #[tokio::test]
 async fn broker_app_restart_under_load_loses_nothing() {
     let node = Node::start("app");
