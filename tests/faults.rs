@@ -143,7 +143,8 @@ struct Account {
     cancelled: usize,
     /// Held by a tier's broker-side dead-lettering, not yet promoted (see the cluster scenario).
     stranded: usize,
-    lost: Vec<String>,
+    /// Published ids in no terminal state.
+    missing: Vec<String>,
     duplicated: usize,
     unexpected: usize,
 }
@@ -206,7 +207,7 @@ async fn account(
         }
     }
     let published_set: HashSet<&String> = published.iter().collect();
-    let lost: Vec<String> = published
+    let missing: Vec<String> = published
         .iter()
         .filter(|id| {
             !delivered.contains_key(*id) && !dead.contains(*id) && !cancelled.contains(*id)
@@ -219,7 +220,7 @@ async fn account(
         dead: dead.len(),
         cancelled: cancelled.len(),
         stranded,
-        lost,
+        missing,
         duplicated: delivered.values().map(|&n| n as usize - 1).sum(),
         unexpected: delivered
             .keys()
@@ -229,19 +230,32 @@ async fn account(
 }
 
 impl Account {
+    /// Missing envelopes the broker still keeps in a tier (RabbitMQ 3.10.8 can strand
+    /// dead-lettered messages there after a quorum leader is lost; README, Guarantees). The
+    /// broker reports them as messages of the tier, not ready and not handed out: they are held,
+    /// not lost. A message cannot be told apart there, so they are counted, never named.
+    fn held(&self) -> usize {
+        self.missing.len().min(self.stranded)
+    }
+
+    /// Missing envelopes nothing accounts for.
+    fn lost(&self) -> usize {
+        self.missing.len() - self.held()
+    }
+
     fn print(&self, scenario: &str) {
-        let stranded = if self.stranded > 0 {
-            format!(" (of which {} held by a tier, unpromoted)", self.stranded)
+        let held = if self.held() > 0 {
+            format!(" held by a tier, unpromoted {} |", self.held())
         } else {
             String::new()
         };
         println!(
-            "FAULT-TABLE | {scenario} | published {} | delivered {} | dead {} | cancelled {} | lost {}{stranded} | duplicated {} |",
+            "FAULT-TABLE | {scenario} | published {} | delivered {} | dead {} | cancelled {} |{held} lost {} | duplicated {} |",
             self.published,
             self.delivered,
             self.dead,
             self.cancelled,
-            self.lost.len(),
+            self.lost(),
             self.duplicated
         );
     }
@@ -249,10 +263,13 @@ impl Account {
     /// The invariants every scenario ends with.
     fn check(&self, scenario: &str, max_duplicates: usize) {
         self.print(scenario);
-        assert!(
-            self.lost.is_empty(),
-            "{scenario}: lost {:?}",
-            &self.lost[..self.lost.len().min(10)]
+        assert_eq!(
+            self.lost(),
+            0,
+            "{scenario}: {} published envelopes in no terminal state and {} held by a tier: {:?}",
+            self.missing.len(),
+            self.stranded,
+            &self.missing[..self.missing.len().min(10)]
         );
         assert_eq!(
             self.unexpected, 0,
@@ -262,9 +279,9 @@ impl Account {
         assert_eq!(self.dead, self.published / 20, "{scenario}: dead");
         assert_eq!(self.cancelled, self.published / 20, "{scenario}: cancelled");
         assert_eq!(
-            self.delivered,
+            self.delivered + self.held(),
             self.published - self.dead - self.cancelled,
-            "{scenario}: delivered"
+            "{scenario}: delivered, or held by a tier on the way"
         );
         assert!(
             self.duplicated <= max_duplicates,
