@@ -3,13 +3,13 @@
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
-	cargo run --release --quiet -- demo
+	cargo run --release --quiet -p hookrelay-tools --bin hookrelay-dev -- demo
 
 # Format, lint, every test against the real broker, then the fault suite (which starts broker
 # nodes of its own on other ports and never touches the shared one).
 test: broker check
 	cargo nextest run --workspace --all-targets --no-fail-fast -E 'not binary(faults)'
-	cargo test --doc --quiet
+	cargo test --doc --workspace --quiet
 	cargo nextest run --test faults --no-fail-fast --no-capture
 
 broker:
@@ -17,4 +17,4 @@ broker:
 
 check:
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings

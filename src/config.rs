@@ -144,8 +144,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
     pub reload: ReloadConfig,
-    pub egress: crate::egress::EgressConfig,
-    pub endpoints: crate::endpoint::EndpointConfig,
+    pub egress: crate::delivery::egress::EgressConfig,
+    pub endpoints: crate::delivery::endpoint::EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
@@ -163,8 +163,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
             reload: ReloadConfig::default(),
-            egress: crate::egress::EgressConfig::default(),
-            endpoints: crate::endpoint::EndpointConfig::default(),
+            egress: crate::delivery::egress::EgressConfig::default(),
+            endpoints: crate::delivery::endpoint::EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
         }
@@ -530,7 +530,7 @@ impl Config {
                 ),
             ));
         }
-        crate::egress::EgressPolicy::from_config(&self.egress).map_err(|e| {
+        crate::delivery::egress::EgressPolicy::from_config(&self.egress).map_err(|e| {
             ConfigError::invalid(
                 if e.field == "allow" {
                     "egress.allow"

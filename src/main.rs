@@ -22,13 +22,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The demo draws a progress bar and a table; its worker's log lines would bury them.
-    let level = match cli.command {
-        cli::Command::Demo(_) | cli::Command::Bench(_) | cli::Command::BenchCeiling { .. } => {
-            "error"
-        }
-        _ => config.log.level.as_str(),
-    };
+    let level = config.log.level.as_str();
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));

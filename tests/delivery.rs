@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
-use hookrelay::envelope::{self, ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER};
-use hookrelay::receiver::{Receiver, Reply};
+use hookrelay::contract::envelope::{
+    self, ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER,
+};
+use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(20);
 

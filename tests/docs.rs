@@ -14,7 +14,7 @@ fn readme_lists_every_environment_variable() {
 
 #[test]
 fn readme_lists_every_metric() {
-    for name in hookrelay::metrics::metric_names() {
+    for name in hookrelay::observe::metrics::metric_names() {
         assert!(README.contains(&format!("`{name}")), "README lacks {name}");
     }
 }
@@ -30,7 +30,8 @@ fn the_example_config_is_exactly_the_defaults() {
 #[test]
 fn the_example_subscriptions_parse() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/subscriptions.toml");
-    let subs = hookrelay::subscriptions::Subscriptions::load(std::path::Path::new(path)).unwrap();
+    let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
+        .unwrap();
     assert_eq!(subs.len(), 1);
 }
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hookrelay::config::HttpConfig;
-use hookrelay::egress::{EgressConfig, EgressPolicy, StaticLookup};
-use hookrelay::http::{HttpSender, WebhookRequest};
-use hookrelay::outcome::AttemptResult;
-use hookrelay::receiver::{Receiver, Reply};
+use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, StaticLookup};
+use hookrelay::delivery::http::{HttpSender, WebhookRequest};
+use hookrelay::delivery::route::AttemptResult;
+use hookrelay_tools::receiver::{Receiver, Reply};
 
 /// A TCP listener that counts the connections it accepts.
 async fn counting_listener() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
@@ -206,9 +206,9 @@ async fn scheme_and_port_rules() {
 /// End to end: the refusal is a permanent outcome, dead-lettered with the resolved address.
 #[tokio::test]
 async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
-    use hookrelay::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER};
-    use hookrelay::subscriptions::{LiveSubscriptions, Subscriptions};
-    use hookrelay::worker::WorkerSetup;
+    use hookrelay::contract::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER};
+    use hookrelay::delivery::subscriptions::{LiveSubscriptions, Subscriptions};
+    use hookrelay::delivery::worker::WorkerSetup;
 
     let t = common::TestLadder::apply("egress", &["300ms"], &["300ms"]).await;
     let s = common::secret();

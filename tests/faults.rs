@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use common::node::{Node, cluster};
 use common::{RunningWorker, Secret, TestLadder, secret, subscription};
+use hookrelay::broker::publish::Publisher;
+use hookrelay::broker::topology::QueueType;
 use hookrelay::config::Config;
-use hookrelay::envelope::{self, NewEvent};
-use hookrelay::publish::Publisher;
-use hookrelay::receiver::{Receiver, Reply};
-use hookrelay::subscriptions::Subscription;
-use hookrelay::topology::QueueType;
+use hookrelay::contract::envelope::{self, NewEvent};
+use hookrelay::delivery::subscriptions::Subscription;
+use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
@@ -172,7 +172,7 @@ async fn account(
             .await
             .unwrap()
         {
-            let r: hookrelay::events::AttemptRecord =
+            let r: hookrelay::observe::events::AttemptRecord =
                 serde_json::from_slice(&m.delivery.data).unwrap();
             cancelled.insert(r.envelope.unwrap());
         }
@@ -192,7 +192,7 @@ async fn account(
     // Messages a tier holds but neither offers nor has handed out: dead-lettered out of it and
     // not yet accepted by the retry lane (the broker keeps them until it is).
     let mut stranded = 0;
-    if let Ok(api) = hookrelay::management::Management::new(&t.config.management.url, "/")
+    if let Ok(api) = hookrelay::broker::management::Management::new(&t.config.management.url, "/")
         && let Ok(serde_json::Value::Array(queues)) = api.get(&["queues", "/"]).await
     {
         for q in queues.iter().filter(|q| {
@@ -399,7 +399,7 @@ async fn a_worker_killed_mid_load_loses_nothing() {
     let ladder = common::ladder_file(&t, &dir);
     let subs = dir.path().join("subs.toml");
     let reference = match &s.reference {
-        hookrelay::subscriptions::SecretRef::File(p) => p.display().to_string(),
+        hookrelay::delivery::subscriptions::SecretRef::File(p) => p.display().to_string(),
         other => panic!("{other:?}"),
     };
     std::fs::write(
@@ -457,7 +457,8 @@ async fn losing_the_queue_leaders_node_in_a_cluster_loses_nothing() {
     let declare = nodes[0].config();
     let (t, s, receiver, cancelled) = setup(declare, "cluster").await;
     let api =
-        hookrelay::management::Management::new(&nodes[1].config().management.url, "/").unwrap();
+        hookrelay::broker::management::Management::new(&nodes[1].config().management.url, "/")
+            .unwrap();
     let lane = api.queue(&t.ladder.first_lane()).await.unwrap().unwrap();
     let leader = lane["leader"].as_str().unwrap_or_default().to_owned();
     let members = lane["members"].as_array().map_or(0, Vec::len);
@@ -673,7 +674,7 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
             .await
             .unwrap()
         {
-            let r: hookrelay::events::AttemptRecord =
+            let r: hookrelay::observe::events::AttemptRecord =
                 serde_json::from_slice(&msg.delivery.data).unwrap();
             attempts
                 .entry(r.envelope.unwrap())

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, ok_receiver, secret, subscription};
-use hookrelay::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER};
+use hookrelay::contract::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
@@ -56,9 +56,9 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
     let s = secret();
     let receiver = ok_receiver(&s).await;
     let mut orders = subscription("sub_orders", "acme", &receiver.url("/"), &s);
-    orders.event_types = Some(vec![hookrelay::subscriptions::EventFilter::Prefix(
-        "order.".into(),
-    )]);
+    orders.event_types = Some(vec![
+        hookrelay::delivery::subscriptions::EventFilter::Prefix("order.".into()),
+    ]);
     let mut config = t.config.clone();
     config.limits.max_body_bytes = 1024;
     let worker = RunningWorker::start_with(

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
 use futures_util::StreamExt;
-use hookrelay::envelope::{self, NewEvent};
-use hookrelay::receiver::{Receiver, Reply};
-use hookrelay::topology::QueueType;
+use hookrelay::broker::topology::QueueType;
+use hookrelay::contract::envelope::{self, NewEvent};
+use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -131,12 +131,19 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     let sink = Arc::clone(&records);
     let exchange = t.ladder.attempts_exchange();
     let tail = tokio::spawn(async move {
-        hookrelay::events::tail_attempts(&channel, &exchange, None, Some("bigco"), |body| {
-            let r: hookrelay::events::AttemptRecord = serde_json::from_slice(body).unwrap();
-            let mut all = sink.lock().unwrap();
-            all.push(r);
-            all.len() < 3
-        })
+        hookrelay::observe::events::tail_attempts(
+            &channel,
+            &exchange,
+            None,
+            Some("bigco"),
+            |body| {
+                let r: hookrelay::observe::events::AttemptRecord =
+                    serde_json::from_slice(body).unwrap();
+                let mut all = sink.lock().unwrap();
+                all.push(r);
+                all.len() < 3
+            },
+        )
         .await
         .unwrap();
     });
@@ -196,7 +203,7 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     // New events take the shared lane; the worker (with the shorter ladder) drains the old one.
     publish_all(&t, vec![event("evt_big_4", "bigco", "sub_big")]).await;
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
-    t.ladder = hookrelay::topology::Ladder::load(&file).unwrap();
+    t.ladder = hookrelay::broker::topology::Ladder::load(&file).unwrap();
     let worker = RunningWorker::start(&t, subs).await;
     assert!(
         receiver

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RunningWorker, Secret, TestLadder, secret};
-use hookrelay::envelope::{self, NewEvent, derived_id};
-use hookrelay::receiver::{Receiver, Reply};
-use hookrelay::subscriptions::LiveSubscriptions;
-use hookrelay::worker::WorkerSetup;
+use hookrelay::contract::envelope::{self, NewEvent, derived_id};
+use hookrelay::delivery::subscriptions::LiveSubscriptions;
+use hookrelay::delivery::worker::WorkerSetup;
+use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
@@ -27,7 +27,9 @@ fn entry(id: &str, url: &str, secrets: &str, extra: &str) -> String {
 
 fn file_ref(s: &Secret) -> String {
     match &s.reference {
-        hookrelay::subscriptions::SecretRef::File(p) => format!("\"file:{}\"", p.display()),
+        hookrelay::delivery::subscriptions::SecretRef::File(p) => {
+            format!("\"file:{}\"", p.display())
+        }
         other => panic!("{other:?}"),
     }
 }

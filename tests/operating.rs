@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
 use futures_util::StreamExt;
-use hookrelay::envelope::{self, REASON_HEADER};
-use hookrelay::events::AttemptRecord;
-use hookrelay::receiver::{Receiver, Reply};
+use hookrelay::contract::envelope::{self, REASON_HEADER};
+use hookrelay::observe::events::AttemptRecord;
+use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -204,7 +204,7 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     let ladder = ladder_file(&t, &dir);
     let subs = dir.path().join("subs.toml");
     let reference = match &s.reference {
-        hookrelay::subscriptions::SecretRef::File(p) => p.display().to_string(),
+        hookrelay::delivery::subscriptions::SecretRef::File(p) => p.display().to_string(),
         other => panic!("{other:?}"),
     };
     std::fs::write(
@@ -517,11 +517,17 @@ async fn the_attempt_log_records_every_outcome() {
     let sink = Arc::clone(&records);
     let exchange = t.ladder.attempts_exchange();
     let tail = tokio::spawn(async move {
-        hookrelay::events::tail_attempts(&channel, &exchange, None, Some("acme"), |body| {
-            let mut r = sink.lock().unwrap();
-            r.push(serde_json::from_slice(body).unwrap());
-            r.len() < 5
-        })
+        hookrelay::observe::events::tail_attempts(
+            &channel,
+            &exchange,
+            None,
+            Some("acme"),
+            |body| {
+                let mut r = sink.lock().unwrap();
+                r.push(serde_json::from_slice(body).unwrap());
+                r.len() < 5
+            },
+        )
         .await
         .unwrap();
     });
@@ -594,7 +600,7 @@ async fn the_attempt_log_records_every_outcome() {
 fn the_alert_rules_parse_and_name_only_real_metrics() {
     let text = include_str!("../monitoring/alerts.yml");
     let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
-    let known = hookrelay::metrics::metric_names();
+    let known = hookrelay::observe::metrics::metric_names();
     let mut alerts = Vec::new();
     let mut stalled_tiers = Vec::new();
     for group in rules["groups"].as_sequence().unwrap() {
@@ -630,7 +636,8 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
         assert!(alerts.iter().any(|a| a == must), "{must} missing");
     }
     let ladder =
-        hookrelay::topology::Ladder::parse(include_str!("../topology/ladder.toml")).unwrap();
+        hookrelay::broker::topology::Ladder::parse(include_str!("../topology/ladder.toml"))
+            .unwrap();
     let tiers: Vec<String> = ladder.tiers.iter().map(|t| t.name.clone()).collect();
     assert_eq!(
         stalled_tiers, tiers,

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use hookrelay::envelope::{self, Envelope, check_event_type, check_id, check_tenant};
-use hookrelay::outcome::{AttemptResult, DeadReason, Outcome, decide};
-use hookrelay::topology::Ladder;
+use hookrelay::broker::topology::Ladder;
+use hookrelay::contract::envelope::{self, Envelope, check_event_type, check_id, check_tenant};
+use hookrelay::delivery::route::{AttemptResult, DeadReason, Outcome, decide};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use proptest::prelude::*;

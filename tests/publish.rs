@@ -6,8 +6,8 @@ mod common;
 use std::process::{Command, Output};
 
 use common::{TestLadder, event};
-use hookrelay::envelope::SUBSCRIPTION_HEADER;
-use hookrelay::publish::PublishError;
+use hookrelay::broker::publish::PublishError;
+use hookrelay::contract::envelope::SUBSCRIPTION_HEADER;
 use lapin::options::BasicGetOptions;
 
 fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {

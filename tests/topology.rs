@@ -5,7 +5,7 @@ mod common;
 use std::process::Command;
 
 use common::{TestLadder, management};
-use hookrelay::topology::{Drift, QueueType};
+use hookrelay::broker::topology::{Drift, QueueType};
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -129,7 +129,8 @@ async fn exported_definitions_import_into_a_vhost() {
     let result = async {
         let definitions = t.ladder.objects().export(&vhost);
         api.post(&["definitions", &vhost], &definitions).await?;
-        let scoped = hookrelay::management::Management::new(&t.config.management.url, &vhost)?;
+        let scoped =
+            hookrelay::broker::management::Management::new(&t.config.management.url, &vhost)?;
         scoped.objects().await
     }
     .await;

@@ -8,18 +8,18 @@ pub mod node;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hookrelay::broker::management::Management;
+use hookrelay::broker::publish::Publisher;
+use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::{Config, ProcessEnv};
-use hookrelay::envelope::NewEvent;
-use hookrelay::management::Management;
-use hookrelay::metrics::Metrics;
-use hookrelay::publish::Publisher;
-use hookrelay::receiver::Receiver;
-use hookrelay::signing::generate_secret;
-use hookrelay::subscriptions::{
+use hookrelay::contract::envelope::NewEvent;
+use hookrelay::delivery::signing::generate_secret;
+use hookrelay::delivery::subscriptions::{
     LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,
 };
-use hookrelay::topology::{Ladder, QueueType};
-use hookrelay::worker::{Worker, WorkerSetup};
+use hookrelay::delivery::worker::{Worker, WorkerSetup};
+use hookrelay::observe::metrics::Metrics;
+use hookrelay_tools::receiver::Receiver;
 use lapin::message::BasicGetMessage;
 use lapin::options::BasicGetOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -142,7 +142,7 @@ impl TestLadder {
     /// Messages in a queue (ready ones; nobody consumes the sink).
     pub async fn depth(&self, queue: &str) -> u32 {
         let channel = self.conn.create_channel().await.unwrap();
-        let n = hookrelay::mover::depth(&channel, queue).await.unwrap();
+        let n = hookrelay::ops::mover::depth(&channel, queue).await.unwrap();
         let _ = channel.close(200, "".into()).await;
         n
     }
@@ -273,7 +273,7 @@ pub struct RunningWorker {
     /// Where its `/metrics`, `/healthz`, `/readyz` are served.
     pub vitals: Option<std::net::SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), hookrelay::worker::WorkerError>>>,
+    task: Option<JoinHandle<Result<(), hookrelay::delivery::worker::WorkerError>>>,
 }
 
 impl RunningWorker {
@@ -374,7 +374,7 @@ pub fn hookrelay(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, S
 /// An endpoint that answers 204 to everything and verifies with `secret`.
 pub async fn ok_receiver(secret: &Secret) -> Receiver {
     Receiver::start(std::slice::from_ref(&secret.whsec), |_| {
-        hookrelay::receiver::Reply::Status(204)
+        hookrelay_tools::receiver::Reply::Status(204)
     })
     .await
     .unwrap()

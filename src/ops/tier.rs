@@ -19,12 +19,12 @@ use lapin::{BasicProperties, Channel};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::envelope::{self, TENANT_HEADER};
-use crate::management::{Management, ManagementError};
-use crate::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
-use crate::progress::Progress;
-use crate::publish::Publisher;
-use crate::topology::Ladder;
+use crate::broker::management::{Management, ManagementError};
+use crate::broker::publish::Publisher;
+use crate::broker::topology::Ladder;
+use crate::contract::envelope::{self, TENANT_HEADER};
+use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
+use crate::ops::progress::Progress;
 
 /// Priority of hold policies: above what teams usually give their own catch-all policies, since
 /// only one policy applies to a queue.
@@ -179,7 +179,7 @@ pub async fn release(
     show_progress: bool,
 ) -> Result<Released, TierError> {
     let parking = ladder.held_queue(tier);
-    let parked = match crate::mover::depth(channel, &parking).await {
+    let parked = match crate::ops::mover::depth(channel, &parking).await {
         Ok(n) => n,
         Err(_) => return Err(TierError::NotHeld(ladder.tier_queue(tier))),
     };
@@ -230,7 +230,7 @@ pub async fn release(
     // Quorum queues refuse `if-empty` deletes; nothing can reach the queue any more, so an
     // empty one is removed and a non-empty one (a message published by hand) is left for status
     // to show.
-    if crate::mover::depth(channel, &parking).await? == 0 {
+    if crate::ops::mover::depth(channel, &parking).await? == 0 {
         channel
             .queue_delete(parking.as_str().into(), QueueDeleteOptions::default())
             .await?;

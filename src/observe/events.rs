@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use crate::metrics::Metrics;
-use crate::publish::{PublishError, Publisher};
+use crate::broker::publish::{PublishError, Publisher};
+use crate::observe::metrics::Metrics;
 
 /// How many notices may wait for the broker before new ones are dropped.
 pub const BUFFER: usize = 10_000;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::broker::topology::{BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
-use crate::topology::{BrokerExchange, BrokerObjects, BrokerQueue};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagementError {

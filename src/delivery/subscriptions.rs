@@ -12,8 +12,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::config::{Env, ProcessEnv};
-use crate::envelope::{check_event_type, check_tenant};
-use crate::signing::{KeyError, SigningKey};
+use crate::contract::envelope::{check_event_type, check_tenant};
+use crate::delivery::signing::{KeyError, SigningKey};
 
 /// A problem in a subscriptions file, located by line and field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -245,7 +245,7 @@ impl Subscriptions {
         for entry in file.subscriptions {
             let before = errors.len();
             let id = entry.id.get_ref();
-            if crate::envelope::check_id(id).is_err() {
+            if crate::contract::envelope::check_id(id).is_err() {
                 errors.push(error(
                     entry.id.span().start,
                     "id",
@@ -721,9 +721,9 @@ secrets = []
     fn secrets_resolve_from_env_and_files_and_refresh() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v1");
-        let v1 = crate::signing::generate_secret();
+        let v1 = crate::delivery::signing::generate_secret();
         std::fs::write(&path, format!("{v1}\n")).unwrap();
-        let v2 = crate::signing::generate_secret();
+        let v2 = crate::delivery::signing::generate_secret();
         let env: HashMap<String, String> = [("V2".to_string(), v2.clone())].into();
         let store = SecretStore::with_env(Duration::ZERO, Arc::new(env));
         let mut sub = Subscription::new(
@@ -756,8 +756,8 @@ secrets = []
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old");
         let new = dir.path().join("new");
-        std::fs::write(&old, crate::signing::generate_secret()).unwrap();
-        std::fs::write(&new, crate::signing::generate_secret()).unwrap();
+        std::fs::write(&old, crate::delivery::signing::generate_secret()).unwrap();
+        std::fs::write(&new, crate::delivery::signing::generate_secret()).unwrap();
         let text = format!(
             r#"
 [[subscription]]

@@ -1,5 +1,5 @@
 //! The HTTP edge: builds the signed webhook request and sends it with enforced timeouts, no
-//! redirects and a capped response read. Classifying what came back is [`crate::outcome`]'s job.
+//! redirects and a capped response read. Classifying what came back is [`crate::delivery::route`]'s job.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -9,8 +9,8 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use std::sync::Arc;
 
 use crate::config::HttpConfig;
-use crate::egress::{EgressPolicy, GuardedResolver, Lookup, find_denial};
-use crate::outcome::{AttemptResult, parse_retry_after};
+use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, find_denial};
+use crate::delivery::route::{AttemptResult, parse_retry_after};
 
 pub const USER_AGENT_VALUE: &str = concat!("hookrelay/", env!("CARGO_PKG_VERSION"));
 
@@ -108,7 +108,7 @@ impl HttpSender {
             && let Err(e) = self.resolver.resolve_checked(host).await
         {
             return Some(match e {
-                crate::egress::ResolveError::Denied(d) => {
+                crate::delivery::egress::ResolveError::Denied(d) => {
                     AttemptResult::EgressDenied(d.to_string())
                 }
                 other => AttemptResult::Transport(other.to_string()),

@@ -7,9 +7,11 @@ use std::time::SystemTime;
 
 use lapin::BasicProperties;
 
-use crate::envelope::{self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER};
-use crate::mover::Plan;
-use crate::topology::Ladder;
+use crate::broker::topology::Ladder;
+use crate::contract::envelope::{
+    self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
+};
+use crate::ops::mover::Plan;
 
 /// Which dead envelopes to move. Every field that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,7 +99,7 @@ pub fn plan(ladder: &Ladder, filter: &Filter, properties: &BasicProperties) -> P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::{DeadLetter, NewEvent, dead_properties};
+    use crate::contract::envelope::{DeadLetter, NewEvent, dead_properties};
     use std::time::Duration;
 
     fn dead(tenant: &str, reason: &str) -> BasicProperties {
@@ -170,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_redriven_envelope_keeps_its_id_and_starts_over() {
-        let ladder = Ladder::parse(include_str!("../topology/ladder.toml")).unwrap();
+        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml")).unwrap();
         let p = dead("acme", "exhausted");
         let Plan::Move {
             exchange,
@@ -185,7 +187,9 @@ mod tests {
             ("hookrelay.ingress", "acme")
         );
         assert_eq!(properties.message_id(), p.message_id());
-        let env = crate::envelope::Envelope::from_delivery(&properties, "acme", b"{}", 64).unwrap();
+        let env =
+            crate::contract::envelope::Envelope::from_delivery(&properties, "acme", b"{}", 64)
+                .unwrap();
         assert_eq!(env.attempts_made, 0);
         assert_eq!(
             envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER),

@@ -176,7 +176,8 @@ impl Ladder {
 
     /// Adds a tenant with lanes of its own.
     pub fn with_dedicated(mut self, tenant: &str, in_flight: u16) -> Result<Self, TopologyError> {
-        crate::envelope::check_tenant(tenant).map_err(|e| invalid("dedicated", e.to_string()))?;
+        crate::contract::envelope::check_tenant(tenant)
+            .map_err(|e| invalid("dedicated", e.to_string()))?;
         if self.dedicated.iter().any(|d| d.tenant == tenant) {
             return Err(invalid(
                 "dedicated",
@@ -930,7 +931,7 @@ fn declare_error(object: String, e: lapin::Error) -> TopologyError {
 mod tests {
     use super::*;
 
-    const DEFAULT_LADDER: &str = include_str!("../topology/ladder.toml");
+    const DEFAULT_LADDER: &str = include_str!("../../topology/ladder.toml");
 
     #[test]
     fn the_shipped_ladder_is_the_documented_default() {
@@ -1047,7 +1048,7 @@ mod tests {
         let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
         let exported = ladder.objects().export("/");
         let shipped: serde_json::Value =
-            serde_json::from_str(include_str!("../rabbitmq/definitions.json")).unwrap();
+            serde_json::from_str(include_str!("../../rabbitmq/definitions.json")).unwrap();
         assert_eq!(
             exported, shipped,
             "rabbitmq/definitions.json is stale: run `hookrelay topology export > rabbitmq/definitions.json`"

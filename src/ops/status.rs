@@ -8,9 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::broker::management::{Management, ManagementError};
+use crate::broker::topology::Ladder;
 use crate::config::fmt_duration;
-use crate::management::{Management, ManagementError};
-use crate::topology::Ladder;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {

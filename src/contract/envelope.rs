@@ -149,7 +149,7 @@ fn shorten(s: &str) -> String {
     format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
-/// An event as a producer hands it to [`crate::publish::Publisher::publish_event`].
+/// An event as a producer hands it to [`crate::broker::publish::Publisher::publish_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
     /// The envelope id; the producer chooses it so a retried publish is recognisably the same.

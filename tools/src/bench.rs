@@ -29,20 +29,20 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::envelope::{self, NewEvent, now_ms};
-use crate::publish::Publisher;
-use crate::signing::generate_secret;
-use crate::topology::{Ladder, QueueType};
+use hookrelay::broker::publish::Publisher;
+use hookrelay::broker::topology::{Ladder, QueueType};
+use hookrelay::config::Config;
+use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::delivery::signing::generate_secret;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("broker: {0}")]
     Broker(#[from] lapin::Error),
     #[error(transparent)]
-    Publish(#[from] crate::publish::PublishError),
+    Publish(#[from] hookrelay::broker::publish::PublishError),
     #[error(transparent)]
-    Topology(#[from] crate::topology::TopologyError),
+    Topology(#[from] hookrelay::broker::topology::TopologyError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -349,11 +349,19 @@ fn queue_args(queue_type: QueueType) -> FieldTable {
     args
 }
 
-/// Runs the whole benchmark. `exe` is the hookrelay binary to start workers from.
+/// The binaries the bench starts: the ceiling loop's (`hookrelay-dev bench-ceiling`) and the
+/// worker's (`hookrelay worker`).
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub ceiling: PathBuf,
+    pub worker: PathBuf,
+}
+
+/// Runs the whole benchmark.
 pub async fn run(
     config: &Config,
     options: &BenchOptions,
-    exe: PathBuf,
+    binaries: Binaries,
 ) -> Result<BenchReport, BenchError> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("hookrelay-bench-{run_id}");
@@ -371,7 +379,7 @@ pub async fn run(
         )
         .await?,
     );
-    let api = crate::management::Management::new(&config.management.url, "/")
+    let api = hookrelay::broker::management::Management::new(&config.management.url, "/")
         .map_err(|e| BenchError::Other(e.to_string()))?;
     let broker = api.broker_version().await.unwrap_or_default();
     let sink = Sink::new(None);
@@ -416,7 +424,7 @@ pub async fn run(
     })
     .await?;
     sink.reset();
-    let mut child = tokio::process::Command::new(&exe)
+    let mut child = tokio::process::Command::new(&binaries.ceiling)
         .args([
             "bench-ceiling",
             "--queue",
@@ -477,7 +485,7 @@ pub async fn run(
     let result = run_hookrelay(
         config,
         options,
-        &exe,
+        &binaries.worker,
         &ladder,
         &publisher,
         &channel,

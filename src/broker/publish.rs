@@ -17,7 +17,7 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use tokio::sync::{Mutex, Semaphore};
 
 use crate::config::SecretUrl;
-use crate::envelope::{InvalidEnvelope, NewEvent};
+use crate::contract::envelope::{InvalidEnvelope, NewEvent};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {

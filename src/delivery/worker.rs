@@ -1,4 +1,4 @@
-//! The worker: consumes the ready lanes and hands every delivery to [`crate::dispatch`] in a task
+//! The worker: consumes the ready lanes and hands every delivery to [`crate::delivery::dispatch`] in a task
 //! of its own, the moment the broker hands it over, so each channel's prefetch is the
 //! concurrency bound and the broker's `consumer_timeout` measures real work.
 //!
@@ -21,18 +21,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::broker::management::Management;
+use crate::broker::publish::{PublishError, Publisher};
+use crate::broker::topology::Ladder;
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Lane, LaneKind};
-use crate::egress::{EgressPolicy, Lookup, SystemLookup};
-use crate::events::{Notices, OperationalEvent};
-use crate::http::HttpSender;
-use crate::management::Management;
-use crate::metrics::Metrics;
-use crate::publish::{PublishError, Publisher};
-use crate::subscriptions::{
+use crate::delivery::dispatch::{Dispatcher, Lane, LaneKind};
+use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
+use crate::delivery::http::HttpSender;
+use crate::delivery::subscriptions::{
     LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
 };
-use crate::topology::Ladder;
+use crate::observe::events::{Notices, OperationalEvent};
+use crate::observe::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -163,7 +163,7 @@ impl Worker {
             )
             .await?,
         );
-        let vitals = crate::vitals::bind(&config.metrics.listen).await?;
+        let vitals = crate::observe::vitals::bind(&config.metrics.listen).await?;
         let metrics = Metrics::new();
         // Notices have a connection of their own: their confirms and returns (nobody may bind
         // the events exchange) stay apart from the republishes the lanes wait on.
@@ -208,7 +208,7 @@ impl Worker {
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub fn vitals_addr(&self) -> Option<std::net::SocketAddr> {
-        crate::vitals::local_addr(&self.vitals)
+        crate::observe::vitals::local_addr(&self.vitals)
     }
 
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
@@ -224,7 +224,7 @@ impl Worker {
         ))];
         let metrics = self.dispatcher.metrics.clone();
         if let Some(listener) = self.vitals.take() {
-            helpers.push(tokio::spawn(crate::vitals::serve(
+            helpers.push(tokio::spawn(crate::observe::vitals::serve(
                 listener,
                 metrics.clone(),
                 stop_helpers.clone(),
@@ -235,7 +235,7 @@ impl Worker {
             &config.management.url,
             &Management::vhost_of(&config.amqp.url),
         ) {
-            Ok(api) => helpers.push(tokio::spawn(crate::vitals::poll_queues(
+            Ok(api) => helpers.push(tokio::spawn(crate::observe::vitals::poll_queues(
                 api,
                 self.dispatcher.ladder.clone(),
                 self.lanes.clone(),

@@ -12,10 +12,10 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::dispatch::Lane;
-use crate::management::Management;
-use crate::metrics::Metrics;
-use crate::topology::Ladder;
+use crate::broker::management::Management;
+use crate::broker::topology::Ladder;
+use crate::delivery::dispatch::Lane;
+use crate::observe::metrics::Metrics;
 
 /// Binds the vitals address; done at start so a taken port fails the start, not later.
 pub async fn bind(listen: &str) -> std::io::Result<Option<tokio::net::TcpListener>> {
@@ -80,7 +80,7 @@ pub async fn poll_queues(
     api: Management,
     ladder: Ladder,
     lanes: Vec<Arc<Lane>>,
-    publisher: Arc<crate::publish::Publisher>,
+    publisher: Arc<crate::broker::publish::Publisher>,
     metrics: Metrics,
     interval: Duration,
     stop: CancellationToken,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::topology::Ladder;
+use crate::broker::topology::Ladder;
 
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,10 +229,10 @@ pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Dura
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::Ladder;
+    use crate::broker::topology::Ladder;
 
     fn ladder() -> Ladder {
-        Ladder::parse(include_str!("../topology/ladder.toml")).unwrap()
+        Ladder::parse(include_str!("../../topology/ladder.toml")).unwrap()
     }
 
     fn status(code: u16) -> AttemptResult {

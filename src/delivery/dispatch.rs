@@ -13,17 +13,17 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::{Acker, BasicProperties};
 use tracing::{debug, error, info, warn};
 
+use crate::broker::publish::{PublishError, Publisher};
+use crate::broker::topology::Ladder;
 use crate::config::Config;
-use crate::endpoint::Endpoints;
-use crate::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
-use crate::events::{AttemptRecord, Notices, OperationalEvent, now_rfc3339};
-use crate::http::{HttpSender, WebhookRequest};
-use crate::metrics::Metrics;
-use crate::outcome::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
-use crate::publish::{PublishError, Publisher};
-use crate::signing::signature_header;
-use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
-use crate::topology::Ladder;
+use crate::contract::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
+use crate::delivery::endpoint::Endpoints;
+use crate::delivery::http::{HttpSender, WebhookRequest};
+use crate::delivery::route::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
+use crate::delivery::signing::signature_header;
+use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
+use crate::observe::events::{AttemptRecord, Notices, OperationalEvent, now_rfc3339};
+use crate::observe::metrics::Metrics;
 
 /// Which kind of lane a delivery came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,7 +399,7 @@ impl Dispatcher {
         &self,
         lane: &Lane,
         envelope: &Envelope,
-        subscriptions: &crate::subscriptions::Subscriptions,
+        subscriptions: &crate::delivery::subscriptions::Subscriptions,
     ) -> Outcome {
         if lane.kind != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some()
         {
@@ -552,7 +552,7 @@ impl Dispatcher {
                 if let Some(envelope) = envelope {
                     self.announce(envelope, outcome);
                 }
-                let key = crate::events::routing_key(
+                let key = crate::observe::events::routing_key(
                     attempted.outcome.kind(),
                     envelope.map(|e| e.tenant.as_str()),
                 );

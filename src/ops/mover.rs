@@ -15,8 +15,8 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDe
 use lapin::types::FieldTable;
 use lapin::{Acker, BasicProperties, Channel};
 
-use crate::progress::Progress;
-use crate::publish::{PublishError, Publisher};
+use crate::broker::publish::{PublishError, Publisher};
+use crate::ops::progress::Progress;
 
 /// A pace such as `50/s` or `600/m`; a bare number is per second.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -10,13 +10,13 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use lapin::{Connection, ConnectionProperties};
 
+use crate::broker::management::Management;
+use crate::broker::publish::Publisher;
+use crate::broker::topology::{Ladder, QueueType};
 use crate::config::Config;
-use crate::envelope::NewEvent;
-use crate::management::Management;
-use crate::publish::Publisher;
-use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
-use crate::topology::{Ladder, QueueType};
-use crate::worker::{Worker, WorkerSetup, shutdown_signal};
+use crate::contract::envelope::NewEvent;
+use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
+use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
 
 /// Exit code when `topology plan` finds drift.
 pub const EXIT_DRIFT: u8 = 3;
@@ -29,7 +29,7 @@ HOOKRELAY_LADDER, HOOKRELAY_SUBSCRIPTIONS. README.md lists every setting.
 Exit codes: 0 success, 1 error, 2 bad command line, 3 drift found by `topology plan`.
 
 First steps:
-  hookrelay demo                      the whole path on a local broker, in under a minute
+  hookrelay-dev demo                  the whole path on a local broker, in under a minute (make demo)
   hookrelay topology apply            declare the retry ladder from topology/ladder.toml
   hookrelay worker                    deliver; SIGTERM drains and exits 0";
 
@@ -86,29 +86,6 @@ pub enum Command {
     /// Follow the attempt log.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
-    /// Measure throughput against a raw lapin loop on the same broker, latency, peak memory,
-    /// promotion precision and isolation, in one run. Takes a few minutes.
-    ///
-    /// Publishes --events persistent messages for each consumer beforehand; counts deliveries
-    /// per second at a local sink from the first delivery to the last. The worker runs as its own
-    /// process (`hookrelay worker`), with signing, lookups, egress checks and metrics on.
-    Bench(BenchArgs),
-    /// The bench's ceiling loop (started by `hookrelay bench`).
-    #[command(hide = true)]
-    BenchCeiling {
-        #[arg(long)]
-        queue: String,
-        #[arg(long)]
-        prefetch: u16,
-        #[arg(long)]
-        url: String,
-    },
-    /// Run the whole path end to end on the configured broker and print a summary table.
-    ///
-    /// Applies a ladder with 1s/2s/4s tiers under its own prefix, starts an endpoint on loopback
-    /// that verifies signatures and fails some deliveries on purpose, runs a worker, publishes
-    /// the events, shows progress, prints the outcome table, and removes its objects.
-    Demo(DemoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -165,7 +142,7 @@ pub enum TierCommand {
         tier: String,
         /// Pace, e.g. 50/s or 600/m; as fast as the broker confirms when absent.
         #[arg(long)]
-        rate: Option<crate::mover::Rate>,
+        rate: Option<crate::ops::mover::Rate>,
     },
     /// Which tiers are held, and how much waits and is parked.
     Status {
@@ -201,7 +178,7 @@ pub struct RedriveArgs {
     pub limit: Option<usize>,
     /// Pace, e.g. 100/s.
     #[arg(long)]
-    pub rate: Option<crate::mover::Rate>,
+    pub rate: Option<crate::ops::mover::Rate>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -288,44 +265,6 @@ pub struct WorkerArgs {
     pub name: String,
 }
 
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Messages per throughput run.
-    #[arg(long, default_value_t = 50_000)]
-    pub events: usize,
-    /// Prefetch of the ceiling loop and of the worker's first-attempt lane.
-    #[arg(long, default_value_t = 500)]
-    pub prefetch: u16,
-    /// Use classic queues instead of quorum queues.
-    #[arg(long)]
-    pub classic: bool,
-    /// Retries due for the slow endpoint in the isolation run.
-    #[arg(long, default_value_t = 50_000)]
-    pub backlog: usize,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Messages per second published into the 1s tier for promotion precision.
-    #[arg(long, default_value_t = 5_000)]
-    pub precision_rate: u32,
-    /// Bind a queue to the attempt log during the runs (as when an operator keeps history).
-    #[arg(long)]
-    pub keep_attempt_log: bool,
-    /// Measure throughput only (skips latency, promotion precision and isolation).
-    #[arg(long)]
-    pub throughput_only: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// How many events to publish.
-    #[arg(long, default_value_t = 1000)]
-    pub events: usize,
-    /// Keep the demo's queues and exchanges afterwards, to look at them in the management UI.
-    #[arg(long)]
-    pub keep: bool,
-}
-
 /// Runs one command with a loaded configuration.
 pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match command {
@@ -350,7 +289,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             let channel = conn.create_channel().await?;
             let mut seen = 0usize;
             let exchange = ladder.attempts_exchange();
-            let tail = crate::events::tail_attempts(
+            let tail = crate::observe::events::tail_attempts(
                 &channel,
                 &exchange,
                 outcome.as_deref(),
@@ -359,8 +298,9 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     if json {
                         println!("{}", String::from_utf8_lossy(body));
                     } else {
-                        match serde_json::from_slice::<crate::events::AttemptRecord>(body) {
-                            Ok(r) => println!("{}", crate::events::format_record(&r)),
+                        match serde_json::from_slice::<crate::observe::events::AttemptRecord>(body)
+                        {
+                            Ok(r) => println!("{}", crate::observe::events::format_record(&r)),
                             Err(_) => println!("{}", String::from_utf8_lossy(body)),
                         }
                     }
@@ -375,39 +315,6 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             let _ = conn.close(200, "done".into()).await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(args) => {
-            let options = crate::bench::BenchOptions {
-                events: args.events,
-                prefetch: args.prefetch,
-                queue_type: if args.classic {
-                    QueueType::Classic
-                } else {
-                    QueueType::Quorum
-                },
-                isolation_backlog: args.backlog,
-                throughput_only: args.throughput_only,
-                precision_rate: args.precision_rate,
-                keep_attempt_log: args.keep_attempt_log,
-                ..Default::default()
-            };
-            let exe = std::env::current_exe().context("cannot find the hookrelay binary")?;
-            let report = crate::bench::run(&config, &options, exe).await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                println!("{}", report.table());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::BenchCeiling {
-            queue,
-            prefetch,
-            url,
-        } => {
-            crate::bench::ceiling_loop(&config, &queue, prefetch, &url).await?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Demo(args) => demo(args, &config).await,
     }
 }
 
@@ -416,13 +323,13 @@ async fn status(args: StatusArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let ladder = load_ladder(&args.ladder, config)?;
     let api = management(config)?;
     let broker = api.broker_version().await?;
-    let mut previous: Option<(std::time::Instant, Vec<crate::status::QueueStatus>)> = None;
+    let mut previous: Option<(std::time::Instant, Vec<crate::ops::status::QueueStatus>)> = None;
     loop {
-        let rows = crate::status::collect(&api, &ladder, previous.as_ref()).await?;
+        let rows = crate::ops::status::collect(&api, &ladder, previous.as_ref()).await?;
         if args.json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
-            let table = crate::status::render(&ladder, api.vhost(), &broker, &rows);
+            let table = crate::ops::status::render(&ladder, api.vhost(), &broker, &rows);
             if args.watch {
                 // Home the cursor and clear, so the table refreshes in place.
                 print!("\x1b[H\x1b[2J{table}");
@@ -446,13 +353,14 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         TierCommand::Hold { ladder, tier } => {
             let ladder = load_ladder(&ladder, config)?;
-            let i = crate::tier::find(&ladder, &tier)?;
+            let i = crate::ops::tier::find(&ladder, &tier)?;
             let api = management(config)?;
             let conn = connect(config, "hookrelay tier").await?;
             let channel = conn.create_channel().await?;
-            crate::tier::hold(&api, &channel, &ladder, i).await?;
+            crate::ops::tier::hold(&api, &channel, &ladder, i).await?;
             let applied =
-                crate::tier::wait_applied(&api, &ladder, i, true, Duration::from_secs(10)).await?;
+                crate::ops::tier::wait_applied(&api, &ladder, i, true, Duration::from_secs(10))
+                    .await?;
             let _ = conn.close(200, "done".into()).await;
             if !applied {
                 bail!(
@@ -473,7 +381,7 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
         }
         TierCommand::Release { ladder, tier, rate } => {
             let ladder = load_ladder(&ladder, config)?;
-            let i = crate::tier::find(&ladder, &tier)?;
+            let i = crate::ops::tier::find(&ladder, &tier)?;
             let api = management(config)?;
             let conn = connect(config, "hookrelay tier").await?;
             let channel = conn.create_channel().await?;
@@ -483,12 +391,13 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 config.amqp.confirm_timeout,
             )
             .await?;
-            let options = crate::mover::MoveOptions {
+            let options = crate::ops::mover::MoveOptions {
                 rate,
                 ..Default::default()
             };
             let released =
-                crate::tier::release(&api, &channel, &publisher, &ladder, i, &options, true).await;
+                crate::ops::tier::release(&api, &channel, &publisher, &ladder, i, &options, true)
+                    .await;
             publisher.close().await;
             let _ = conn.close(200, "done".into()).await;
             let released = released?;
@@ -503,7 +412,7 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
         TierCommand::Status { ladder, json } => {
             let ladder = load_ladder(&ladder, config)?;
             let api = management(config)?;
-            let states = crate::tier::status(&api, &ladder).await?;
+            let states = crate::ops::tier::status(&api, &ladder).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&states)?);
             } else {
@@ -530,7 +439,7 @@ async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
 
 async fn redrive(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let ladder = load_ladder(&args.ladder, config)?;
-    let filter = crate::redrive::Filter {
+    let filter = crate::ops::redrive::Filter {
         tenant: args.tenant,
         subscription: args.subscription,
         reason: args.reason,
@@ -546,24 +455,26 @@ async fn redrive(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode>
     )
     .await?;
     let dead = ladder.dead();
-    let total = crate::mover::depth(&channel, &dead).await?;
+    let total = crate::ops::mover::depth(&channel, &dead).await?;
     let limit = args
         .limit
         .map_or(total as u64, |l| (l as u64).min(total.into()));
-    let progress =
-        crate::progress::Progress::new(limit, if args.dry_run { "would move" } else { "moved" });
-    let options = crate::mover::MoveOptions {
+    let progress = crate::ops::progress::Progress::new(
+        limit,
+        if args.dry_run { "would move" } else { "moved" },
+    );
+    let options = crate::ops::mover::MoveOptions {
         rate: args.rate,
         limit: args.limit,
         dry_run: args.dry_run,
     };
-    let report = crate::mover::move_messages(
+    let report = crate::ops::mover::move_messages(
         &channel,
         &publisher,
         &dead,
         &options,
         Some(&progress),
-        |props, _| crate::redrive::plan(&ladder, &filter, props),
+        |props, _| crate::ops::redrive::plan(&ladder, &filter, props),
     )
     .await;
     publisher.close().await;
@@ -649,7 +560,7 @@ async fn topology(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitC
             match management(config)?.objects().await {
                 Ok(objects) => {
                     let retired = ladder.retired_tenants(objects.queues.keys());
-                    crate::topology::Topology::retire(&ladder, &channel, &retired).await?;
+                    crate::broker::topology::Topology::retire(&ladder, &channel, &retired).await?;
                     for tenant in &retired {
                         println!(
                             "Tenant {tenant:?} is no longer dedicated: its lanes are unbound (new events \
@@ -789,23 +700,5 @@ async fn worker(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     setup.name = args.name;
     let worker = Worker::start(setup).await?;
     worker.run(shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn demo(args: DemoArgs, config: &Config) -> anyhow::Result<ExitCode> {
-    let options = crate::demo::DemoOptions {
-        events: args.events,
-        keep: args.keep,
-        deadline: Duration::from_secs(90),
-    };
-    let report = crate::demo::run(config, &options).await?;
-    println!("\nhookrelay demo: {}\n{}", report.prefix, report.table());
-    if report.unfinished > 0 || report.unverified > 0 {
-        bail!(
-            "{} events did not finish and {} requests failed verification",
-            report.unfinished,
-            report.unverified
-        );
-    }
     Ok(ExitCode::SUCCESS)
 }

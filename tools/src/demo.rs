@@ -12,28 +12,28 @@ use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
-use crate::config::Config;
-use crate::envelope::{self, NewEvent, now_ms};
-use crate::progress::Progress;
-use crate::publish::Publisher;
 use crate::receiver::{Receiver, Reply};
-use crate::signing::generate_secret;
-use crate::subscriptions::{
+use hookrelay::broker::publish::Publisher;
+use hookrelay::broker::topology::{Ladder, QueueType};
+use hookrelay::config::Config;
+use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::delivery::signing::generate_secret;
+use hookrelay::delivery::subscriptions::{
     EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
 };
-use crate::topology::{Ladder, QueueType};
-use crate::worker::{Worker, WorkerSetup};
+use hookrelay::delivery::worker::{Worker, WorkerSetup};
+use hookrelay::ops::progress::Progress;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
     #[error("broker: {0}")]
     Broker(#[from] lapin::Error),
     #[error(transparent)]
-    Topology(#[from] crate::topology::TopologyError),
+    Topology(#[from] hookrelay::broker::topology::TopologyError),
     #[error(transparent)]
-    Publish(#[from] crate::publish::PublishError),
+    Publish(#[from] hookrelay::broker::publish::PublishError),
     #[error(transparent)]
-    Worker(#[from] crate::worker::WorkerError),
+    Worker(#[from] hookrelay::delivery::worker::WorkerError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]

@@ -1,0 +1,3 @@
+//! What producers and hookrelay agree on: the envelope and the headers it carries.
+
+pub mod envelope;

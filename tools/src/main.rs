@@ -1,0 +1,206 @@
+//! `hookrelay-dev`: the demo and the benchmark. Not part of what ships; README's `make demo`
+//! runs the demo.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use hookrelay::broker::topology::QueueType;
+use hookrelay::config::{Config, ProcessEnv};
+use hookrelay_tools::{bench, demo};
+
+// The ceiling loop runs in this binary; it gets the allocator the worker has, so the comparison
+// measures the code, not the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hookrelay-dev",
+    version,
+    about = "hookrelay's demo and benchmark, on the broker hookrelay's configuration names",
+    after_help = "Configuration is hookrelay's: --config or HOOKRELAY_CONFIG, then HOOKRELAY_* variables."
+)]
+struct Cli {
+    /// Configuration file (TOML). Defaults apply when absent.
+    #[arg(long, global = true, env = "HOOKRELAY_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the whole path end to end on the configured broker and print a summary table.
+    ///
+    /// Applies a ladder with 1s/2s/4s tiers under its own prefix, starts an endpoint on loopback
+    /// that verifies signatures and fails some deliveries on purpose, runs a worker, publishes
+    /// the events, shows progress, prints the outcome table, and removes its objects.
+    Demo(DemoArgs),
+    /// Measure throughput against a raw lapin loop on the same broker, latency, peak memory,
+    /// promotion precision and isolation, in one run. Takes a few minutes.
+    ///
+    /// Publishes --events persistent messages for each consumer beforehand; counts deliveries
+    /// per second at a local sink from the first delivery to the last. The worker runs as its own
+    /// process (`hookrelay worker`, found beside this binary unless --worker-bin says otherwise),
+    /// with signing, lookups, egress checks and metrics on.
+    Bench(BenchArgs),
+    /// The bench's ceiling loop (started by `hookrelay-dev bench`).
+    #[command(hide = true)]
+    BenchCeiling {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        prefetch: u16,
+        #[arg(long)]
+        url: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// How many events to publish.
+    #[arg(long, default_value_t = 1000)]
+    events: usize,
+    /// Keep the demo's queues and exchanges afterwards, to look at them in the management UI.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Messages per throughput run.
+    #[arg(long, default_value_t = 50_000)]
+    events: usize,
+    /// Prefetch of the ceiling loop and of the worker's first-attempt lane.
+    #[arg(long, default_value_t = 500)]
+    prefetch: u16,
+    /// Use classic queues instead of quorum queues.
+    #[arg(long)]
+    classic: bool,
+    /// Retries due for the slow endpoint in the isolation run.
+    #[arg(long, default_value_t = 50_000)]
+    backlog: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Messages per second published into the 1s tier for promotion precision.
+    #[arg(long, default_value_t = 5_000)]
+    precision_rate: u32,
+    /// Bind a queue to the attempt log during the runs (as when an operator keeps history).
+    #[arg(long)]
+    keep_attempt_log: bool,
+    /// Measure throughput only (skips latency, promotion precision and isolation).
+    #[arg(long)]
+    throughput_only: bool,
+    /// The hookrelay binary the worker runs from; by default the one beside this binary.
+    #[arg(long, value_name = "FILE")]
+    worker_bin: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The demo and the bench draw progress and tables; the worker's log lines would bury them.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command, config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Demo(args) => {
+            let options = demo::DemoOptions {
+                events: args.events,
+                keep: args.keep,
+                deadline: Duration::from_secs(90),
+            };
+            let report = demo::run(&config, &options).await?;
+            println!("\nhookrelay demo: {}\n{}", report.prefix, report.table());
+            if report.unfinished > 0 || report.unverified > 0 {
+                bail!(
+                    "{} events did not finish and {} requests failed verification",
+                    report.unfinished,
+                    report.unverified
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => {
+            let options = bench::BenchOptions {
+                events: args.events,
+                prefetch: args.prefetch,
+                queue_type: if args.classic {
+                    QueueType::Classic
+                } else {
+                    QueueType::Quorum
+                },
+                isolation_backlog: args.backlog,
+                throughput_only: args.throughput_only,
+                precision_rate: args.precision_rate,
+                keep_attempt_log: args.keep_attempt_log,
+                ..Default::default()
+            };
+            let exe = std::env::current_exe().context("cannot find the hookrelay-dev binary")?;
+            let worker = match args.worker_bin {
+                Some(path) => path,
+                None => exe.with_file_name("hookrelay"),
+            };
+            if !worker.is_file() {
+                bail!(
+                    "no hookrelay binary at {}: build it (`cargo build --release --workspace`) or \
+                     name it with --worker-bin",
+                    worker.display()
+                );
+            }
+            let report = bench::run(
+                &config,
+                &options,
+                bench::Binaries {
+                    ceiling: exe,
+                    worker,
+                },
+            )
+            .await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", report.table());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchCeiling {
+            queue,
+            prefetch,
+            url,
+        } => {
+            bench::ceiling_loop(&config, &queue, prefetch, &url).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
