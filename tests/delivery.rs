@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
-use hookrelay::contract::envelope::{
-    self, ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER,
+use hookrelay::contract::headers;
+use hookrelay::contract::headers::{
+    ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER,
 };
 use hookrelay_tools::receiver::{Receiver, Reply};
 
@@ -140,16 +141,16 @@ async fn a_client_error_is_dead_lettered_with_its_reason_and_the_original_messag
     assert_eq!(p.message_id().as_ref().unwrap().as_str(), "evt_rejected");
     assert_eq!(&dead[0].delivery.data[..], &e.body[..]);
     assert_eq!(
-        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        headers::read_str_header(p, REASON_HEADER).as_deref(),
         Some("rejected")
     );
-    assert_eq!(envelope::read_u64_header(p, STATUS_HEADER), Some(400));
-    assert_eq!(envelope::read_u64_header(p, ATTEMPTS_HEADER), Some(1));
+    assert_eq!(headers::read_u64_header(p, STATUS_HEADER), Some(400));
+    assert_eq!(headers::read_u64_header(p, ATTEMPTS_HEADER), Some(1));
     assert_eq!(
-        envelope::read_str_header(p, envelope::SUBSCRIPTION_HEADER).as_deref(),
+        headers::read_str_header(p, headers::SUBSCRIPTION_HEADER).as_deref(),
         Some("sub_a")
     );
-    assert!(envelope::read_u64_header(p, envelope::DEAD_AT_HEADER).is_some());
+    assert!(headers::read_u64_header(p, headers::DEAD_AT_HEADER).is_some());
     assert_eq!(receiver.request_count(), 1, "a 4xx is not retried");
 }
 
@@ -187,12 +188,12 @@ async fn a_spent_budget_is_dead_lettered_as_exhausted() {
     let dead = t.drain_dead().await;
     let p = &dead[0].delivery.properties;
     assert_eq!(
-        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        headers::read_str_header(p, REASON_HEADER).as_deref(),
         Some("exhausted")
     );
-    assert_eq!(envelope::read_u64_header(p, ATTEMPTS_HEADER), Some(3));
+    assert_eq!(headers::read_u64_header(p, ATTEMPTS_HEADER), Some(3));
     assert_eq!(
-        envelope::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
+        headers::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
         Some("HTTP 500")
     );
     // The broker's dead-letter headers of the last tier are not carried into the sink.
@@ -262,6 +263,6 @@ async fn timeouts_and_refused_connections_are_retried() {
     let dead = t.drain_dead().await;
     let p = &dead[0].delivery.properties;
     assert_eq!(p.message_id().as_ref().unwrap().as_str(), "evt_closed");
-    let error = envelope::read_str_header(p, LAST_ERROR_HEADER).unwrap();
+    let error = headers::read_str_header(p, LAST_ERROR_HEADER).unwrap();
     assert!(error.starts_with("transport error: connect"), "{error}");
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use hookrelay::contract::headers;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -206,7 +207,7 @@ async fn scheme_and_port_rules() {
 /// End to end: the refusal is a permanent outcome, dead-lettered with the resolved address.
 #[tokio::test]
 async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
-    use hookrelay::contract::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER};
+    use hookrelay::contract::headers::{LAST_ERROR_HEADER, REASON_HEADER};
     use hookrelay::delivery::subscriptions::{LiveSubscriptions, Subscriptions};
     use hookrelay::delivery::worker::WorkerSetup;
 
@@ -240,11 +241,11 @@ async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
     let dead = t.drain_dead().await;
     let p = &dead[0].delivery.properties;
     assert_eq!(
-        envelope::read_str_header(p, REASON_HEADER).as_deref(),
+        headers::read_str_header(p, REASON_HEADER).as_deref(),
         Some("egress_denied")
     );
     assert_eq!(
-        envelope::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
+        headers::read_str_header(p, LAST_ERROR_HEADER).as_deref(),
         Some("egress denied: internal.test resolves to 127.0.0.1 (loopback)")
     );
     assert_eq!(receiver.request_count(), 0);

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use common::node::{Node, cluster};
 use common::{RunningWorker, Secret, TestLadder, secret, subscription};
 use hookrelay::broker::publish::Publisher;
-use hookrelay::broker::topology::QueueType;
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{self, NewEvent};
+use hookrelay::contract::envelope::NewEvent;
+use hookrelay::contract::headers;
+use hookrelay::contract::ladder::QueueType;
 use hookrelay::delivery::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
@@ -720,9 +721,7 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
     }
     let reasons: HashSet<String> = dead
         .iter()
-        .map(|m| {
-            envelope::read_str_header(&m.delivery.properties, envelope::REASON_HEADER).unwrap()
-        })
+        .map(|m| headers::read_str_header(&m.delivery.properties, headers::REASON_HEADER).unwrap())
         .collect();
     assert_eq!(reasons, HashSet::from(["exhausted".to_owned()]));
     for i in 0..EACH {
@@ -866,7 +865,7 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
             }
             8 => {
                 headers.insert(
-                    envelope::ATTEMPTS_HEADER.into(),
+                    headers::ATTEMPTS_HEADER.into(),
                     AMQPValue::LongLongInt(i64::MAX),
                 );
                 (
@@ -877,9 +876,9 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
                 )
             }
             9 => {
-                headers.insert(envelope::DUE_HEADER.into(), str_header("yesterday"));
+                headers.insert(headers::DUE_HEADER.into(), str_header("yesterday"));
                 headers.insert("x-death".into(), str_header("forged"));
-                headers.insert(envelope::TENANT_HEADER.into(), str_header("acme"));
+                headers.insert(headers::TENANT_HEADER.into(), str_header("acme"));
                 (
                     retry,
                     String::new(),
@@ -894,8 +893,8 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
                 base.with_message_id(id.into()).with_headers(headers),
             ),
             _ => {
-                headers.insert(envelope::TENANT_HEADER.into(), AMQPValue::LongLongInt(7));
-                headers.insert(envelope::REASON_HEADER.into(), str_header("forged"));
+                headers.insert(headers::TENANT_HEADER.into(), AMQPValue::LongLongInt(7));
+                headers.insert(headers::REASON_HEADER.into(), str_header("forged"));
                 (
                     ingress,
                     "acme".into(),
@@ -986,10 +985,10 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     assert!(without_id >= sent_without_id);
     let duplicated = dead.len() - HOSTILE;
     for d in &dead {
-        let reason = envelope::read_str_header(&d.delivery.properties, envelope::REASON_HEADER);
+        let reason = headers::read_str_header(&d.delivery.properties, headers::REASON_HEADER);
         assert_eq!(reason.as_deref(), Some("invalid"));
         assert!(
-            envelope::read_str_header(&d.delivery.properties, envelope::LAST_ERROR_HEADER)
+            headers::read_str_header(&d.delivery.properties, headers::LAST_ERROR_HEADER)
                 .is_some_and(|e| !e.is_empty())
         );
     }

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, ok_receiver, secret, subscription};
-use hookrelay::contract::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER};
+use hookrelay::contract::headers;
+use hookrelay::contract::headers::{LAST_ERROR_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
@@ -83,7 +84,7 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
         AMQPValue::LongString("sub_orders".into()),
     );
     absurd.insert(
-        envelope::ATTEMPTS_HEADER.into(),
+        headers::ATTEMPTS_HEADER.into(),
         AMQPValue::LongLongInt(1 << 40),
     );
 
@@ -217,9 +218,9 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
         let p = &m.delivery.properties;
         let id = p.message_id().as_ref().map_or("", |s| s.as_str());
         let label = if id.len() > 100 { "long" } else { id };
-        let error = envelope::read_str_header(p, LAST_ERROR_HEADER).unwrap();
+        let error = headers::read_str_header(p, LAST_ERROR_HEADER).unwrap();
         assert_eq!(
-            envelope::read_str_header(p, REASON_HEADER).as_deref(),
+            headers::read_str_header(p, REASON_HEADER).as_deref(),
             Some("invalid"),
             "{label}: {error}"
         );

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
 use futures_util::StreamExt;
-use hookrelay::broker::topology::QueueType;
 use hookrelay::contract::envelope::{self, NewEvent};
+use hookrelay::contract::headers;
+use hookrelay::contract::ladder::QueueType;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -35,7 +36,7 @@ async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
     let publisher = t.publisher().await;
     for i in 0..n {
         let e = event(&format!("evt_backlog_{i:04}"), "acme", subscription);
-        let props = envelope::retry_properties(
+        let props = headers::retry_properties(
             &e.properties(),
             "acme",
             1,
@@ -203,7 +204,7 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     // New events take the shared lane; the worker (with the shorter ladder) drains the old one.
     publish_all(&t, vec![event("evt_big_4", "bigco", "sub_big")]).await;
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
-    t.ladder = hookrelay::broker::topology::Ladder::load(&file).unwrap();
+    t.ladder = hookrelay::contract::ladder::Ladder::load(&file).unwrap();
     let worker = RunningWorker::start(&t, subs).await;
     assert!(
         receiver
@@ -265,10 +266,10 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     for dead in t.drain_dead().await {
         let p = &dead.delivery.properties;
         assert_eq!(
-            envelope::read_str_header(p, envelope::REASON_HEADER).as_deref(),
+            headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
             Some("exhausted")
         );
-        let error = envelope::read_str_header(p, envelope::LAST_ERROR_HEADER).unwrap();
+        let error = headers::read_str_header(p, headers::LAST_ERROR_HEADER).unwrap();
         assert!(error.starts_with("deferred: 127.0.0.1:"), "{error}");
     }
 }

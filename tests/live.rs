@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RunningWorker, Secret, TestLadder, secret};
-use hookrelay::contract::envelope::{self, NewEvent, derived_id};
+use hookrelay::contract::envelope::{NewEvent, derived_id};
+use hookrelay::contract::headers;
 use hookrelay::delivery::subscriptions::LiveSubscriptions;
 use hookrelay::delivery::worker::WorkerSetup;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -327,7 +328,7 @@ async fn gone_stops_retries_and_is_announced() {
     let dead = t.drain_dead().await;
     let p = &dead[0].delivery.properties;
     assert_eq!(
-        envelope::read_str_header(p, envelope::REASON_HEADER).as_deref(),
+        headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
         Some("gone")
     );
     assert_eq!(announced[0].0, "subscription.gone");

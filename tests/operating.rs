@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
 use futures_util::StreamExt;
-use hookrelay::contract::envelope::{self, REASON_HEADER};
+use hookrelay::contract::headers;
+use hookrelay::contract::headers::REASON_HEADER;
 use hookrelay::observe::events::AttemptRecord;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
@@ -485,7 +486,7 @@ async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() 
             let p = &m.delivery.properties;
             (
                 p.message_id().as_ref().unwrap().to_string(),
-                envelope::read_str_header(p, REASON_HEADER).unwrap(),
+                headers::read_str_header(p, REASON_HEADER).unwrap(),
             )
         })
         .collect();
@@ -636,7 +637,7 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
         assert!(alerts.iter().any(|a| a == must), "{must} missing");
     }
     let ladder =
-        hookrelay::broker::topology::Ladder::parse(include_str!("../topology/ladder.toml"))
+        hookrelay::contract::ladder::Ladder::parse(include_str!("../topology/ladder.toml"))
             .unwrap();
     let tiers: Vec<String> = ladder.tiers.iter().map(|t| t.name.clone()).collect();
     assert_eq!(

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use hookrelay::broker::topology::Ladder;
-use hookrelay::contract::envelope::{self, Envelope, check_event_type, check_id, check_tenant};
+use hookrelay::contract::envelope::{Envelope, check_event_type, check_id, check_tenant};
+use hookrelay::contract::headers;
+use hookrelay::contract::ladder::Ladder;
 use hookrelay::delivery::route::{AttemptResult, DeadReason, Outcome, decide};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -13,12 +14,12 @@ use proptest::prelude::*;
 
 fn header_names() -> impl Strategy<Value = String> {
     prop_oneof![
-        Just(envelope::SUBSCRIPTION_HEADER.to_owned()),
-        Just(envelope::TENANT_HEADER.to_owned()),
-        Just(envelope::ATTEMPTS_HEADER.to_owned()),
-        Just(envelope::DUE_HEADER.to_owned()),
-        Just(envelope::EVENT_ID_HEADER.to_owned()),
-        Just(envelope::ENDPOINT_HEADER.to_owned()),
+        Just(headers::SUBSCRIPTION_HEADER.to_owned()),
+        Just(headers::TENANT_HEADER.to_owned()),
+        Just(headers::ATTEMPTS_HEADER.to_owned()),
+        Just(headers::DUE_HEADER.to_owned()),
+        Just(headers::EVENT_ID_HEADER.to_owned()),
+        Just(headers::ENDPOINT_HEADER.to_owned()),
         Just("x-death".to_owned()),
         "[a-z-]{1,20}",
     ]

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use common::{TestLadder, event};
 use hookrelay::broker::publish::PublishError;
-use hookrelay::contract::envelope::SUBSCRIPTION_HEADER;
+use hookrelay::contract::headers::SUBSCRIPTION_HEADER;
 use lapin::options::BasicGetOptions;
 
 fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {

@@ -5,7 +5,8 @@ mod common;
 use std::process::Command;
 
 use common::{TestLadder, management};
-use hookrelay::broker::topology::{Drift, QueueType};
+use hookrelay::broker::drift::Drift;
+use hookrelay::contract::ladder::QueueType;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -22,7 +23,7 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     let objects = api.objects().await.unwrap();
     let topology = t.ladder.objects();
     assert_eq!(topology.diff(&objects), vec![]);
-    assert!(topology.extras(&t.ladder.prefix, &objects).is_empty());
+    assert!(topology.extras(&t.ladder, &objects).is_empty());
 
     // The broker sees what the ladder says: TTL, dead-letter target, at-least-once.
     let tier = api.queue(&t.ladder.tier_queue(0)).await.unwrap().unwrap();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::broker::topology::{BrokerExchange, BrokerObjects, BrokerQueue};
+use crate::broker::drift::{BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
 
 #[derive(Debug, thiserror::Error)]

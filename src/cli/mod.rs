@@ -12,9 +12,9 @@ use lapin::{Connection, ConnectionProperties};
 
 use crate::broker::management::Management;
 use crate::broker::publish::Publisher;
-use crate::broker::topology::{Ladder, QueueType};
 use crate::config::Config;
 use crate::contract::envelope::NewEvent;
+use crate::contract::ladder::{Ladder, QueueType};
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
 
@@ -590,7 +590,7 @@ async fn topology(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitC
             let objects = api.objects().await?;
             let topology = ladder.objects();
             let drift = topology.diff(&objects);
-            for extra in topology.extras(&ladder.prefix, &objects) {
+            for extra in topology.extras(&ladder, &objects) {
                 println!(
                     "not in ladder: {extra} (left alone; delete it once empty if it is an old tier)"
                 );

@@ -14,9 +14,11 @@ use lapin::{Acker, BasicProperties};
 use tracing::{debug, error, info, warn};
 
 use crate::broker::publish::{PublishError, Publisher};
-use crate::broker::topology::Ladder;
 use crate::config::Config;
-use crate::contract::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
+use crate::contract::envelope::{self, Envelope, InvalidEnvelope, now_ms};
+use crate::contract::headers;
+use crate::contract::headers::DeadLetter;
+use crate::contract::ladder::Ladder;
 use crate::delivery::endpoint::Endpoints;
 use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::route::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
@@ -201,7 +203,7 @@ impl Dispatcher {
                     (Some(envelope), attempted)
                 }
                 Err(invalid) => {
-                    let attempts = envelope::read_u64_header(&properties, envelope::ATTEMPTS_HEADER)
+                    let attempts = headers::read_u64_header(&properties, headers::ATTEMPTS_HEADER)
                         .unwrap_or(0)
                         .min(u64::from(u32::MAX)) as u32;
                     let outcome = Outcome::invalid(invalid.to_string(), attempts);
@@ -233,12 +235,9 @@ impl Dispatcher {
             lane.metrics.oldest_ready_age.set(age as f64 / 1000.0);
         }
         if lane.kind == LaneKind::Retry
-            && let Some(queue) = envelope::promoted_from(properties)
+            && let Some(queue) = headers::promoted_from(properties)
         {
-            let tier = queue
-                .strip_prefix(&format!("{}.", self.ladder.prefix))
-                .unwrap_or(&queue)
-                .to_owned();
+            let tier = self.ladder.local_name(&queue).to_owned();
             self.metrics.promotions.with_label_values(&[&tier]).inc();
             if let Some(due) = envelope.due_ms {
                 self.metrics
@@ -473,7 +472,7 @@ impl Dispatcher {
                     return self.requeue(acker, "retry without envelope").await;
                 };
                 let tier_spec = &self.ladder.tiers[*tier];
-                let props = envelope::retry_properties(
+                let props = headers::retry_properties(
                     properties,
                     &envelope.tenant,
                     *attempts_made,
@@ -505,7 +504,7 @@ impl Dispatcher {
                 error,
                 attempts_made,
             } => {
-                let props = envelope::dead_properties(
+                let props = headers::dead_properties(
                     properties,
                     &DeadLetter {
                         reason: reason.as_str(),
@@ -582,7 +581,7 @@ impl Dispatcher {
     ) -> Result<(), PublishError> {
         let sends = subscriptions.iter().map(|sub| {
             let derived = envelope::derived_id(&envelope.id, sub);
-            let props = envelope::fanout_properties(properties, &derived, sub, &envelope.id);
+            let props = headers::fanout_properties(properties, &derived, sub, &envelope.id);
             async move {
                 self.publisher
                     .publish(&self.ingress, &envelope.tenant, body, props)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::broker::topology::Ladder;
+use crate::contract::ladder::Ladder;
 
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,7 +229,7 @@ pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Dura
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::topology::Ladder;
+    use crate::contract::ladder::Ladder;
 
     fn ladder() -> Ladder {
         Ladder::parse(include_str!("../../topology/ladder.toml")).unwrap()

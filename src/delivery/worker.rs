@@ -23,8 +23,8 @@ use tracing::{error, info, warn};
 
 use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
-use crate::broker::topology::Ladder;
 use crate::config::Config;
+use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::{Dispatcher, Lane, LaneKind};
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::management::Management;
-use crate::broker::topology::Ladder;
+use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::Lane;
 use crate::observe::metrics::Metrics;
 
@@ -61,19 +61,6 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: Ca
         .await;
 }
 
-/// Which part of the ladder a queue is.
-fn role_of(ladder: &Ladder, queue: &str) -> &'static str {
-    if queue == ladder.dead() {
-        "dead"
-    } else if queue.starts_with(&format!("{}.held.", ladder.prefix)) {
-        "parked"
-    } else if queue.starts_with(&format!("{}.ready.", ladder.prefix)) {
-        "lane"
-    } else {
-        "tier"
-    }
-}
-
 /// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready
 /// estimate of lanes that have gone quiet, and whether the publisher is blocked.
 pub async fn poll_queues(
@@ -88,7 +75,6 @@ pub async fn poll_queues(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
-    let prefix = format!("{}.", ladder.prefix);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -117,10 +103,12 @@ pub async fn poll_queues(
         metrics.broker_stats_up.set(1);
         let mut ready_by_queue = HashMap::new();
         for q in &queues {
-            let Some(name) = q["name"].as_str().filter(|n| n.starts_with(&prefix)) else {
+            let Some(name) = q["name"].as_str().filter(|n| ladder.names(n)) else {
                 continue;
             };
-            let role = role_of(&ladder, name);
+            // A queue under the prefix that the ladder no longer names is an old tier still
+            // promoting what it holds (README, Topology commands).
+            let role = ladder.role_of(name).map_or("tier", |r| r.label());
             let ready = q["messages_ready"].as_i64().unwrap_or(0);
             metrics
                 .queue_ready

@@ -7,10 +7,9 @@ use std::time::SystemTime;
 
 use lapin::BasicProperties;
 
-use crate::broker::topology::Ladder;
-use crate::contract::envelope::{
-    self, DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
-};
+use crate::contract::headers;
+use crate::contract::headers::{DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER};
+use crate::contract::ladder::Ladder;
 use crate::ops::mover::Plan;
 
 /// Which dead envelopes to move. Every field that is set must match.
@@ -36,23 +35,14 @@ fn ms(t: SystemTime) -> u64 {
 /// The reason a dead message carries: hookrelay's header, or the broker's for a message a lane
 /// dead-lettered by itself.
 fn reason_of(properties: &BasicProperties) -> Option<String> {
-    envelope::read_str_header(properties, REASON_HEADER).or_else(|| {
-        properties
-            .headers()
-            .as_ref()
-            .and_then(|h| match h.inner().get("x-first-death-reason") {
-                Some(lapin::types::AMQPValue::LongString(s)) => {
-                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
-                }
-                _ => None,
-            })
-    })
+    headers::read_str_header(properties, REASON_HEADER)
+        .or_else(|| headers::first_death_reason(properties))
 }
 
 impl Filter {
     /// Whether a dead message matches; `Err` names the first criterion it fails.
     pub fn check(&self, properties: &BasicProperties) -> Result<(), &'static str> {
-        let header = |name| envelope::read_str_header(properties, name);
+        let header = |name| headers::read_str_header(properties, name);
         if let Some(t) = &self.tenant
             && header(TENANT_HEADER).as_ref() != Some(t)
         {
@@ -69,7 +59,7 @@ impl Filter {
             return Err("other reason");
         }
         if self.since.is_some() || self.until.is_some() {
-            let Some(at) = envelope::read_u64_header(properties, DEAD_AT_HEADER) else {
+            let Some(at) = headers::read_u64_header(properties, DEAD_AT_HEADER) else {
                 return Err("no dead-letter time");
             };
             if self.since.is_some_and(|s| at < ms(s)) || self.until.is_some_and(|u| at >= ms(u)) {
@@ -85,21 +75,22 @@ pub fn plan(ladder: &Ladder, filter: &Filter, properties: &BasicProperties) -> P
     if let Err(why) = filter.check(properties) {
         return Plan::Keep(why.to_owned());
     }
-    let Some(tenant) = envelope::read_str_header(properties, TENANT_HEADER) else {
+    let Some(tenant) = headers::read_str_header(properties, TENANT_HEADER) else {
         // Invalid before its tenant was known: nothing to route it by.
         return Plan::Keep("no tenant header (not redrivable)".to_owned());
     };
     Plan::Move {
         exchange: ladder.ingress(),
         routing_key: tenant,
-        properties: envelope::redrive_properties(properties),
+        properties: headers::redrive_properties(properties),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::envelope::{DeadLetter, NewEvent, dead_properties};
+    use crate::contract::envelope::NewEvent;
+    use crate::contract::headers::{DeadLetter, dead_properties};
     use std::time::Duration;
 
     fn dead(tenant: &str, reason: &str) -> BasicProperties {
@@ -192,10 +183,10 @@ mod tests {
                 .unwrap();
         assert_eq!(env.attempts_made, 0);
         assert_eq!(
-            envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER),
+            headers::read_u64_header(&properties, headers::REDRIVES_HEADER),
             Some(1)
         );
-        assert_eq!(envelope::read_str_header(&properties, REASON_HEADER), None);
+        assert_eq!(headers::read_str_header(&properties, REASON_HEADER), None);
         // Twice redriven, twice counted.
         let again = dead_properties(
             &properties,
@@ -211,7 +202,7 @@ mod tests {
             panic!("expected a move");
         };
         assert_eq!(
-            envelope::read_u64_header(&properties, envelope::REDRIVES_HEADER),
+            headers::read_u64_header(&properties, headers::REDRIVES_HEADER),
             Some(2)
         );
     }

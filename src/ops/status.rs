@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::broker::management::{Management, ManagementError};
-use crate::broker::topology::Ladder;
 use crate::config::fmt_duration;
+use crate::contract::ladder::{Ladder, QueueRole};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -63,15 +63,17 @@ pub async fn collect(
         .flatten()
         .filter_map(|q| q["name"].as_str().map(|n| (n, q)))
         .collect();
-    let mut names: Vec<(String, &'static str)> =
-        vec![(ladder.first_lane(), "lane"), (ladder.retry_lane(), "lane")];
+    let mut names: Vec<(String, QueueRole)> = vec![
+        (ladder.first_lane(), QueueRole::FirstLane { tenant: None }),
+        (ladder.retry_lane(), QueueRole::RetryLane { tenant: None }),
+    ];
     for i in 0..ladder.tiers.len() {
-        names.push((ladder.tier_queue(i), "tier"));
+        names.push((ladder.tier_queue(i), QueueRole::Tier(i)));
         if by_name.contains_key(ladder.held_queue(i).as_str()) {
-            names.push((ladder.held_queue(i), "parked"));
+            names.push((ladder.held_queue(i), QueueRole::Parked(i)));
         }
     }
-    names.push((ladder.dead(), "dead"));
+    names.push((ladder.dead(), QueueRole::Dead));
     if names.iter().all(|(n, _)| !by_name.contains_key(n.as_str())) {
         return Err(StatusError::Missing {
             prefix: ladder.prefix.clone(),
@@ -84,7 +86,8 @@ pub async fn collect(
         .as_secs_f64();
     let rate = |q: &Value, stat: &str| q["message_stats"][stat]["rate"].as_f64();
     let mut rows = Vec::new();
-    for (name, role) in names {
+    for (name, kind) in names {
+        let role = kind.label();
         let Some(q) = by_name.get(name.as_str()) else {
             rows.push(QueueStatus {
                 queue: name,
@@ -105,10 +108,10 @@ pub async fn collect(
         let ready = q["messages_ready"].as_i64().unwrap_or(0);
         let in_per_s = rate(q, "publish_details").unwrap_or(0.0);
         let policy = q["effective_policy_definition"].as_object();
-        let held =
-            role == "tier" && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
-        let out_per_s = match role {
-            "tier" | "parked" => previous.and_then(|(at, rows)| {
+        let held = matches!(kind, QueueRole::Tier(_))
+            && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
+        let out_per_s = match kind {
+            QueueRole::Tier(_) | QueueRole::Parked(_) => previous.and_then(|(at, rows)| {
                 let before = rows.iter().find(|r| r.queue == name)?;
                 let dt = at.elapsed().as_secs_f64();
                 (dt > 0.5).then(|| (in_per_s - (ready - before.ready) as f64 / dt).max(0.0))
@@ -118,20 +121,21 @@ pub async fn collect(
         let ttl = q["arguments"]["x-message-ttl"]
             .as_u64()
             .map(|ms| fmt_duration(Duration::from_millis(ms)));
-        let next = match role {
-            "lane" => "workers; dead-letters to the sink".to_owned(),
-            "tier" if held => format!("HELD: expired messages park in {}", {
-                let i = ladder.find_tier(&name).unwrap_or(0);
-                ladder.held_queue(i)
-            }),
-            "tier" => format!(
+        let next = match kind {
+            QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => {
+                "workers; dead-letters to the sink".to_owned()
+            }
+            QueueRole::Tier(i) if held => {
+                format!("HELD: expired messages park in {}", ladder.held_queue(i))
+            }
+            QueueRole::Tier(_) => format!(
                 "on expiry -> {} -> retry lane",
                 q["arguments"]["x-dead-letter-exchange"]
                     .as_str()
                     .unwrap_or("(no dead-letter exchange!)")
             ),
-            "parked" => "waits for `hookrelay tier release`".to_owned(),
-            _ => "kept for inspection and `hookrelay redrive`".to_owned(),
+            QueueRole::Parked(_) => "waits for `hookrelay tier release`".to_owned(),
+            QueueRole::Dead => "kept for inspection and `hookrelay redrive`".to_owned(),
         };
         rows.push(QueueStatus {
             queue: name,

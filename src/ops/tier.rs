@@ -21,8 +21,9 @@ use serde_json::json;
 
 use crate::broker::management::{Management, ManagementError};
 use crate::broker::publish::Publisher;
-use crate::broker::topology::Ladder;
-use crate::contract::envelope::{self, TENANT_HEADER};
+use crate::contract::headers;
+use crate::contract::headers::TENANT_HEADER;
+use crate::contract::ladder::Ladder;
 use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
 use crate::ops::progress::Progress;
 
@@ -140,29 +141,12 @@ impl Released {
 /// The routing key a parked message was promoted with before the hold: the broker records it in
 /// `x-death`; hookrelay's tenant header rebuilds it otherwise.
 fn original_key(ladder: &Ladder, tier: usize, properties: &BasicProperties) -> String {
-    let recorded = properties
-        .headers()
-        .as_ref()
-        .and_then(|h| match h.inner().get("x-death") {
-            Some(AMQPValue::FieldArray(deaths)) => deaths.as_slice().first().cloned(),
-            _ => None,
-        })
-        .and_then(|d| match d {
-            AMQPValue::FieldTable(t) => match t.inner().get("routing-keys") {
-                Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().cloned(),
-                _ => None,
-            },
-            _ => None,
-        })
-        .and_then(|k| match k {
-            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-            AMQPValue::ShortString(s) => Some(s.to_string()),
-            _ => None,
-        })
-        .filter(|k| k.starts_with(&format!("{}.", ladder.tiers[tier].name)));
+    let recorded = headers::last_death(properties)
+        .and_then(|death| death.routing_keys.into_iter().next())
+        .filter(|k| ladder.is_tier_routing_key(tier, k));
     recorded.unwrap_or_else(|| {
-        let tenant = envelope::read_str_header(properties, TENANT_HEADER)
-            .unwrap_or_else(|| "unknown".into());
+        let tenant =
+            headers::read_str_header(properties, TENANT_HEADER).unwrap_or_else(|| "unknown".into());
         ladder.tier_routing_key(tier, &tenant)
     })
 }

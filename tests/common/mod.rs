@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use hookrelay::broker::management::Management;
 use hookrelay::broker::publish::Publisher;
-use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::{Config, ProcessEnv};
 use hookrelay::contract::envelope::NewEvent;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
 use hookrelay::delivery::subscriptions::{
     LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,

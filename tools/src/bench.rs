@@ -30,9 +30,10 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Serialize;
 
 use hookrelay::broker::publish::Publisher;
-use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::contract::envelope::{NewEvent, now_ms};
+use hookrelay::contract::headers;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,8 @@ pub enum BenchError {
     #[error(transparent)]
     Publish(#[from] hookrelay::broker::publish::PublishError),
     #[error(transparent)]
+    Ladder(#[from] hookrelay::contract::ladder::LadderError),
+    #[error("topology: {0}")]
     Topology(#[from] hookrelay::broker::topology::TopologyError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -685,7 +688,7 @@ async fn run_hookrelay(
     publish_many(publisher, options.isolation_backlog, |i| {
         let e = event(i, format!("backlog_{i}"), "bench_slow");
         let props =
-            envelope::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
+            headers::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
         (String::new(), retry_lane.clone(), e.body, props)
     })
     .await?;
@@ -757,8 +760,7 @@ async fn promotion_precision(
         while lags.len() < n {
             match tokio::time::timeout(Duration::from_secs(60), consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    if let Some(due) =
-                        envelope::read_u64_header(&d.properties, envelope::DUE_HEADER)
+                    if let Some(due) = headers::read_u64_header(&d.properties, headers::DUE_HEADER)
                     {
                         lags.push(now_ms() as f64 - due as f64);
                     }
@@ -781,7 +783,7 @@ async fn promotion_precision(
         };
         // Due when the tier's TTL runs out: one second after it is stored.
         let props =
-            envelope::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
+            headers::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
         (
             delay.clone(),
             ladder.tier_routing_key(0, "bench"),

@@ -14,9 +14,10 @@ use lapin::{Connection, ConnectionProperties};
 
 use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
-use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::contract::envelope::{NewEvent, now_ms};
+use hookrelay::contract::headers;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
 use hookrelay::delivery::subscriptions::{
     EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
@@ -29,6 +30,8 @@ pub enum DemoError {
     #[error("broker: {0}")]
     Broker(#[from] lapin::Error),
     #[error(transparent)]
+    Ladder(#[from] hookrelay::contract::ladder::LadderError),
+    #[error("topology: {0}")]
     Topology(#[from] hookrelay::broker::topology::TopologyError),
     #[error(transparent)]
     Publish(#[from] hookrelay::broker::publish::PublishError),
@@ -278,7 +281,7 @@ async fn run_inside(
         )
         .await?
     {
-        let reason = envelope::read_str_header(&msg.delivery.properties, envelope::REASON_HEADER)
+        let reason = headers::read_str_header(&msg.delivery.properties, headers::REASON_HEADER)
             .unwrap_or_else(|| "(none)".into());
         *dead_by_reason.entry(reason).or_insert(0) += 1;
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use hookrelay::broker::topology::QueueType;
 use hookrelay::config::{Config, ProcessEnv};
+use hookrelay::contract::ladder::QueueType;
 use hookrelay_tools::{bench, demo};
 
 // The ceiling loop runs in this binary; it gets the allocator the worker has, so the comparison

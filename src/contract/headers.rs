@@ -1,0 +1,410 @@
+//! Every header hookrelay reads or writes, in one place: the names, the builders of the
+//! properties it republishes with (fan-out, retry, dead letter, redrive), the typed readers, and
+//! the broker's own dead-letter headers (`x-death` and friends), which hookrelay reads but never
+//! trusts for its accounting.
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use crate::contract::envelope::{InvalidEnvelope, now_ms};
+
+/// Header naming the subscription to deliver to (set by the producer). Without it the event
+/// fans out to every matching subscription of its tenant.
+pub const SUBSCRIPTION_HEADER: &str = "x-subscription";
+/// On a delivery made by fan-out: the `message_id` of the event it came from.
+pub const EVENT_ID_HEADER: &str = "x-hookrelay-event-id";
+/// The endpoint the last attempt went to (`host#hash`), to notice a repointed subscription.
+pub const ENDPOINT_HEADER: &str = "x-hookrelay-endpoint";
+/// The tenant, carried once a message leaves the ingress (whose routing key was the tenant).
+pub const TENANT_HEADER: &str = "x-hookrelay-tenant";
+/// Attempts already made. Ours alone: the broker's `x-death` counts are never trusted.
+pub const ATTEMPTS_HEADER: &str = "x-hookrelay-attempts";
+/// When the next attempt is due, in milliseconds since the epoch.
+pub const DUE_HEADER: &str = "x-hookrelay-due-ms";
+/// The error of the last failed attempt.
+pub const LAST_ERROR_HEADER: &str = "x-hookrelay-last-error";
+/// Why a message is in the dead sink: `rejected`, `exhausted`, `invalid`, ...
+pub const REASON_HEADER: &str = "x-hookrelay-reason";
+/// The HTTP status of the last attempt, when there was one.
+pub const STATUS_HEADER: &str = "x-hookrelay-status";
+/// When the message was dead-lettered, in milliseconds since the epoch.
+pub const DEAD_AT_HEADER: &str = "x-hookrelay-dead-at-ms";
+/// How many times the message was redriven out of the dead sink.
+pub const REDRIVES_HEADER: &str = "x-hookrelay-redrives";
+/// When it was last redriven, in milliseconds since the epoch.
+pub const REDRIVEN_AT_HEADER: &str = "x-hookrelay-redriven-at-ms";
+
+/// Headers the broker adds while dead-lettering; dropped on every republish so they neither
+/// grow without bound nor get mistaken for our own accounting.
+const BROKER_HEADERS: [&str; 8] = [
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+];
+
+/// Error text kept in headers is cut to this many bytes.
+const MAX_ERROR_LEN: usize = 512;
+
+fn header<'a>(headers: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
+    headers?.inner().get(name)
+}
+
+fn describe(value: &AMQPValue) -> String {
+    format!("{:?}", value.get_type())
+}
+
+/// A string header; AMQP clients send strings as long or short strings.
+pub(crate) fn header_str<'a>(
+    headers: Option<&'a FieldTable>,
+    name: &'static str,
+) -> Result<Option<&'a str>, InvalidEnvelope> {
+    match header(headers, name) {
+        None | Some(AMQPValue::Void) => Ok(None),
+        Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str())),
+        Some(AMQPValue::LongString(s)) => {
+            std::str::from_utf8(s.as_bytes())
+                .map(Some)
+                .map_err(|_| InvalidEnvelope::BadHeader {
+                    header: name,
+                    expected: "a UTF-8 string",
+                    found: "invalid UTF-8".into(),
+                })
+        }
+        Some(other) => Err(InvalidEnvelope::BadHeader {
+            header: name,
+            expected: "a string",
+            found: describe(other),
+        }),
+    }
+}
+
+/// A non-negative integer header, whatever integer width the client chose.
+pub(crate) fn header_u64(
+    headers: Option<&FieldTable>,
+    name: &'static str,
+) -> Result<Option<u64>, InvalidEnvelope> {
+    let value = match header(headers, name) {
+        None | Some(AMQPValue::Void) => return Ok(None),
+        Some(v) => v,
+    };
+    let n: Option<i128> = match value {
+        AMQPValue::ShortShortInt(v) => Some((*v).into()),
+        AMQPValue::ShortShortUInt(v) => Some((*v).into()),
+        AMQPValue::ShortInt(v) => Some((*v).into()),
+        AMQPValue::ShortUInt(v) => Some((*v).into()),
+        AMQPValue::LongInt(v) => Some((*v).into()),
+        AMQPValue::LongUInt(v) => Some((*v).into()),
+        AMQPValue::LongLongInt(v) => Some((*v).into()),
+        AMQPValue::Timestamp(v) => Some((*v).into()),
+        _ => None,
+    };
+    match n.map(u64::try_from) {
+        Some(Ok(n)) => Ok(Some(n)),
+        Some(Err(_)) => Err(InvalidEnvelope::BadHeader {
+            header: name,
+            expected: "a non-negative integer",
+            found: n.unwrap_or_default().to_string(),
+        }),
+        None => Err(InvalidEnvelope::BadHeader {
+            header: name,
+            expected: "an integer",
+            found: describe(value),
+        }),
+    }
+}
+
+fn cut(text: &str) -> &str {
+    if text.len() <= MAX_ERROR_LEN {
+        return text;
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The original properties, persistent, ready to have hookrelay's headers added. Left behind:
+/// the broker's dead-letter headers, `expiration` (a republished message must not expire
+/// out of a lane) and `user_id` (the broker checks it against the publishing connection).
+fn carried(original: &BasicProperties) -> (BasicProperties, FieldTable) {
+    let mut headers = FieldTable::default();
+    if let Some(h) = original.headers() {
+        for (k, v) in h {
+            if !BROKER_HEADERS.contains(&k.as_str()) {
+                headers.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let mut props = BasicProperties::default().with_delivery_mode(2);
+    if let Some(v) = original.content_type() {
+        props = props.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        props = props.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.priority() {
+        props = props.with_priority(*v);
+    }
+    if let Some(v) = original.correlation_id() {
+        props = props.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.reply_to() {
+        props = props.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        props = props.with_message_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        props = props.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        props = props.with_type(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        props = props.with_app_id(v.clone());
+    }
+    (props, headers)
+}
+
+fn put_str(headers: &mut FieldTable, name: &str, value: &str) {
+    headers.insert(name.into(), AMQPValue::LongString(value.into()));
+}
+
+fn put_u64(headers: &mut FieldTable, name: &str, value: u64) {
+    headers.insert(
+        name.into(),
+        AMQPValue::LongLongInt(i64::try_from(value).unwrap_or(i64::MAX)),
+    );
+}
+
+/// Properties for a republish into a tier: the original message with the attempt count, the
+/// tenant, the due time and the last error.
+pub fn retry_properties(
+    original: &BasicProperties,
+    tenant: &str,
+    attempts_made: u32,
+    due_ms: u64,
+    last_error: &str,
+    endpoint: Option<&str>,
+) -> BasicProperties {
+    let (props, mut headers) = carried(original);
+    put_str(&mut headers, TENANT_HEADER, tenant);
+    if let Some(endpoint) = endpoint {
+        put_str(&mut headers, ENDPOINT_HEADER, endpoint);
+    }
+    put_u64(&mut headers, ATTEMPTS_HEADER, attempts_made.into());
+    put_u64(&mut headers, DUE_HEADER, due_ms);
+    put_str(&mut headers, LAST_ERROR_HEADER, cut(last_error));
+    props.with_headers(headers)
+}
+
+/// What the dead sink records about a message beside its body and original headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter<'a> {
+    pub reason: &'a str,
+    pub error: &'a str,
+    pub status: Option<u16>,
+    pub attempts_made: u32,
+    /// Known for valid envelopes; an invalid one keeps whatever headers it came with.
+    pub tenant: Option<&'a str>,
+}
+
+/// Properties for a message moved to the dead sink.
+pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> BasicProperties {
+    let (props, mut headers) = carried(original);
+    put_str(&mut headers, REASON_HEADER, dead.reason);
+    put_str(&mut headers, LAST_ERROR_HEADER, cut(dead.error));
+    put_u64(&mut headers, ATTEMPTS_HEADER, dead.attempts_made.into());
+    put_u64(&mut headers, DEAD_AT_HEADER, now_ms());
+    if let Some(status) = dead.status {
+        put_u64(&mut headers, STATUS_HEADER, status.into());
+    }
+    if let Some(tenant) = dead.tenant {
+        put_str(&mut headers, TENANT_HEADER, tenant);
+    }
+    props.with_headers(headers)
+}
+
+/// What the broker recorded the last time it dead-lettered a message: the first entry of its
+/// `x-death` header. Read for observation and routing only, never for accounting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Death {
+    /// The queue it was dead-lettered from (for a promotion, the tier).
+    pub queue: Option<String>,
+    /// The routing keys it was published with before that.
+    pub routing_keys: Vec<String>,
+}
+
+fn amqp_str(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+/// The latest `x-death` entry, if the message has one of the broker's shape.
+pub fn last_death(properties: &BasicProperties) -> Option<Death> {
+    let AMQPValue::FieldArray(deaths) = header(properties.headers().as_ref(), "x-death")? else {
+        return None;
+    };
+    let AMQPValue::FieldTable(latest) = deaths.as_slice().first()? else {
+        return None;
+    };
+    let fields = latest.inner();
+    Some(Death {
+        queue: fields.get("queue").and_then(amqp_str),
+        routing_keys: match fields.get("routing-keys") {
+            Some(AMQPValue::FieldArray(keys)) => {
+                keys.as_slice().iter().filter_map(amqp_str).collect()
+            }
+            _ => Vec::new(),
+        },
+    })
+}
+
+/// Why the broker first dead-lettered the message (`expired`, `rejected`, ...), for messages a
+/// lane dead-lettered by itself.
+pub fn first_death_reason(properties: &BasicProperties) -> Option<String> {
+    header(properties.headers().as_ref(), "x-first-death-reason").and_then(amqp_str)
+}
+
+/// The queue a message was last dead-lettered from, i.e. the tier that promoted it.
+pub fn promoted_from(properties: &BasicProperties) -> Option<String> {
+    last_death(properties)?.queue
+}
+
+/// Properties for a message redriven out of the dead sink: the original message with a fresh
+/// attempt budget (hookrelay's accounting and dead-letter headers removed) and the redrive
+/// recorded.
+pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
+    let (props, carried_headers) = carried(dead);
+    let forget = [
+        ATTEMPTS_HEADER,
+        DUE_HEADER,
+        LAST_ERROR_HEADER,
+        REASON_HEADER,
+        STATUS_HEADER,
+        DEAD_AT_HEADER,
+        ENDPOINT_HEADER,
+        REDRIVES_HEADER,
+        REDRIVEN_AT_HEADER,
+    ];
+    let mut headers = FieldTable::default();
+    for (k, v) in &carried_headers {
+        if !forget.contains(&k.as_str()) {
+            headers.insert(k.clone(), v.clone());
+        }
+    }
+    let redrives = read_u64_header(dead, REDRIVES_HEADER).unwrap_or(0) + 1;
+    put_u64(&mut headers, REDRIVES_HEADER, redrives);
+    put_u64(&mut headers, REDRIVEN_AT_HEADER, now_ms());
+    props.with_headers(headers)
+}
+
+/// Reads a string header hookrelay wrote (for tools that inspect the dead sink).
+pub fn read_str_header(properties: &BasicProperties, name: &'static str) -> Option<String> {
+    header_str(properties.headers().as_ref(), name)
+        .ok()
+        .flatten()
+        .map(str::to_owned)
+}
+
+/// Reads an integer header hookrelay wrote.
+pub fn read_u64_header(properties: &BasicProperties, name: &'static str) -> Option<u64> {
+    header_u64(properties.headers().as_ref(), name)
+        .ok()
+        .flatten()
+}
+
+/// Properties for one delivery of a fan-out: the event's properties with the derived id, the
+/// subscription, and the event id.
+pub fn fanout_properties(
+    original: &BasicProperties,
+    derived: &str,
+    subscription: &str,
+    event_id: &str,
+) -> BasicProperties {
+    let (props, mut headers) = carried(original);
+    put_str(&mut headers, SUBSCRIPTION_HEADER, subscription);
+    put_str(&mut headers, EVENT_ID_HEADER, event_id);
+    props
+        .with_message_id(ShortString::from(derived))
+        .with_headers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::envelope::{Envelope, NewEvent};
+
+    fn event() -> NewEvent {
+        NewEvent {
+            id: "evt_123-abc".into(),
+            tenant: "acme".into(),
+            event_type: "order.paid".into(),
+            subscription: Some("sub_orders".into()),
+            timestamp: Some(1_700_000_000),
+            body: br#"{"order":1}"#.to_vec(),
+        }
+    }
+
+    #[test]
+    fn retries_carry_our_accounting_and_drop_the_brokers() {
+        let e = event();
+        let mut original = e.properties();
+        let mut headers = original.headers().clone().unwrap();
+        headers.insert("x-death".into(), AMQPValue::LongString("old".into()));
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
+        original = original
+            .with_headers(headers)
+            .with_expiration("1000".into());
+        let retry = retry_properties(&original, "acme", 2, 99, "HTTP 503", Some("h#01020304"));
+        assert_eq!(retry.expiration(), &None);
+        assert_eq!(retry.message_id(), original.message_id());
+        let envelope = Envelope::from_delivery(&retry, "retry-10s.acme", &e.body, 1024).unwrap();
+        assert_eq!(envelope.tenant, "acme");
+        assert_eq!(envelope.attempts_made, 2);
+        assert_eq!(envelope.due_ms, Some(99));
+        assert_eq!(envelope.last_endpoint.as_deref(), Some("h#01020304"));
+        assert!(envelope.subscription_existed());
+        let h = retry.headers().as_ref().unwrap();
+        assert!(!h.inner().contains_key("x-death"));
+        assert!(!h.inner().contains_key("x-delivery-count"));
+        assert_eq!(
+            read_str_header(&retry, LAST_ERROR_HEADER).as_deref(),
+            Some("HTTP 503")
+        );
+
+        let dead = dead_properties(
+            &retry,
+            &DeadLetter {
+                reason: "rejected",
+                error: &"e".repeat(2000),
+                status: Some(400),
+                attempts_made: 3,
+                tenant: Some("acme"),
+            },
+        );
+        assert_eq!(
+            read_str_header(&dead, REASON_HEADER).as_deref(),
+            Some("rejected")
+        );
+        assert_eq!(read_u64_header(&dead, STATUS_HEADER), Some(400));
+        assert_eq!(read_u64_header(&dead, ATTEMPTS_HEADER), Some(3));
+        assert_eq!(
+            read_str_header(&dead, LAST_ERROR_HEADER).unwrap().len(),
+            512
+        );
+        assert_eq!(
+            read_str_header(&dead, SUBSCRIPTION_HEADER).as_deref(),
+            Some("sub_orders")
+        );
+    }
+}

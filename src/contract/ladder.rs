@@ -1,0 +1,606 @@
+//! The retry ladder as the application owns it: the file in `topology/` (prefix, queue type,
+//! tiers, schedule, dedicated tenants), the schedule's arithmetic, and every name the ladder
+//! gives a queue or exchange, with the role a queue name stands for. The broker objects it
+//! stands for are [`crate::broker::topology`]'s.
+//!
+//! ```text
+//! producer --(key: tenant)--> {p}.ingress --(alternate)--> {p}.ingress.unrouted --> {p}.ready.first
+//! worker --(key: retry-10s.<tenant>)--> {p}.delay --> {p}.retry-10s (TTL) --(expired)-->
+//!     {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
+//! worker --(default exchange)--> {p}.dead
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::fmt_duration;
+
+/// RabbitMQ's limit for `x-message-ttl` (2^32 - 1 ms, about 49 days).
+const MAX_TTL_MS: u128 = u32::MAX as u128;
+
+/// Why a ladder file cannot be used. Fix the file; nothing was declared.
+#[derive(Debug, thiserror::Error)]
+pub enum LadderError {
+    #[error("cannot read ladder file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ladder file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid ladder: {field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> LadderError {
+    LadderError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Quorum queues are replicated and dead-letter at-least-once; classic queues are the fallback
+/// for brokers or deployments that cannot run quorum queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    Quorum,
+    Classic,
+}
+
+impl QueueType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Quorum => "quorum",
+            QueueType::Classic => "classic",
+        }
+    }
+}
+
+/// The ladder file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LadderFile {
+    #[serde(default = "default_prefix")]
+    prefix: String,
+    #[serde(default = "default_queue_type")]
+    queue_type: QueueType,
+    tiers: Vec<String>,
+    schedule: Vec<String>,
+    #[serde(default)]
+    dedicated: Vec<DedicatedFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DedicatedFile {
+    tenant: String,
+    #[serde(default = "default_dedicated_in_flight")]
+    in_flight: u16,
+}
+
+fn default_dedicated_in_flight() -> u16 {
+    100
+}
+
+/// A tenant with lanes of its own: its events and retries never queue behind anyone else's,
+/// and the worker gives it a budget of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dedicated {
+    pub tenant: String,
+    /// Deliveries at once from its two lanes (split by `worker.retry_share`).
+    pub in_flight: u16,
+}
+
+fn default_prefix() -> String {
+    "hookrelay".into()
+}
+fn default_queue_type() -> QueueType {
+    QueueType::Quorum
+}
+
+/// One delay tier: a TTL queue named after its delay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub delay: Duration,
+    /// `retry-10s`: the queue name after the prefix, and the first word of its routing keys.
+    pub name: String,
+}
+
+/// What a queue of the ladder is for, read from its name: the one place that knows how the
+/// ladder names its queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueRole {
+    /// A first-attempt lane: the shared one (`tenant` is `None`) or a tenant's own.
+    FirstLane { tenant: Option<String> },
+    /// A retry lane, which the tiers promote into.
+    RetryLane { tenant: Option<String> },
+    /// A delay tier (index into [`Ladder::tiers`]).
+    Tier(usize),
+    /// The parking queue of a held tier.
+    Parked(usize),
+    /// The dead-letter sink.
+    Dead,
+}
+
+impl QueueRole {
+    /// The role as metrics and `hookrelay status` label it: `lane`, `tier`, `parked`, `dead`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => "lane",
+            QueueRole::Tier(_) => "tier",
+            QueueRole::Parked(_) => "parked",
+            QueueRole::Dead => "dead",
+        }
+    }
+}
+
+/// A validated ladder: prefix, queue type, tiers (shortest first) and the retry schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ladder {
+    pub prefix: String,
+    pub queue_type: QueueType,
+    pub tiers: Vec<Tier>,
+    /// `schedule[i]` is the index into `tiers` of the wait before attempt `i + 2`.
+    pub schedule: Vec<usize>,
+    /// Tenants with lanes of their own.
+    pub dedicated: Vec<Dedicated>,
+}
+
+impl Ladder {
+    pub fn load(path: &Path) -> Result<Self, LadderError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LadderError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            LadderError::Parse { message, .. } => LadderError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, LadderError> {
+        let file: LadderFile = toml::from_str(text).map_err(|e| LadderError::Parse {
+            path: PathBuf::from("(inline)"),
+            message: e.to_string(),
+        })?;
+        let mut ladder = Self::build(
+            &file.prefix,
+            file.queue_type,
+            &file.tiers.iter().map(String::as_str).collect::<Vec<_>>(),
+            &file.schedule.iter().map(String::as_str).collect::<Vec<_>>(),
+        )?;
+        for (i, d) in file.dedicated.into_iter().enumerate() {
+            ladder = ladder
+                .with_dedicated(&d.tenant, d.in_flight)
+                .map_err(|e| match e {
+                    LadderError::Invalid { message, .. } => {
+                        invalid(format!("dedicated[{i}]"), message)
+                    }
+                    other => other,
+                })?;
+        }
+        Ok(ladder)
+    }
+
+    /// Adds a tenant with lanes of its own.
+    pub fn with_dedicated(mut self, tenant: &str, in_flight: u16) -> Result<Self, LadderError> {
+        crate::contract::envelope::check_tenant(tenant)
+            .map_err(|e| invalid("dedicated", e.to_string()))?;
+        if self.dedicated.iter().any(|d| d.tenant == tenant) {
+            return Err(invalid(
+                "dedicated",
+                format!("tenant {tenant:?} is listed twice"),
+            ));
+        }
+        if in_flight < 2 {
+            return Err(invalid(
+                "dedicated",
+                format!("tenant {tenant:?}: in_flight must be at least 2 (one per lane)"),
+            ));
+        }
+        self.dedicated.push(Dedicated {
+            tenant: tenant.to_owned(),
+            in_flight,
+        });
+        Ok(self)
+    }
+
+    /// Builds and validates a ladder from its parts (durations as written: `10s`, `500ms`).
+    pub fn build(
+        prefix: &str,
+        queue_type: QueueType,
+        tiers: &[&str],
+        schedule: &[&str],
+    ) -> Result<Self, LadderError> {
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return Err(invalid(
+                "prefix",
+                format!(
+                    "{prefix:?}: expected 1 to 64 letters, digits, '_', '-' or '.', as in \"hookrelay\""
+                ),
+            ));
+        }
+        if tiers.is_empty() {
+            return Err(invalid("tiers", "at least one tier is needed"));
+        }
+        let mut parsed = Vec::with_capacity(tiers.len());
+        for (i, raw) in tiers.iter().enumerate() {
+            let delay = parse_delay(&format!("tiers[{i}]"), raw)?;
+            if delay.as_millis() > MAX_TTL_MS {
+                return Err(invalid(
+                    format!("tiers[{i}]"),
+                    format!("{raw} is longer than RabbitMQ's TTL limit (about 49 days)"),
+                ));
+            }
+            if parsed.iter().any(|t: &Tier| t.delay == delay) {
+                return Err(invalid(
+                    format!("tiers[{i}]"),
+                    format!("{raw} is listed twice"),
+                ));
+            }
+            parsed.push(Tier {
+                delay,
+                name: format!("retry-{}", fmt_duration(delay)),
+            });
+        }
+        parsed.sort_by_key(|t| t.delay);
+        let mut steps = Vec::with_capacity(schedule.len());
+        for (i, raw) in schedule.iter().enumerate() {
+            let delay = parse_delay(&format!("schedule[{i}]"), raw)?;
+            let Some(index) = parsed.iter().position(|t| t.delay == delay) else {
+                return Err(invalid(
+                    format!("schedule[{i}]"),
+                    format!(
+                        "{raw} has no tier; every wait in the schedule must be one of the tiers ({})",
+                        parsed
+                            .iter()
+                            .map(|t| fmt_duration(t.delay))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            };
+            steps.push(index);
+        }
+        Ok(Self {
+            prefix: prefix.to_owned(),
+            queue_type,
+            tiers: parsed,
+            schedule: steps,
+            dedicated: Vec::new(),
+        })
+    }
+
+    /// The number of attempts an envelope gets: the first, then one per schedule entry.
+    pub fn max_attempts(&self) -> u32 {
+        u32::try_from(self.schedule.len()).unwrap_or(u32::MAX - 1) + 1
+    }
+
+    /// The tier to wait in after `attempts_made` attempts, or `None` when the budget is spent.
+    pub fn tier_after(&self, attempts_made: u32) -> Option<usize> {
+        let step = usize::try_from(attempts_made).ok()?.checked_sub(1)?;
+        self.schedule.get(step).copied()
+    }
+
+    /// The smallest tier not shorter than `wait`; the longest tier when none is long enough.
+    pub fn tier_not_shorter_than(&self, wait: Duration) -> usize {
+        self.tiers
+            .iter()
+            .position(|t| t.delay >= wait)
+            .unwrap_or(self.tiers.len() - 1)
+    }
+
+    /// The tier whose name (`retry-1m`) or delay (`1m`) is `name`.
+    pub fn find_tier(&self, name: &str) -> Option<usize> {
+        let bare = self.local_name(name);
+        self.tiers.iter().position(|t| {
+            t.name == bare || parse_delay("", bare).map(|d| d == t.delay).unwrap_or(false)
+        })
+    }
+
+    /// Tenants whose dedicated lanes exist on the broker (`queues`, by name) but are no longer
+    /// in the ladder.
+    pub fn retired_tenants<'a>(&self, queues: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+        let mut retired: Vec<String> = queues
+            .into_iter()
+            .filter_map(|q| match self.role_of(q) {
+                Some(QueueRole::FirstLane {
+                    tenant: Some(tenant),
+                }) => Some(tenant),
+                _ => None,
+            })
+            .filter(|t| !self.dedicated.iter().any(|d| d.tenant == *t))
+            .collect();
+        retired.sort();
+        retired.dedup();
+        retired
+    }
+
+    /// `name` without this ladder's `<prefix>.`, or as it is when it has none.
+    pub fn local_name<'a>(&self, name: &'a str) -> &'a str {
+        name.strip_prefix(&self.prefix)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .unwrap_or(name)
+    }
+
+    /// Whether `name` is under this ladder's prefix (`<prefix>.`), named by it or not.
+    pub fn names(&self, name: &str) -> bool {
+        name.strip_prefix(&self.prefix)
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// Whether `queue` is the parking queue of a held tier, this ladder's tiers or an old one's:
+    /// operational, never drift.
+    pub fn is_parking(&self, queue: &str) -> bool {
+        queue.starts_with(&self.name("held."))
+    }
+
+    /// What the queue named `queue` is for in this ladder, or `None` when the ladder gives no
+    /// queue that name (another ladder's, an old tier, or a name found in a message).
+    pub fn role_of(&self, queue: &str) -> Option<QueueRole> {
+        let local = queue.strip_prefix(&self.prefix)?.strip_prefix('.')?;
+        let tenant_lane = |rest: &str| -> Option<Option<String>> {
+            if rest.is_empty() {
+                return Some(None);
+            }
+            let tenant = rest.strip_prefix('.')?;
+            crate::contract::envelope::check_tenant(tenant).ok()?;
+            Some(Some(tenant.to_owned()))
+        };
+        if local == "dead" {
+            return Some(QueueRole::Dead);
+        }
+        if let Some(rest) = local.strip_prefix("ready.first") {
+            return tenant_lane(rest).map(|tenant| QueueRole::FirstLane { tenant });
+        }
+        if let Some(rest) = local.strip_prefix("ready.retry") {
+            return tenant_lane(rest).map(|tenant| QueueRole::RetryLane { tenant });
+        }
+        if let Some(tier) = local.strip_prefix("held.") {
+            return self
+                .tiers
+                .iter()
+                .position(|t| t.name == tier)
+                .map(QueueRole::Parked);
+        }
+        self.tiers
+            .iter()
+            .position(|t| t.name == local)
+            .map(QueueRole::Tier)
+    }
+
+    fn name(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.prefix)
+    }
+    /// Producers publish here with routing key = tenant id.
+    pub fn ingress(&self) -> String {
+        self.name("ingress")
+    }
+    pub(crate) fn ingress_unrouted(&self) -> String {
+        self.name("ingress.unrouted")
+    }
+    /// The shared first-attempt lane.
+    pub fn first_lane(&self) -> String {
+        self.name("ready.first")
+    }
+    /// The shared retry lane: tiers promote into it.
+    pub fn retry_lane(&self) -> String {
+        self.name("ready.retry")
+    }
+    /// A dedicated tenant's first-attempt lane.
+    pub fn first_lane_of(&self, tenant: &str) -> String {
+        self.name(&format!("ready.first.{tenant}"))
+    }
+    /// A dedicated tenant's retry lane.
+    pub fn retry_lane_of(&self, tenant: &str) -> String {
+        self.name(&format!("ready.retry.{tenant}"))
+    }
+    /// The worker publishes retries here with routing key `<tier>.<tenant>`.
+    pub fn delay_exchange(&self) -> String {
+        self.name("delay")
+    }
+    /// Tiers dead-letter here when a message's TTL runs out.
+    pub fn promote_exchange(&self) -> String {
+        self.name("promote")
+    }
+    pub(crate) fn promote_unrouted(&self) -> String {
+        self.name("promote.unrouted")
+    }
+    /// Operational events (`subscription.gone`, `delivery.cancelled`, ...).
+    pub fn events_exchange(&self) -> String {
+        self.name("events")
+    }
+    /// The attempt log: one message per settled delivery, routing key `<outcome>.<tenant>`.
+    pub fn attempts_exchange(&self) -> String {
+        self.name("attempts")
+    }
+    /// Where a held tier's expired messages are parked (`hookrelay tier hold`).
+    pub fn held_queue(&self, tier: usize) -> String {
+        self.name(&format!("held.{}", self.tiers[tier].name))
+    }
+    /// The dead-letter routing key a hold policy gives a tier; only its parking queue is bound
+    /// to it on the promote exchange.
+    pub fn held_routing_key(&self, tier: usize) -> String {
+        format!("held.{}", self.tiers[tier].name)
+    }
+    /// The name of the policy that holds a tier.
+    pub fn hold_policy(&self, tier: usize) -> String {
+        self.name(&format!("hold.{}", self.tiers[tier].name))
+    }
+    /// The dead-letter sink.
+    pub fn dead(&self) -> String {
+        self.name("dead")
+    }
+    pub fn tier_queue(&self, tier: usize) -> String {
+        self.name(&self.tiers[tier].name)
+    }
+    /// Whether `key` is a routing key of tier `tier` (`<tier>.<tenant>`).
+    pub fn is_tier_routing_key(&self, tier: usize, key: &str) -> bool {
+        key.strip_prefix(&self.tiers[tier].name)
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// The binding key of tier `tier` on the delay exchange: every tenant's retries into it.
+    pub fn retries_into(&self, tier: usize) -> String {
+        format!("{}.*", self.tiers[tier].name)
+    }
+
+    /// The binding key of a dedicated tenant's retry lane on the promote exchange: its
+    /// promotions out of every tier.
+    pub fn promotions_of(&self, tenant: &str) -> String {
+        format!("*.{tenant}")
+    }
+
+    /// The routing key a retry of `tenant` is published with into tier `tier`.
+    pub fn tier_routing_key(&self, tier: usize, tenant: &str) -> String {
+        format!("{}.{tenant}", self.tiers[tier].name)
+    }
+}
+
+fn parse_delay(field: &str, raw: &str) -> Result<Duration, LadderError> {
+    let delay = humantime::parse_duration(raw).map_err(|e| {
+        invalid(
+            field,
+            format!("{raw:?} is not a duration like \"10s\", \"1m\" or \"500ms\": {e}"),
+        )
+    })?;
+    if delay.as_millis() == 0 {
+        return Err(invalid(field, format!("{raw:?} must be at least 1ms")));
+    }
+    Ok(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULT_LADDER: &str = include_str!("../../topology/ladder.toml");
+
+    #[test]
+    fn the_shipped_ladder_is_the_documented_default() {
+        let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
+        assert_eq!(ladder.prefix, "hookrelay");
+        assert_eq!(ladder.queue_type, QueueType::Quorum);
+        let names: Vec<_> = ladder.tiers.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["retry-10s", "retry-1m", "retry-10m", "retry-1h", "retry-6h"]
+        );
+        assert_eq!(ladder.max_attempts(), 10);
+        let total: Duration = ladder.schedule.iter().map(|&i| ladder.tiers[i].delay).sum();
+        assert_eq!(
+            total,
+            Duration::from_secs(10 + 60 + 600 + 3600 + 5 * 6 * 3600)
+        );
+    }
+
+    #[test]
+    fn schedule_walks_the_tiers_then_stops() {
+        let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
+        assert_eq!(ladder.tier_after(0), None);
+        assert_eq!(ladder.tier_after(1), Some(0));
+        assert_eq!(ladder.tier_after(2), Some(1));
+        assert_eq!(ladder.tier_after(9), Some(4));
+        assert_eq!(ladder.tier_after(10), None);
+        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(30)), 1);
+        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(60)), 1);
+        assert_eq!(ladder.tier_not_shorter_than(Duration::ZERO), 0);
+        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(86400)), 4);
+        assert_eq!(ladder.find_tier("retry-1h"), Some(3));
+        assert_eq!(ladder.find_tier("hookrelay.retry-1h"), Some(3));
+        assert_eq!(ladder.find_tier("10m"), Some(2));
+        assert_eq!(ladder.find_tier("2m"), None);
+    }
+
+    #[test]
+    fn bad_ladders_are_explained() {
+        let err = Ladder::parse("tiers = [\"10s\"]\nschedule = [\"10s\", \"2m\"]\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid ladder: schedule[1]: 2m has no tier; every wait in the schedule must be one of the tiers (10s)"
+        );
+        let err = Ladder::parse("tiers = [\"soon\"]\nschedule = []\n").unwrap_err();
+        assert!(err.to_string().contains("tiers[0]"), "{err}");
+        let err = Ladder::parse("prefix = \"a b\"\ntiers = [\"1s\"]\nschedule = []\n").unwrap_err();
+        assert!(err.to_string().contains("prefix"), "{err}");
+        let err = Ladder::parse("queue_type = \"stream\"\ntiers = [\"1s\"]\nschedule = []\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("queue_type"), "{err}");
+        let err = Ladder::parse("tiers = []\nschedule = []\n").unwrap_err();
+        assert!(err.to_string().contains("at least one tier"), "{err}");
+        let err = Ladder::parse("tiers = [\"1s\", \"1000ms\"]\nschedule = []\n").unwrap_err();
+        assert!(err.to_string().contains("listed twice"), "{err}");
+    }
+
+    #[test]
+    fn odd_delays_get_compact_names() {
+        let ladder = Ladder::build(
+            "t",
+            QueueType::Classic,
+            &["90s", "250ms"],
+            &["250ms", "90s"],
+        )
+        .unwrap();
+        assert_eq!(ladder.tiers[0].name, "retry-250ms");
+        assert_eq!(ladder.tiers[1].name, "retry-1m30s");
+        assert_eq!(ladder.schedule, vec![0, 1]);
+    }
+
+    #[test]
+    fn queue_names_have_one_role_each() {
+        let ladder = Ladder::parse(DEFAULT_LADDER)
+            .unwrap()
+            .with_dedicated("bigco", 10)
+            .unwrap();
+        let shared = |tenant: Option<&str>| tenant.map(str::to_owned);
+        assert_eq!(
+            ladder.role_of(&ladder.first_lane()),
+            Some(QueueRole::FirstLane { tenant: None })
+        );
+        assert_eq!(
+            ladder.role_of(&ladder.retry_lane_of("bigco")),
+            Some(QueueRole::RetryLane {
+                tenant: shared(Some("bigco"))
+            })
+        );
+        assert_eq!(
+            ladder.role_of(&ladder.tier_queue(2)),
+            Some(QueueRole::Tier(2))
+        );
+        assert_eq!(
+            ladder.role_of(&ladder.held_queue(3)),
+            Some(QueueRole::Parked(3))
+        );
+        assert_eq!(ladder.role_of(&ladder.dead()), Some(QueueRole::Dead));
+        for foreign in [
+            "hookrelay.retry-2m",
+            "other.retry-10s",
+            "hookrelay",
+            "hookrelayx.dead",
+            "hookrelay.ready.firstx",
+            "hookrelay.held.retry-2m",
+            "hookrelay.ingress",
+        ] {
+            assert_eq!(ladder.role_of(foreign), None, "{foreign}");
+        }
+        for (queue, label) in [
+            (ladder.first_lane(), "lane"),
+            (ladder.tier_queue(0), "tier"),
+            (ladder.held_queue(0), "parked"),
+            (ladder.dead(), "dead"),
+        ] {
+            assert_eq!(ladder.role_of(&queue).unwrap().label(), label);
+        }
+    }
+}
