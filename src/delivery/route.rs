@@ -1,9 +1,17 @@
-//! What happens to a delivery, decided without I/O: acknowledge it, move it to a tier, or
-//! dead-letter it with a reason. The worker carries the decision out; tests call it directly.
+//! What happens to a delivery, decided without I/O, in two steps around the HTTP attempt:
+//! [`route`] decides whether to make one at all (the subscription as it is now: unknown or
+//! deleted, another tenant's, disabled, filtered, the budget already spent, or a fan-out), and
+//! [`decide`] what the attempt's result calls for: acknowledge it, move it to a tier, or
+//! dead-letter it with a reason. [`crate::delivery::settle`] carries the decision out; tests
+//! call both directly.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::contract::envelope::{Envelope, InvalidEnvelope};
 use crate::contract::ladder::Ladder;
+use crate::delivery::lane::LaneKind;
+use crate::delivery::subscriptions::{Subscription, Subscriptions};
 
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +148,105 @@ impl Outcome {
             Outcome::FanOut { .. } => "fanned_out",
             Outcome::Dead { reason, .. } => reason.as_str(),
         }
+    }
+}
+
+/// The first step: attempt delivery to a subscription, or settle without an attempt.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// Make the HTTP attempt to this subscription, as it is now.
+    Attempt(Arc<Subscription>),
+    /// No attempt: settle with this outcome.
+    Settle(Outcome),
+}
+
+/// Decides whether a valid envelope from a lane of kind `lane` gets an HTTP attempt, given the
+/// subscriptions as they are now and the ladder's budget.
+pub fn route(
+    envelope: &Envelope,
+    lane: LaneKind,
+    subscriptions: &Subscriptions,
+    ladder: &Ladder,
+) -> Route {
+    let Some(sub_id) = &envelope.subscription else {
+        return Route::Settle(fan_out(envelope, lane, subscriptions));
+    };
+    let made = envelope.attempts_made;
+    let sub = match subscriptions.get(sub_id) {
+        Some(sub) => sub,
+        None if envelope.subscription_existed() => {
+            return Route::Settle(Outcome::Cancelled {
+                reason: CancelReason::Deleted,
+                detail: format!("subscription {sub_id:?} was deleted"),
+            });
+        }
+        None => {
+            return Route::Settle(Outcome::invalid(
+                format!("unknown subscription {sub_id:?}"),
+                made,
+            ));
+        }
+    };
+    if sub.tenant != envelope.tenant {
+        return Route::Settle(Outcome::invalid(
+            format!(
+                "subscription {:?} belongs to tenant {:?}, not {:?}",
+                sub.id, sub.tenant, envelope.tenant
+            ),
+            made,
+        ));
+    }
+    if !sub.enabled {
+        return Route::Settle(Outcome::Cancelled {
+            reason: CancelReason::Disabled,
+            detail: format!("subscription {:?} is disabled", sub.id),
+        });
+    }
+    if !sub.accepts(&envelope.event_type) {
+        return Route::Settle(Outcome::Cancelled {
+            reason: CancelReason::Filtered,
+            detail: format!(
+                "subscription {:?} does not receive event type {:?}",
+                sub.id, envelope.event_type
+            ),
+        });
+    }
+    if made >= ladder.max_attempts() {
+        return Route::Settle(Outcome::Dead {
+            reason: DeadReason::Exhausted,
+            status: None,
+            error: format!("arrived with {made} attempts made, the whole budget"),
+            attempts_made: made,
+        });
+    }
+    Route::Attempt(Arc::clone(sub))
+}
+
+/// An event without a subscription, fresh from a first-attempt lane, becomes one delivery per
+/// matching subscription; anywhere else it is invalid.
+fn fan_out(envelope: &Envelope, lane: LaneKind, subscriptions: &Subscriptions) -> Outcome {
+    if lane != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some() {
+        return Outcome::invalid(
+            InvalidEnvelope::MissingSubscription.to_string(),
+            envelope.attempts_made,
+        );
+    }
+    let targets: Vec<String> = subscriptions
+        .matching(&envelope.tenant, &envelope.event_type)
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
+    if targets.is_empty() {
+        return Outcome::Cancelled {
+            reason: CancelReason::Filtered,
+            detail: format!(
+                "no enabled subscription of tenant {:?} receives event type {:?}",
+                envelope.tenant, envelope.event_type
+            ),
+        };
+    }
+    Outcome::FanOut {
+        subscriptions: targets,
     }
 }
 
@@ -420,5 +527,187 @@ mod tests {
         let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
         assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    mod before_the_attempt {
+        use super::*;
+        use crate::delivery::subscriptions::SecretRef;
+
+        fn envelope(subscription: Option<&str>) -> Envelope {
+            Envelope {
+                id: "evt_1".into(),
+                tenant: "acme".into(),
+                event_type: "order.paid".into(),
+                subscription: subscription.map(str::to_owned),
+                event_id: None,
+                attempts_made: 0,
+                due_ms: None,
+                last_endpoint: None,
+            }
+        }
+
+        fn sub(id: &str, tenant: &str) -> Subscription {
+            Subscription::new(
+                id,
+                tenant,
+                "https://example.com/hook".parse().unwrap(),
+                SecretRef::Env("S".into()),
+            )
+        }
+
+        fn subs(list: Vec<Subscription>) -> Subscriptions {
+            Subscriptions::from_list(list)
+        }
+
+        fn settled(route: Route) -> Outcome {
+            match route {
+                Route::Settle(outcome) => outcome,
+                Route::Attempt(sub) => panic!("attempt to {}", sub.id),
+            }
+        }
+
+        #[test]
+        fn a_known_subscription_of_the_tenant_is_attempted() {
+            let all = subs(vec![sub("s1", "acme")]);
+            match route(&envelope(Some("s1")), LaneKind::Retry, &all, &ladder()) {
+                Route::Attempt(s) => assert_eq!(s.id, "s1"),
+                other => panic!("{other:?}"),
+            }
+        }
+
+        #[test]
+        fn an_unknown_subscription_is_invalid_unless_it_existed_before() {
+            let none = subs(vec![]);
+            let first = envelope(Some("gone"));
+            assert!(matches!(
+                settled(route(&first, LaneKind::First, &none, &ladder())),
+                Outcome::Dead { reason: DeadReason::Invalid, ref error, attempts_made: 0, .. }
+                    if error == "unknown subscription \"gone\""
+            ));
+            let mut retried = envelope(Some("gone"));
+            retried.attempts_made = 2;
+            assert!(matches!(
+                settled(route(&retried, LaneKind::Retry, &none, &ladder())),
+                Outcome::Cancelled {
+                    reason: CancelReason::Deleted,
+                    ..
+                }
+            ));
+            let mut fanned = envelope(Some("gone"));
+            fanned.event_id = Some("evt_0".into());
+            assert!(matches!(
+                settled(route(&fanned, LaneKind::First, &none, &ladder())),
+                Outcome::Cancelled {
+                    reason: CancelReason::Deleted,
+                    ..
+                }
+            ));
+        }
+
+        #[test]
+        fn another_tenants_subscription_is_invalid() {
+            let all = subs(vec![sub("s1", "other")]);
+            assert!(matches!(
+                settled(route(&envelope(Some("s1")), LaneKind::First, &all, &ladder())),
+                Outcome::Dead { reason: DeadReason::Invalid, ref error, .. }
+                    if error.contains("belongs to tenant \"other\", not \"acme\"")
+            ));
+        }
+
+        #[test]
+        fn disabled_and_filtered_subscriptions_cancel() {
+            let mut disabled = sub("s1", "acme");
+            disabled.enabled = false;
+            assert!(matches!(
+                settled(route(
+                    &envelope(Some("s1")),
+                    LaneKind::First,
+                    &subs(vec![disabled]),
+                    &ladder()
+                )),
+                Outcome::Cancelled {
+                    reason: CancelReason::Disabled,
+                    ..
+                }
+            ));
+            let mut filtered = sub("s1", "acme");
+            filtered.event_types = Some(vec![crate::delivery::subscriptions::EventFilter::Exact(
+                "user.created".into(),
+            )]);
+            assert!(matches!(
+                settled(route(
+                    &envelope(Some("s1")),
+                    LaneKind::First,
+                    &subs(vec![filtered]),
+                    &ladder()
+                )),
+                Outcome::Cancelled {
+                    reason: CancelReason::Filtered,
+                    ..
+                }
+            ));
+        }
+
+        #[test]
+        fn an_envelope_arriving_with_its_budget_spent_is_exhausted_without_an_attempt() {
+            let all = subs(vec![sub("s1", "acme")]);
+            let mut spent = envelope(Some("s1"));
+            spent.attempts_made = ladder().max_attempts();
+            assert!(matches!(
+                settled(route(&spent, LaneKind::Retry, &all, &ladder())),
+                Outcome::Dead {
+                    reason: DeadReason::Exhausted,
+                    status: None,
+                    attempts_made: 10,
+                    ..
+                }
+            ));
+            spent.attempts_made -= 1;
+            assert!(matches!(
+                route(&spent, LaneKind::Retry, &all, &ladder()),
+                Route::Attempt(_)
+            ));
+        }
+
+        #[test]
+        fn an_event_fans_out_only_when_fresh_on_a_first_attempt_lane() {
+            let all = subs(vec![
+                sub("s2", "acme"),
+                sub("s1", "acme"),
+                sub("x", "other"),
+            ]);
+            assert_eq!(
+                settled(route(&envelope(None), LaneKind::First, &all, &ladder())),
+                Outcome::FanOut {
+                    subscriptions: vec!["s1".into(), "s2".into()]
+                }
+            );
+            let invalid = |e: &Envelope, lane| {
+                matches!(
+                    settled(route(e, lane, &all, &ladder())),
+                    Outcome::Dead {
+                        reason: DeadReason::Invalid,
+                        ..
+                    }
+                )
+            };
+            assert!(invalid(&envelope(None), LaneKind::Retry));
+            let mut retried = envelope(None);
+            retried.attempts_made = 1;
+            assert!(invalid(&retried, LaneKind::First));
+            let mut child = envelope(None);
+            child.event_id = Some("evt_0".into());
+            assert!(invalid(&child, LaneKind::First));
+            let mut nobody = envelope(None);
+            nobody.event_type = "user.created".into();
+            nobody.tenant = "lonely".into();
+            assert!(matches!(
+                settled(route(&nobody, LaneKind::First, &all, &ladder())),
+                Outcome::Cancelled {
+                    reason: CancelReason::Filtered,
+                    ..
+                }
+            ));
+        }
     }
 }

@@ -25,9 +25,10 @@ use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
-use crate::delivery::dispatch::{Dispatcher, Lane, LaneKind};
+use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
+use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::subscriptions::{
     LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
 };

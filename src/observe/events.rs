@@ -149,6 +149,8 @@ struct Notice {
 #[derive(Clone)]
 pub struct Notices {
     tx: mpsc::Sender<Notice>,
+    /// For records that must be stored before a delivery is acked ([`Notices::store`]).
+    publisher: Arc<Publisher>,
     events: Arc<Route>,
     attempts: Arc<Route>,
     metrics: Metrics,
@@ -176,10 +178,11 @@ impl Notices {
         let events = Route::new(events_exchange);
         let attempts = Route::new(attempts_exchange);
         let routes = vec![Arc::clone(&events), Arc::clone(&attempts)];
-        let task = tokio::spawn(drain(publisher, rx, routes, metrics.clone()));
+        let task = tokio::spawn(drain(Arc::clone(&publisher), rx, routes, metrics.clone()));
         (
             Self {
                 tx,
+                publisher,
                 events,
                 attempts,
                 metrics,
@@ -204,6 +207,43 @@ impl Notices {
     pub fn operational(&self, event: OperationalEvent) {
         let body = serde_json::to_vec(&event).unwrap_or_default();
         self.enqueue(&self.events, event.event, body);
+    }
+
+    /// Publishes an attempt-log record and an operational event that are the only trace of a
+    /// terminal state (a cancellation), and waits for both confirms. Nobody being bound to
+    /// either is fine: the broker then drops them.
+    pub async fn store(
+        &self,
+        record: &AttemptRecord,
+        event: &OperationalEvent,
+    ) -> Result<(), PublishError> {
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let record_body = serde_json::to_vec(record).unwrap_or_default();
+        let event_body = serde_json::to_vec(event).unwrap_or_default();
+        let logged = self
+            .publisher
+            .send(
+                &self.attempts.exchange,
+                &record.routing_key(),
+                &record_body,
+                props.clone(),
+                false,
+            )
+            .await?;
+        let announced = self
+            .publisher
+            .send(
+                &self.events.exchange,
+                &event.event,
+                &event_body,
+                props,
+                false,
+            )
+            .await?;
+        logged.await?;
+        announced.await
     }
 
     fn enqueue(&self, route: &Arc<Route>, routing_key: String, body: Vec<u8>) {

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::broker::management::Management;
 use crate::contract::ladder::Ladder;
-use crate::delivery::dispatch::Lane;
+use crate::delivery::lane::Lane;
 use crate::observe::metrics::Metrics;
 
 /// Binds the vitals address; done at start so a taken port fails the start, not later.

@@ -1,0 +1,88 @@
+//! A ready queue as the worker consumes it: its kind, its prefetch, its metric handles, and
+//! what it has seen at its head (for the oldest-ready estimate).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::observe::metrics::Metrics;
+
+/// Which kind of lane a delivery came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneKind {
+    First,
+    Retry,
+}
+
+/// A lane's metric handles, resolved once rather than by label on every delivery.
+#[derive(Debug)]
+pub(crate) struct LaneMetrics {
+    pub(crate) in_flight: prometheus::IntGauge,
+    pub(crate) oldest_ready_age: prometheus::Gauge,
+    pub(crate) attempt_seconds: prometheus::Histogram,
+    pub(crate) delivered: prometheus::IntCounter,
+}
+
+/// One ready queue: what the worker consumes, and what it has seen at its head.
+#[derive(Debug)]
+pub struct Lane {
+    pub kind: LaneKind,
+    pub queue: String,
+    pub prefetch: u16,
+    pub(crate) metrics: LaneMetrics,
+    /// How long the most recently delivered message had waited, in ms.
+    last_age_ms: AtomicU64,
+    /// When that delivery arrived, in ms since `epoch`.
+    last_delivery_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Lane {
+    pub fn new(kind: LaneKind, queue: String, prefetch: u16, metrics: &Metrics) -> Self {
+        let label = [queue.as_str()];
+        Self {
+            metrics: LaneMetrics {
+                in_flight: metrics.in_flight.with_label_values(&label),
+                oldest_ready_age: metrics.oldest_ready_age.with_label_values(&label),
+                attempt_seconds: metrics.attempt_seconds.with_label_values(&label),
+                delivered: metrics
+                    .outcomes
+                    .with_label_values(&[queue.as_str(), "delivered"]),
+            },
+            kind,
+            queue,
+            prefetch,
+            last_age_ms: AtomicU64::new(0),
+            last_delivery_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The metrics label: the queue name.
+    pub fn label(&self) -> &str {
+        &self.queue
+    }
+
+    pub(crate) fn saw_head(&self, age_ms: u64) {
+        self.last_age_ms.store(age_ms, Ordering::Relaxed);
+        self.last_delivery_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The oldest-ready estimate given the broker's ready count: 0 for an empty lane; the wait of
+    /// the last delivered message while deliveries flow; that wait plus the time since while the
+    /// lane holds messages and nothing is delivered (an upper bound on the head's wait).
+    pub fn oldest_ready_age(&self, ready: i64, quiet_after: Duration) -> Duration {
+        if ready <= 0 {
+            return Duration::ZERO;
+        }
+        let last_age = Duration::from_millis(self.last_age_ms.load(Ordering::Relaxed));
+        let since = self.epoch.elapsed().saturating_sub(Duration::from_millis(
+            self.last_delivery_ms.load(Ordering::Relaxed),
+        ));
+        if since < quiet_after {
+            last_age
+        } else {
+            last_age + since
+        }
+    }
+}
