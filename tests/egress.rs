@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hookrelay::config::HttpConfig;
+use hookrelay::contract::envelope::EnvelopeId;
 use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, StaticLookup};
 use hookrelay::delivery::http::{HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
@@ -42,10 +43,11 @@ fn sender(policy: EgressPolicy, lookup: StaticLookup) -> HttpSender {
 
 async fn post(sender: &HttpSender, url: &str) -> AttemptResult {
     let url = reqwest::Url::parse(url).unwrap();
+    let id = EnvelopeId::parse("evt_egress").unwrap();
     sender
         .send(WebhookRequest {
             url: &url,
-            id: "evt_egress",
+            id: &id,
             attempt: 1,
             timestamp: 1,
             signature: "v1,x".into(),

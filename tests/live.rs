@@ -409,11 +409,11 @@ async fn an_event_without_subscription_fans_out_with_derived_ids() {
         BTreeMap::from([
             (
                 "/a".to_owned(),
-                BTreeSet::from([derived_id("evt_fan", "sub_a")])
+                BTreeSet::from([derived_id("evt_fan", "sub_a").to_string()])
             ),
             (
                 "/b".to_owned(),
-                BTreeSet::from([derived_id("evt_fan", "sub_b")])
+                BTreeSet::from([derived_id("evt_fan", "sub_b").to_string()])
             ),
         ])
     );

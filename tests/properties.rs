@@ -88,7 +88,7 @@ proptest! {
             props = props.with_type(kind.as_str().into());
         }
         if let Ok(e) = Envelope::from_delivery(&props, &routing_key, &body, 512) {
-            prop_assert!(check_id(&e.id).is_ok());
+            prop_assert!(check_id(e.id.as_str()).is_ok());
             prop_assert!(check_tenant(&e.tenant).is_ok());
             prop_assert!(check_event_type(&e.event_type).is_ok());
             prop_assert!(body.len() <= 512);

@@ -65,6 +65,47 @@ pub fn check_id(id: &str) -> Result<(), InvalidEnvelope> {
     }
 }
 
+/// An envelope id: the idempotency key, sent as `webhook-id` and `Idempotency-Key` on every
+/// attempt, redrive and replay. Only [`EnvelopeId::parse`] and [`derived_id`] make one, so it is
+/// always 1 to 128 ASCII letters, digits, `_` or `-`: a valid header value and AMQP short string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EnvelopeId(String);
+
+impl EnvelopeId {
+    pub fn parse(id: &str) -> Result<Self, InvalidEnvelope> {
+        check_id(id)?;
+        Ok(Self(id.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for EnvelopeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for EnvelopeId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for EnvelopeId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for EnvelopeId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 /// Checks a tenant id: it is a routing key and a routing-key word, so no dots.
 pub fn check_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
     if is_token(tenant, MAX_TENANT_LEN, &['_', '-']) {
@@ -161,7 +202,7 @@ impl NewEvent {
 /// A delivery read as an envelope. The body stays with the delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
-    pub id: String,
+    pub id: EnvelopeId,
     pub tenant: String,
     pub event_type: String,
     /// `None`: an event to fan out.
@@ -185,12 +226,13 @@ impl Envelope {
         body: &[u8],
         max_body: usize,
     ) -> Result<Self, InvalidEnvelope> {
-        let id = properties
-            .message_id()
-            .as_ref()
-            .ok_or(InvalidEnvelope::MissingId)?
-            .as_str();
-        check_id(id)?;
+        let id = EnvelopeId::parse(
+            properties
+                .message_id()
+                .as_ref()
+                .ok_or(InvalidEnvelope::MissingId)?
+                .as_str(),
+        )?;
         let headers = properties.headers().as_ref();
         let tenant = header_str(headers, TENANT_HEADER)?.unwrap_or(routing_key);
         check_tenant(tenant)?;
@@ -217,7 +259,7 @@ impl Envelope {
         let due_ms = header_u64(headers, DUE_HEADER)?;
         check_body(body, max_body)?;
         Ok(Self {
-            id: id.to_owned(),
+            id,
             tenant: tenant.to_owned(),
             event_type: event_type.to_owned(),
             subscription: subscription.map(str::to_owned),
@@ -239,7 +281,7 @@ impl Envelope {
 /// `d_` and the first 32 hex digits of SHA-256 of `"{event_id}\n{subscription_id}"`. The same
 /// event fanned out twice gives the same ids, so a consumer never sees two ids for one event and
 /// subscription.
-pub fn derived_id(event_id: &str, subscription_id: &str) -> String {
+pub fn derived_id(event_id: &str, subscription_id: &str) -> EnvelopeId {
     use sha2::{Digest, Sha256};
     let digest = Sha256::new()
         .chain_update(event_id.as_bytes())
@@ -251,7 +293,8 @@ pub fn derived_id(event_id: &str, subscription_id: &str) -> String {
     for byte in &digest[..16] {
         id.push_str(&format!("{byte:02x}"));
     }
-    id
+    // `d_` and hex digits: an id by construction.
+    EnvelopeId(id)
 }
 
 /// A short, comparable trace of an endpoint URL: its host and a hash of the whole URL (which
@@ -301,7 +344,7 @@ mod tests {
         assert_eq!(
             envelope,
             Envelope {
-                id: e.id.clone(),
+                id: EnvelopeId::parse(&e.id).unwrap(),
                 tenant: "acme".into(),
                 event_type: "order.paid".into(),
                 subscription: Some("sub_orders".into()),
@@ -405,8 +448,8 @@ mod tests {
         assert_eq!(a, derived_id("evt_1", "sub_a"));
         assert_ne!(a, derived_id("evt_1", "sub_b"));
         assert_ne!(derived_id("evt_1", "sub_a"), derived_id("evt_1s", "ub_a"));
-        assert_eq!(a.len(), 34);
-        check_id(&a).unwrap();
+        assert_eq!(a.as_str().len(), 34);
+        check_id(a.as_str()).unwrap();
         // The documented rule, computed independently: sha256("evt_1\nsub_a").
         assert_eq!(a, "d_b4db08b1e96c8c46ed81d22d25ca9c0e");
         let e = event();

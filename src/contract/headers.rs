@@ -6,7 +6,7 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use crate::contract::envelope::{InvalidEnvelope, now_ms};
+use crate::contract::envelope::{EnvelopeId, InvalidEnvelope, now_ms};
 
 /// Header naming the subscription to deliver to (set by the producer). Without it the event
 /// fans out to every matching subscription of its tenant.
@@ -327,7 +327,7 @@ pub fn read_u64_header(properties: &BasicProperties, name: &'static str) -> Opti
 /// subscription, and the event id.
 pub fn fanout_properties(
     original: &BasicProperties,
-    derived: &str,
+    derived: &EnvelopeId,
     subscription: &str,
     event_id: &str,
 ) -> BasicProperties {
@@ -335,7 +335,7 @@ pub fn fanout_properties(
     put_str(&mut headers, SUBSCRIPTION_HEADER, subscription);
     put_str(&mut headers, EVENT_ID_HEADER, event_id);
     props
-        .with_message_id(ShortString::from(derived))
+        .with_message_id(ShortString::from(derived.as_str()))
         .with_headers(headers)
 }
 

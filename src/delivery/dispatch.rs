@@ -225,7 +225,7 @@ impl Dispatcher {
         let timestamp = now_ms() / 1000;
         let signature = signature_header(
             keys.iter().map(AsRef::as_ref),
-            &envelope.id,
+            envelope.id.as_str(),
             timestamp,
             body,
         );

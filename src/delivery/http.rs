@@ -4,11 +4,14 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
+use reqwest::header::{
+    CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue, RETRY_AFTER, USER_AGENT,
+};
 
 use std::sync::Arc;
 
 use crate::config::HttpConfig;
+use crate::contract::envelope::EnvelopeId;
 use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, find_denial};
 use crate::delivery::route::{AttemptResult, parse_retry_after};
 
@@ -18,7 +21,7 @@ pub const USER_AGENT_VALUE: &str = concat!("hookrelay/", env!("CARGO_PKG_VERSION
 #[derive(Debug, Clone)]
 pub struct WebhookRequest<'a> {
     pub url: &'a reqwest::Url,
-    pub id: &'a str,
+    pub id: &'a EnvelopeId,
     /// 1-based.
     pub attempt: u32,
     /// Seconds since the epoch; part of the signed content.
@@ -29,27 +32,29 @@ pub struct WebhookRequest<'a> {
 }
 
 impl WebhookRequest<'_> {
-    /// The Standard Webhooks headers plus the idempotency and attempt headers.
-    pub fn headers(&self) -> HeaderMap {
+    /// The Standard Webhooks headers plus the idempotency and attempt headers. Fails only if
+    /// the signature is not a header value, which a signature of ours always is.
+    pub fn headers(&self) -> Result<HeaderMap, InvalidHeaderValue> {
         let mut h = HeaderMap::with_capacity(8);
-        let value = |s: &str| HeaderValue::from_str(s).expect("ids and signatures are ASCII");
+        // An envelope id is ASCII letters, digits, '_' and '-' by construction.
+        let id = HeaderValue::from_str(self.id.as_str())?;
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         h.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
-        h.insert(HeaderName::from_static("webhook-id"), value(self.id));
+        h.insert(HeaderName::from_static("webhook-id"), id.clone());
         h.insert(
             HeaderName::from_static("webhook-timestamp"),
             HeaderValue::from(self.timestamp),
         );
         h.insert(
             HeaderName::from_static("webhook-signature"),
-            value(&self.signature),
+            HeaderValue::from_str(&self.signature)?,
         );
-        h.insert(HeaderName::from_static("idempotency-key"), value(self.id));
+        h.insert(HeaderName::from_static("idempotency-key"), id);
         h.insert(
             HeaderName::from_static("x-delivery-attempt"),
             HeaderValue::from(self.attempt),
         );
-        h
+        Ok(h)
     }
 }
 
@@ -126,10 +131,22 @@ impl HttpSender {
                 response_excerpt: String::new(),
             };
         }
+        let headers = match request.headers() {
+            Ok(headers) => headers,
+            Err(e) => {
+                return AttemptReport {
+                    result: AttemptResult::NotSent(format!(
+                        "cannot build the request headers: {e}"
+                    )),
+                    latency: started.elapsed(),
+                    response_excerpt: String::new(),
+                };
+            }
+        };
         let sent = self
             .client
             .post(request.url.clone())
-            .headers(request.headers())
+            .headers(headers)
             .body(request.body)
             .send()
             .await;

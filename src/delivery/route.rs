@@ -535,7 +535,7 @@ mod tests {
 
         fn envelope(subscription: Option<&str>) -> Envelope {
             Envelope {
-                id: "evt_1".into(),
+                id: crate::contract::envelope::EnvelopeId::parse("evt_1").unwrap(),
                 tenant: "acme".into(),
                 event_type: "order.paid".into(),
                 subscription: subscription.map(str::to_owned),

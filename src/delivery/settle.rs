@@ -115,9 +115,9 @@ pub fn replacement(
                         routing_key: envelope.tenant.clone(),
                         properties: headers::fanout_properties(
                             properties,
-                            &envelope::derived_id(&envelope.id, sub),
+                            &envelope::derived_id(envelope.id.as_str(), sub),
                             sub,
-                            &envelope.id,
+                            envelope.id.as_str(),
                         ),
                     })
                     .collect(),
@@ -311,7 +311,7 @@ impl Dispatcher {
         let record = self.record(lane, properties, envelope, attempted);
         let mut event = OperationalEvent::new("delivery.cancelled", reason.as_str()).detail(detail);
         if let Some(e) = envelope {
-            event = event.about(&e.tenant, e.subscription.as_deref(), &e.id);
+            event = event.about(&e.tenant, e.subscription.as_deref(), e.id.as_str());
         }
         self.notices.store(&record, &event).await
     }
@@ -334,7 +334,7 @@ impl Dispatcher {
         self.notices.operational(event.about(
             &envelope.tenant,
             envelope.subscription.as_deref(),
-            &envelope.id,
+            envelope.id.as_str(),
         ));
     }
 
