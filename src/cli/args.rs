@@ -1,3 +1,6 @@
+//! The clap definitions: every subcommand and its arguments. The doc comments are the `--help`
+//! text.
+
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 

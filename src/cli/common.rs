@@ -1,3 +1,5 @@
+//! What several commands share: the ladder file, a broker connection, the management API.
+
 use anyhow::Context;
 use lapin::{Connection, ConnectionProperties};
 

@@ -1,3 +1,5 @@
+//! `publish`: one event through the ingress exchange.
+
 use std::io::Read;
 use std::process::ExitCode;
 
@@ -9,7 +11,7 @@ use crate::broker::publish::Publisher;
 use crate::config::Config;
 use crate::contract::envelope::NewEvent;
 
-pub(super) async fn publish(args: PublishArgs, config: &Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let ladder = load_ladder(&args.ladder, config)?;
     let body = match (&args.data, &args.file) {
         (Some(data), _) => data.clone().into_bytes(),

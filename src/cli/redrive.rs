@@ -1,3 +1,5 @@
+//! `redrive`: move envelopes from the dead sink back to a ready lane.
+
 use std::process::ExitCode;
 
 use super::args::RedriveArgs;
@@ -5,7 +7,7 @@ use super::common::{connect, load_ladder};
 use crate::broker::publish::Publisher;
 use crate::config::Config;
 
-pub(super) async fn redrive(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let ladder = load_ladder(&args.ladder, config)?;
     let filter = crate::ops::redrive::Filter {
         tenant: args.tenant,

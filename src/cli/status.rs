@@ -1,3 +1,5 @@
+//! `status`: the whole ladder at a glance, once or refreshed in place.
+
 use std::process::ExitCode;
 
 use super::args::StatusArgs;
@@ -5,7 +7,7 @@ use super::common::{load_ladder, management};
 use crate::config::Config;
 use crate::delivery::worker::shutdown_signal;
 
-pub(super) async fn status(args: StatusArgs, config: &Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: StatusArgs, config: &Config) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let ladder = load_ladder(&args.ladder, config)?;
     let api = management(config)?;

@@ -1,13 +1,14 @@
+//! `subscriptions check`: validate a subscriptions file offline.
+
 use std::process::ExitCode;
 
+use super::args::SubscriptionsCommand;
 use crate::config::Config;
 use crate::delivery::subscriptions::{SecretStore, Subscriptions};
 
-pub(super) fn check_subscriptions(
-    file: &std::path::Path,
-    config: &Config,
-) -> anyhow::Result<ExitCode> {
-    match Subscriptions::load(file) {
+pub(super) fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    let SubscriptionsCommand::Check { file } = cmd;
+    match Subscriptions::load(&file) {
         Ok(subs) => {
             println!("{}: {} subscription(s), valid", file.display(), subs.len());
             let secrets = SecretStore::new(config.secrets.refresh);

@@ -1,3 +1,5 @@
+//! `tier hold`, `release` and `status`.
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use super::common::{connect, load_ladder, management};
 use crate::broker::publish::Publisher;
 use crate::config::Config;
 
-pub(super) async fn tier(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         TierCommand::Hold { ladder, tier } => {
             let ladder = load_ladder(&ladder, config)?;

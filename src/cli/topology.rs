@@ -1,3 +1,5 @@
+//! `topology apply`, `plan` and `export`, and the broker check quorum tiers need first.
+
 use std::process::ExitCode;
 
 use anyhow::bail;
@@ -7,7 +9,7 @@ use super::common::{connect, load_ladder, management};
 use crate::broker::topology::QueueType;
 use crate::config::Config;
 
-pub(super) async fn topology(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         TopologyCommand::Export { ladder, vhost } => {
             let ladder = load_ladder(&ladder, config)?;

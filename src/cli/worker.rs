@@ -1,3 +1,5 @@
+//! `worker`: consume and deliver until a signal.
+
 use std::process::ExitCode;
 
 use super::args::WorkerArgs;
@@ -6,7 +8,7 @@ use crate::config::Config;
 use crate::delivery::subscriptions::LiveSubscriptions;
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
 
-pub(super) async fn worker(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     let ladder = load_ladder(&args.ladder, &config)?;
     let path = args
         .subscriptions
