@@ -1,0 +1,254 @@
+//! The clap definitions: every subcommand and its arguments. The doc comments are the `--help`
+//! text.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit code when `topology plan` finds drift.
+pub const EXIT_DRIFT: u8 = 3;
+
+const AFTER_HELP: &str = "\
+Configuration: a TOML file (--config or HOOKRELAY_CONFIG), then HOOKRELAY_<SECTION>_<KEY>
+environment variables. The most used: HOOKRELAY_AMQP_URL, HOOKRELAY_MANAGEMENT_URL,
+HOOKRELAY_LADDER, HOOKRELAY_SUBSCRIPTIONS. README.md lists every setting.
+
+Exit codes: 0 success, 1 error, 2 bad command line, 3 drift found by `topology plan`.
+
+First steps:
+  hookrelay-dev demo                  the whole path on a local broker, in under a minute (make demo)
+  hookrelay topology apply            declare the retry ladder from topology/ladder.toml
+  hookrelay worker                    deliver; SIGTERM drains and exits 0";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hookrelay",
+    version,
+    about = "Webhook dispatcher on RabbitMQ: signed deliveries, a retry ladder of TTL tiers, nothing lost",
+    after_help = AFTER_HELP
+)]
+pub struct Cli {
+    /// Configuration file (TOML). Defaults apply when absent.
+    #[arg(long, global = true, env = "HOOKRELAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Declare, check or export the retry ladder (lanes, tiers, dead sink).
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Publish one event through the ingress exchange, following the envelope contract.
+    ///
+    /// The body comes from --data, --file or standard input and must be JSON. The event is
+    /// validated before anything is sent; it is published persistent, mandatory and confirmed,
+    /// and its envelope id (the idempotency key) is printed.
+    Publish(PublishArgs),
+    /// Consume the ready lanes and deliver signed webhooks until SIGTERM or SIGINT.
+    ///
+    /// On a signal the worker stops consuming, lets in-flight attempts finish (ack or confirmed
+    /// republish) within worker.shutdown_grace, and exits 0.
+    Worker(WorkerArgs),
+    /// Check subscriptions files offline.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
+    /// The whole ladder at a glance: lanes, tiers, parked and dead messages, rates, targets.
+    ///
+    /// Read from the management API. --watch refreshes in place (and adds the tiers' out-rates,
+    /// derived between samples); --json prints one JSON array per sample for scripts.
+    Status(StatusArgs),
+    /// Hold a tier (stop promotion out of it, parking what expires), release it, or see which
+    /// tiers are held. The incident lever instead of purging.
+    #[command(subcommand)]
+    Tier(TierCommand),
+    /// Move envelopes from the dead sink back to a ready lane, with a fresh attempt budget.
+    ///
+    /// Filters combine. Each envelope keeps its message_id (the idempotency key) and body and
+    /// gains x-hookrelay-redrives. Every move is a confirmed publish before the dead copy is
+    /// acked; envelopes that do not match stay in the sink, in order. A pass must finish within
+    /// the broker's consumer_timeout; use --limit for very large sinks.
+    Redrive(RedriveArgs),
+    /// Follow the attempt log.
+    #[command(subcommand)]
+    Attempts(AttemptsCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct LadderArg {
+    /// Ladder file; defaults to the config's `ladder` (topology/ladder.toml).
+    #[arg(long, value_name = "FILE")]
+    pub ladder: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopologyCommand {
+    /// Declare every exchange, queue and binding of the ladder. Safe to repeat.
+    Apply(LadderArg),
+    /// Compare the ladder with the broker (via the management API); exit 3 on any difference.
+    Plan(LadderArg),
+    /// Print the ladder as RabbitMQ definitions JSON (`rabbitmqctl import_definitions`).
+    Export {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// The vhost written into the definitions.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Refresh in place until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between refreshes with --watch.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TierCommand {
+    /// Stop promotion out of TIER; what expires there parks in <prefix>.held.<tier>.
+    Hold {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// The tier: retry-1h, or its delay, 1h.
+        tier: String,
+    },
+    /// Return TIER's parked messages to the retry lanes at --rate, then lift the hold.
+    Release {
+        #[command(flatten)]
+        ladder: LadderArg,
+        tier: String,
+        /// Pace, e.g. 50/s or 600/m; as fast as the broker confirms when absent.
+        #[arg(long)]
+        rate: Option<crate::ops::mover::Rate>,
+    },
+    /// Which tiers are held, and how much waits and is parked.
+    Status {
+        #[command(flatten)]
+        ladder: LadderArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// rejected, exhausted, invalid, gone, egress_denied, or the broker's expired.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (2h).
+    #[arg(long, value_parser = parse_when)]
+    pub since: Option<SystemTime>,
+    /// Dead-lettered before: an RFC 3339 time, or a duration ago.
+    #[arg(long, value_parser = parse_when)]
+    pub until: Option<SystemTime>,
+    /// Count what would move; move nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Move at most this many.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Pace, e.g. 100/s.
+    #[arg(long)]
+    pub rate: Option<crate::ops::mover::Rate>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AttemptsCommand {
+    /// Print attempt-log records as they are published (through a temporary queue of its own).
+    Tail {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// Only this outcome (delivered, retried, rejected, exhausted, invalid, cancelled, ...).
+        #[arg(long)]
+        outcome: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print the JSON records as they are.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many records.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+}
+
+/// An RFC 3339 time, or a duration meaning that long ago.
+fn parse_when(s: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t);
+    }
+    let ago = humantime::parse_duration(s).map_err(|_| {
+        format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")
+    })?;
+    Ok(SystemTime::now() - ago)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionsCommand {
+    /// Validate a subscriptions file and explain each problem (line, field, what is expected).
+    ///
+    /// Exits 0 when the file is valid. Secret references that do not resolve on this machine
+    /// are listed as notes: they may well resolve where the worker runs.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Tenant id: the routing key on the ingress exchange.
+    #[arg(long)]
+    pub tenant: String,
+    /// Event type, e.g. order.paid.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub event_type: String,
+    /// Subscription id to deliver to. Without it the event fans out to every enabled
+    /// subscription of the tenant that receives its type.
+    #[arg(long)]
+    pub subscription: Option<String>,
+    /// Envelope id (the idempotency key); a random `evt_...` id when absent. Publishing the same
+    /// id twice means the same event.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Event time in seconds since the epoch; now when absent.
+    #[arg(long)]
+    pub timestamp: Option<u64>,
+    /// The JSON body.
+    #[arg(long, conflicts_with = "file")]
+    pub data: Option<String>,
+    /// Read the JSON body from this file.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Subscriptions file; defaults to the config's `subscriptions`.
+    #[arg(long, value_name = "FILE")]
+    pub subscriptions: Option<PathBuf>,
+    /// Names this worker's connections in the management UI.
+    #[arg(long, default_value = "hookrelay-worker")]
+    pub name: String,
+}

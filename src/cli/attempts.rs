@@ -1,0 +1,47 @@
+//! `attempts tail`: follow the attempt log.
+
+use std::process::ExitCode;
+
+use super::args::AttemptsCommand;
+use super::common::{connect, load_ladder};
+use crate::config::Config;
+use crate::delivery::worker::shutdown_signal;
+
+pub(super) async fn run(cmd: AttemptsCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    let AttemptsCommand::Tail {
+        ladder,
+        outcome,
+        tenant,
+        json,
+        count,
+    } = cmd;
+    let ladder = load_ladder(&ladder, config)?;
+    let conn = connect(config, "hookrelay attempts tail").await?;
+    let channel = conn.create_channel().await?;
+    let mut seen = 0usize;
+    let exchange = ladder.attempts_exchange();
+    let tail = crate::observe::events::tail_attempts(
+        &channel,
+        &exchange,
+        outcome.as_deref(),
+        tenant.as_deref(),
+        |body| {
+            if json {
+                println!("{}", String::from_utf8_lossy(body));
+            } else {
+                match serde_json::from_slice::<crate::observe::events::AttemptRecord>(body) {
+                    Ok(r) => println!("{}", crate::observe::events::format_record(&r)),
+                    Err(_) => println!("{}", String::from_utf8_lossy(body)),
+                }
+            }
+            seen += 1;
+            count.is_none_or(|c| seen < c)
+        },
+    );
+    tokio::select! {
+        r = tail => r?,
+        () = shutdown_signal() => {}
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(ExitCode::SUCCESS)
+}

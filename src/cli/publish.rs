@@ -1,0 +1,55 @@
+//! `publish`: one event through the ingress exchange.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use super::args::PublishArgs;
+use super::common::load_ladder;
+use crate::broker::publish::Publisher;
+use crate::config::Config;
+use crate::contract::envelope::NewEvent;
+
+pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    let ladder = load_ladder(&args.ladder, config)?;
+    let body = match (&args.data, &args.file) {
+        (Some(data), _) => data.clone().into_bytes(),
+        (None, Some(path)) => {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+        }
+        (None, None) => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read the body from standard input")?;
+            buf
+        }
+    };
+    let event = NewEvent {
+        id: args
+            .id
+            .unwrap_or_else(|| format!("evt_{}", uuid::Uuid::new_v4().simple())),
+        tenant: args.tenant,
+        event_type: args.event_type,
+        subscription: args.subscription,
+        timestamp: args.timestamp,
+        body,
+    };
+    // Refuse bad input before opening a connection: nothing is published.
+    event
+        .validate(config.limits.max_body_bytes)
+        .context("not published")?;
+    let publisher = Publisher::connect(
+        &config.amqp.url,
+        "hookrelay publish",
+        config.amqp.confirm_timeout,
+    )
+    .await?;
+    let id = publisher
+        .publish_event(&ladder.ingress(), &event, config.limits.max_body_bytes)
+        .await;
+    publisher.close().await;
+    println!("{}", id.context("not published")?);
+    Ok(ExitCode::SUCCESS)
+}

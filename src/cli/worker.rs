@@ -1,0 +1,30 @@
+//! `worker`: consume and deliver until a signal.
+
+use std::process::ExitCode;
+
+use super::args::WorkerArgs;
+use super::common::load_ladder;
+use crate::config::Config;
+use crate::delivery::subscriptions::LiveSubscriptions;
+use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
+
+pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
+    let ladder = load_ladder(&args.ladder, &config)?;
+    let path = args
+        .subscriptions
+        .clone()
+        .unwrap_or_else(|| config.subscriptions.clone());
+    let subscriptions = LiveSubscriptions::from_file(&path)?;
+    tracing::info!(
+        subscriptions = subscriptions.current().len(),
+        file = %path.display(),
+        ladder = %ladder.prefix,
+        lease_window = %crate::config::fmt_duration(config.lease_window()),
+        "Starting worker"
+    );
+    let mut setup = WorkerSetup::new(config, ladder, subscriptions);
+    setup.name = args.name;
+    let worker = Worker::start(setup).await?;
+    worker.run(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
