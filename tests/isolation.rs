@@ -132,19 +132,13 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     let sink = Arc::clone(&records);
     let exchange = t.ladder.attempts_exchange();
     let tail = tokio::spawn(async move {
-        hookrelay::observe::events::tail_attempts(
-            &channel,
-            &exchange,
-            None,
-            Some("bigco"),
-            |body| {
-                let r: hookrelay::observe::events::AttemptRecord =
-                    serde_json::from_slice(body).unwrap();
-                let mut all = sink.lock().unwrap();
-                all.push(r);
-                all.len() < 3
-            },
-        )
+        hookrelay::ops::tail::tail_attempts(&channel, &exchange, None, Some("bigco"), |body| {
+            let r: hookrelay::observe::events::AttemptRecord =
+                serde_json::from_slice(body).unwrap();
+            let mut all = sink.lock().unwrap();
+            all.push(r);
+            all.len() < 3
+        })
         .await
         .unwrap();
     });

@@ -518,17 +518,11 @@ async fn the_attempt_log_records_every_outcome() {
     let sink = Arc::clone(&records);
     let exchange = t.ladder.attempts_exchange();
     let tail = tokio::spawn(async move {
-        hookrelay::observe::events::tail_attempts(
-            &channel,
-            &exchange,
-            None,
-            Some("acme"),
-            |body| {
-                let mut r = sink.lock().unwrap();
-                r.push(serde_json::from_slice(body).unwrap());
-                r.len() < 5
-            },
-        )
+        hookrelay::ops::tail::tail_attempts(&channel, &exchange, None, Some("acme"), |body| {
+            let mut r = sink.lock().unwrap();
+            r.push(serde_json::from_slice(body).unwrap());
+            r.len() < 5
+        })
         .await
         .unwrap();
     });

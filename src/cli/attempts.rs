@@ -20,7 +20,7 @@ pub(super) async fn run(cmd: AttemptsCommand, config: &Config) -> anyhow::Result
     let channel = conn.create_channel().await?;
     let mut seen = 0usize;
     let exchange = ladder.attempts_exchange();
-    let tail = crate::observe::events::tail_attempts(
+    let tail = crate::ops::tail::tail_attempts(
         &channel,
         &exchange,
         outcome.as_deref(),
@@ -30,7 +30,7 @@ pub(super) async fn run(cmd: AttemptsCommand, config: &Config) -> anyhow::Result
                 println!("{}", String::from_utf8_lossy(body));
             } else {
                 match serde_json::from_slice::<crate::observe::events::AttemptRecord>(body) {
-                    Ok(r) => println!("{}", crate::observe::events::format_record(&r)),
+                    Ok(r) => println!("{}", crate::ops::tail::format_record(&r)),
                     Err(_) => println!("{}", String::from_utf8_lossy(body)),
                 }
             }

@@ -4,4 +4,5 @@ pub mod mover;
 pub mod progress;
 pub mod redrive;
 pub mod status;
+pub mod tail;
 pub mod tier;

@@ -1,0 +1,424 @@
+//! The subscriptions file: who receives what (id, tenant, endpoint URL, event types, secret
+//! references, enabled, limits), parsed with every problem reported by line and field.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::contract::envelope::{check_event_type, check_tenant};
+
+use super::*;
+
+/// A problem in a subscriptions file, located by line and field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}:{line}: {field}: {message}")]
+pub struct SubscriptionError {
+    pub path: String,
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// All the problems found in one file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct SubscriptionErrors(pub Vec<SubscriptionError>);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default, rename = "subscription")]
+    subscriptions: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    id: Spanned<String>,
+    tenant: Spanned<String>,
+    url: Spanned<String>,
+    #[serde(default)]
+    event_types: Option<Spanned<Vec<String>>>,
+    secrets: Spanned<Vec<SecretEntry>>,
+    #[serde(default = "enabled_by_default")]
+    enabled: bool,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// `"env:NAME"`, or `{ ref = "env:NAME", expires = "2027-01-31T00:00:00Z" }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SecretEntry {
+    Plain(String),
+    Detailed {
+        #[serde(rename = "ref")]
+        reference: String,
+        expires: Option<String>,
+    },
+}
+
+/// Which event types a subscription receives: exact names and `prefix.*` wildcards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventFilter {
+    Exact(String),
+    /// `order.*`: stored as `order.`; matches every type that starts with it.
+    Prefix(String),
+}
+
+impl EventFilter {
+    fn parse(raw: &str) -> Result<Self, String> {
+        if let Some(prefix) = raw.strip_suffix('*') {
+            if !prefix.ends_with('.') || check_event_type(prefix.trim_end_matches('.')).is_err() {
+                return Err(format!(
+                    "{raw:?}: a wildcard is written \"prefix.*\" (for example \"order.*\")"
+                ));
+            }
+            return Ok(Self::Prefix(prefix.to_owned()));
+        }
+        check_event_type(raw).map_err(|e| e.to_string())?;
+        Ok(Self::Exact(raw.to_owned()))
+    }
+
+    pub fn matches(&self, event_type: &str) -> bool {
+        match self {
+            EventFilter::Exact(t) => t == event_type,
+            EventFilter::Prefix(p) => event_type.starts_with(p.as_str()),
+        }
+    }
+}
+
+/// One subscription as it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub id: String,
+    pub tenant: String,
+    pub url: reqwest::Url,
+    /// `None`: every event type.
+    pub event_types: Option<Vec<EventFilter>>,
+    /// Newest first.
+    pub secrets: Vec<SecretSpec>,
+    /// A disabled subscription receives nothing; what waits for it is cancelled.
+    pub enabled: bool,
+    /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
+    pub max_concurrent: Option<u32>,
+}
+
+impl Subscription {
+    /// A subscription with every event type, one secret, enabled.
+    pub fn new(id: &str, tenant: &str, url: reqwest::Url, secret: SecretRef) -> Self {
+        Self {
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+            url,
+            event_types: None,
+            secrets: vec![SecretSpec::new(secret)],
+            enabled: true,
+            max_concurrent: None,
+        }
+    }
+
+    pub fn accepts(&self, event_type: &str) -> bool {
+        self.event_types
+            .as_ref()
+            .is_none_or(|filters| filters.iter().any(|f| f.matches(event_type)))
+    }
+}
+
+/// Every subscription, by id.
+#[derive(Debug, Clone, Default)]
+pub struct Subscriptions {
+    by_id: HashMap<String, Arc<Subscription>>,
+}
+
+impl Subscriptions {
+    pub fn load(path: &Path) -> Result<Self, SubscriptionErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            SubscriptionErrors(vec![SubscriptionError {
+                path: path.display().to_string(),
+                line: 0,
+                field: "(file)".into(),
+                message: format!("cannot read: {e}"),
+            }])
+        })?;
+        Self::parse(&path.display().to_string(), &text)
+    }
+
+    /// Parses and validates a whole file, collecting every problem rather than the first.
+    pub fn parse(path: &str, text: &str) -> Result<Self, SubscriptionErrors> {
+        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+        let error = |offset: usize, field: &str, message: String| SubscriptionError {
+            path: path.to_owned(),
+            line: line_of(offset),
+            field: field.to_owned(),
+            message,
+        };
+        let file: File = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(s.start));
+            // The key written on the offending line, when there is one (`url = 5` -> `url`).
+            let field = text
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|l| l.split_once('='))
+                .map(|(key, _)| key.trim().to_owned())
+                .filter(|key| !key.is_empty() && !key.starts_with('['))
+                .unwrap_or_else(|| "(syntax)".into());
+            SubscriptionErrors(vec![SubscriptionError {
+                path: path.to_owned(),
+                line,
+                field,
+                message: e.message().trim().to_owned(),
+            }])
+        })?;
+        let mut errors = Vec::new();
+        let mut by_id = HashMap::new();
+        for entry in file.subscriptions {
+            let before = errors.len();
+            let id = entry.id.get_ref();
+            if crate::contract::envelope::check_id(id).is_err() {
+                errors.push(error(
+                    entry.id.span().start,
+                    "id",
+                    format!("{id:?}: expected 1 to 128 letters, digits, '_' or '-'"),
+                ));
+            }
+            if by_id.contains_key(id) {
+                errors.push(error(
+                    entry.id.span().start,
+                    "id",
+                    format!("{id:?} is defined twice"),
+                ));
+            }
+            if let Err(e) = check_tenant(entry.tenant.get_ref()) {
+                errors.push(error(entry.tenant.span().start, "tenant", e.to_string()));
+            }
+            let url = match reqwest::Url::parse(entry.url.get_ref()) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+                    Some(url)
+                }
+                Ok(_) => {
+                    errors.push(error(
+                        entry.url.span().start,
+                        "url",
+                        format!(
+                            "{:?}: expected an http:// or https:// URL with a host",
+                            entry.url.get_ref()
+                        ),
+                    ));
+                    None
+                }
+                Err(e) => {
+                    errors.push(error(
+                        entry.url.span().start,
+                        "url",
+                        format!("{:?} is not a URL: {e}", entry.url.get_ref()),
+                    ));
+                    None
+                }
+            };
+            let event_types = match &entry.event_types {
+                None => None,
+                Some(types) => {
+                    let mut filters = Vec::new();
+                    for raw in types.get_ref() {
+                        match EventFilter::parse(raw) {
+                            Ok(f) => filters.push(f),
+                            Err(message) => {
+                                errors.push(error(types.span().start, "event_types", message))
+                            }
+                        }
+                    }
+                    if types.get_ref().is_empty() {
+                        errors.push(error(
+                            types.span().start,
+                            "event_types",
+                            "an empty list would match nothing; leave event_types out to \
+                             receive every type"
+                                .into(),
+                        ));
+                    }
+                    Some(filters)
+                }
+            };
+            let mut secrets = Vec::new();
+            for raw in entry.secrets.get_ref() {
+                let (reference, expires) = match raw {
+                    SecretEntry::Plain(r) => (r, None),
+                    SecretEntry::Detailed { reference, expires } => (reference, expires.as_ref()),
+                };
+                let expires = match expires.map(|t| humantime::parse_rfc3339_weak(t)) {
+                    None => None,
+                    Some(Ok(at)) => Some(at),
+                    Some(Err(e)) => {
+                        errors.push(error(
+                            entry.secrets.span().start,
+                            "secrets.expires",
+                            format!(
+                                "{:?} is not a time like \"2027-01-31T00:00:00Z\": {e}",
+                                expires.map_or("", |t| t.as_str())
+                            ),
+                        ));
+                        None
+                    }
+                };
+                match SecretRef::parse(reference) {
+                    Ok(reference) => secrets.push(SecretSpec { reference, expires }),
+                    Err(message) => {
+                        errors.push(error(entry.secrets.span().start, "secrets", message))
+                    }
+                }
+            }
+            if entry.secrets.get_ref().is_empty() {
+                errors.push(error(
+                    entry.secrets.span().start,
+                    "secrets",
+                    "at least one secret reference is needed to sign deliveries".into(),
+                ));
+            }
+            if errors.len() == before
+                && let Some(url) = url
+            {
+                by_id.insert(
+                    id.clone(),
+                    Arc::new(Subscription {
+                        id: id.clone(),
+                        tenant: entry.tenant.into_inner(),
+                        url,
+                        event_types,
+                        secrets,
+                        enabled: entry.enabled,
+                        max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
+                    }),
+                );
+            }
+        }
+        if errors.is_empty() {
+            Ok(Self { by_id })
+        } else {
+            Err(SubscriptionErrors(errors))
+        }
+    }
+
+    pub fn from_list(list: impl IntoIterator<Item = Subscription>) -> Self {
+        Self {
+            by_id: list
+                .into_iter()
+                .map(|s| (s.id.clone(), Arc::new(s)))
+                .collect(),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<Subscription>> {
+        self.by_id.get(id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Subscription>> {
+        self.by_id.values()
+    }
+
+    /// The enabled subscriptions of `tenant` that receive `event_type`, by id: a fan-out's
+    /// targets.
+    pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<Subscription>> {
+        let mut found: Vec<Arc<Subscription>> = self
+            .by_id
+            .values()
+            .filter(|s| s.enabled && s.tenant == tenant && s.accepts(event_type))
+            .cloned()
+            .collect();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        found
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[subscription]]
+id = "sub_orders"
+tenant = "acme"
+url = "https://hooks.acme.example/orders"
+event_types = ["order.*", "invoice.paid"]
+secrets = ["env:ACME_WHSEC_V2", "file:/run/secrets/acme_v1"]
+
+[[subscription]]
+id = "sub_all"
+tenant = "acme"
+url = "http://127.0.0.1:9000/"
+secrets = ["env:X"]
+"#;
+
+    #[test]
+    fn parses_the_documented_shape() {
+        let subs = Subscriptions::parse("s.toml", GOOD).unwrap();
+        assert_eq!(subs.len(), 2);
+        let orders = subs.get("sub_orders").unwrap();
+        assert_eq!(orders.tenant, "acme");
+        assert_eq!(
+            orders.secrets,
+            vec![
+                SecretSpec::new(SecretRef::Env("ACME_WHSEC_V2".into())),
+                SecretSpec::new(SecretRef::File("/run/secrets/acme_v1".into()))
+            ]
+        );
+        assert!(orders.enabled);
+        assert!(orders.accepts("order.paid"));
+        assert!(orders.accepts("order.refund.created"));
+        assert!(orders.accepts("invoice.paid"));
+        assert!(!orders.accepts("invoice.sent"));
+        assert!(!orders.accepts("orders"));
+        assert!(subs.get("sub_all").unwrap().accepts("anything"));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_line_and_field() {
+        let text = r#"
+[[subscription]]
+id = "a.b"
+tenant = "acme"
+url = "ftp://x"
+secrets = ["whsec_abc"]
+
+[[subscription]]
+id = "ok"
+tenant = "ac me"
+url = "https://x.example"
+event_types = ["order*"]
+secrets = []
+"#;
+        let errors = Subscriptions::parse("s.toml", text).unwrap_err().0;
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 6, "{shown:#?}");
+        assert!(shown[0].starts_with("s.toml:3: id:"), "{}", shown[0]);
+        assert!(shown[1].starts_with("s.toml:5: url:"), "{}", shown[1]);
+        assert!(shown[2].contains("never the secret itself"), "{}", shown[2]);
+        assert!(shown[3].starts_with("s.toml:10: tenant:"), "{}", shown[3]);
+        assert!(shown[4].contains("prefix.*"), "{}", shown[4]);
+        assert!(shown[5].starts_with("s.toml:13: secrets:"), "{}", shown[5]);
+
+        let err = Subscriptions::parse("s.toml", "[[subscription]]\nid = 5\n").unwrap_err();
+        assert_eq!(err.0[0].line, 2, "{err}");
+        assert_eq!(
+            err.to_string(),
+            "s.toml:2: id: invalid type: integer `5`, expected a string"
+        );
+        let err = Subscriptions::parse("s.toml", "[[subscription]]\nid = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("missing field"), "{err}");
+    }
+}
