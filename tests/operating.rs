@@ -105,7 +105,7 @@ async fn the_worker_serves_metrics_health_and_readiness() {
     assert!(
         text.contains(&format!(
             "hookrelay_queue_ready_messages{{queue=\"{}\",role=\"tier\"}}",
-            t.ladder.tier_queue(0)
+            t.ladder.tier_queue(first_tier(&t.ladder))
         )),
         "{text}"
     );
@@ -322,7 +322,7 @@ async fn a_held_tier_parks_what_expires_and_release_delivers_each_once() {
             .unwrap();
     }
     // Every first attempt fails; after the tier's second, everything is parked, nothing promoted.
-    let parked = t.ladder.held_queue(0);
+    let parked = t.ladder.held_queue(first_tier(&t.ladder));
     let deadline = tokio::time::Instant::now() + WAIT;
     while t.depth(&parked).await < N as u32 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -638,4 +638,8 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
         stalled_tiers, tiers,
         "every tier of the default ladder has a stall rule"
     );
+}
+
+fn first_tier(ladder: &hookrelay::contract::ladder::Ladder) -> hookrelay::contract::ladder::TierId {
+    ladder.tier_at(0).unwrap()
 }

@@ -26,7 +26,11 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     assert!(topology.extras(&t.ladder, &objects).is_empty());
 
     // The broker sees what the ladder says: TTL, dead-letter target, at-least-once.
-    let tier = api.queue(&t.ladder.tier_queue(0)).await.unwrap().unwrap();
+    let tier = api
+        .queue(&t.ladder.tier_queue(t.ladder.tier_at(0).unwrap()))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(tier["arguments"]["x-message-ttl"], 1000);
     assert_eq!(
         tier["arguments"]["x-dead-letter-exchange"],
@@ -40,7 +44,7 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
 async fn plan_names_each_difference() {
     let t = TestLadder::apply("drift", &["1s", "5s"], &["1s", "5s"]).await;
     // Someone deletes a tier and re-creates it by hand with another TTL; someone removes the sink.
-    let tier = t.ladder.tier_queue(1);
+    let tier = t.ladder.tier_queue(t.ladder.tier_at(1).unwrap());
     t.channel
         .queue_delete(tier.as_str().into(), QueueDeleteOptions::default())
         .await

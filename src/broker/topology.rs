@@ -116,7 +116,8 @@ impl Ladder {
                 });
             }
         }
-        for (i, tier) in self.tiers.iter().enumerate() {
+        for i in self.tier_ids() {
+            let tier = self.tier(i);
             let ttl = i64::try_from(tier.delay.as_millis()).unwrap_or(i64::MAX);
             let mut extra = vec![
                 ("x-message-ttl", Arg::Int(ttl)),
@@ -399,9 +400,7 @@ mod tests {
     fn tiers_never_dead_letter_into_a_tier() {
         let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
         let topo = ladder.objects();
-        let tier_queues: Vec<String> = (0..ladder.tiers.len())
-            .map(|i| ladder.tier_queue(i))
-            .collect();
+        let tier_queues: Vec<String> = ladder.tier_ids().map(|i| ladder.tier_queue(i)).collect();
         for q in &topo.queues {
             if let Some(Arg::Str(dlx)) = q.arguments.get("x-dead-letter-exchange") {
                 // Whatever a queue dead-letters into, no binding of that exchange (or the

@@ -36,7 +36,7 @@ pub(super) async fn run(cmd: TierCommand, config: &Config) -> anyhow::Result<Exi
                  Resume with `hookrelay tier release {}`.",
                 ladder.tier_queue(i),
                 ladder.held_queue(i),
-                ladder.tiers[i].name
+                ladder.tier(i).name
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -109,6 +109,18 @@ pub struct Tier {
     pub name: String,
 }
 
+/// A tier of one ladder: only the ladder hands them out, shortest delay first, so they order
+/// as the delays do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TierId(usize);
+
+impl TierId {
+    /// The tier's position in [`Ladder::tiers`].
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// What a queue of the ladder is for, read from its name: the one place that knows how the
 /// ladder names its queues.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,9 +130,9 @@ pub enum QueueRole {
     /// A retry lane, which the tiers promote into.
     RetryLane { tenant: Option<String> },
     /// A delay tier (index into [`Ladder::tiers`]).
-    Tier(usize),
+    Tier(TierId),
     /// The parking queue of a held tier.
-    Parked(usize),
+    Parked(TierId),
     /// The dead-letter sink.
     Dead,
 }
@@ -143,8 +155,8 @@ pub struct Ladder {
     pub prefix: String,
     pub queue_type: QueueType,
     pub tiers: Vec<Tier>,
-    /// `schedule[i]` is the index into `tiers` of the wait before attempt `i + 2`.
-    pub schedule: Vec<usize>,
+    /// `schedule[i]` is the tier of the wait before attempt `i + 2`.
+    pub schedule: Vec<TierId>,
     /// Tenants with lanes of their own.
     pub dedicated: Vec<Dedicated>,
 }
@@ -271,7 +283,7 @@ impl Ladder {
                     ),
                 ));
             };
-            steps.push(index);
+            steps.push(TierId(index));
         }
         Ok(Self {
             prefix: prefix.to_owned(),
@@ -288,25 +300,46 @@ impl Ladder {
     }
 
     /// The tier to wait in after `attempts_made` attempts, or `None` when the budget is spent.
-    pub fn tier_after(&self, attempts_made: u32) -> Option<usize> {
+    pub fn tier_after(&self, attempts_made: u32) -> Option<TierId> {
         let step = usize::try_from(attempts_made).ok()?.checked_sub(1)?;
         self.schedule.get(step).copied()
     }
 
     /// The smallest tier not shorter than `wait`; the longest tier when none is long enough.
-    pub fn tier_not_shorter_than(&self, wait: Duration) -> usize {
-        self.tiers
-            .iter()
-            .position(|t| t.delay >= wait)
-            .unwrap_or(self.tiers.len() - 1)
+    pub fn tier_not_shorter_than(&self, wait: Duration) -> TierId {
+        // A ladder has at least one tier (`build` refuses none).
+        TierId(
+            self.tiers
+                .iter()
+                .position(|t| t.delay >= wait)
+                .unwrap_or(self.tiers.len().saturating_sub(1)),
+        )
+    }
+
+    /// Tier `id`.
+    pub fn tier(&self, id: TierId) -> &Tier {
+        &self.tiers[id.0]
+    }
+
+    /// Every tier, shortest first.
+    pub fn tier_ids(&self) -> impl Iterator<Item = TierId> + use<> {
+        (0..self.tiers.len()).map(TierId)
+    }
+
+    /// The tier at `index` in [`Ladder::tiers`], if there is one.
+    pub fn tier_at(&self, index: usize) -> Option<TierId> {
+        (index < self.tiers.len()).then_some(TierId(index))
     }
 
     /// The tier whose name (`retry-1m`) or delay (`1m`) is `name`.
-    pub fn find_tier(&self, name: &str) -> Option<usize> {
+    pub fn find_tier(&self, name: &str) -> Option<TierId> {
         let bare = self.local_name(name);
-        self.tiers.iter().position(|t| {
-            t.name == bare || parse_delay("", bare).map(|d| d == t.delay).unwrap_or(false)
-        })
+        self.tiers
+            .iter()
+            .position(|t| {
+                t.name == bare || parse_delay("", bare).map(|d| d == t.delay).unwrap_or(false)
+            })
+            .map(TierId)
     }
 
     /// Tenants whose dedicated lanes exist on the broker (`queues`, by name) but are no longer
@@ -372,12 +405,12 @@ impl Ladder {
                 .tiers
                 .iter()
                 .position(|t| t.name == tier)
-                .map(QueueRole::Parked);
+                .map(|i| QueueRole::Parked(TierId(i)));
         }
         self.tiers
             .iter()
             .position(|t| t.name == local)
-            .map(QueueRole::Tier)
+            .map(|i| QueueRole::Tier(TierId(i)))
     }
 
     fn name(&self, suffix: &str) -> String {
@@ -426,34 +459,34 @@ impl Ladder {
         self.name("attempts")
     }
     /// Where a held tier's expired messages are parked (`hookrelay tier hold`).
-    pub fn held_queue(&self, tier: usize) -> String {
-        self.name(&format!("held.{}", self.tiers[tier].name))
+    pub fn held_queue(&self, tier: TierId) -> String {
+        self.name(&format!("held.{}", self.tier(tier).name))
     }
     /// The dead-letter routing key a hold policy gives a tier; only its parking queue is bound
     /// to it on the promote exchange.
-    pub fn held_routing_key(&self, tier: usize) -> String {
-        format!("held.{}", self.tiers[tier].name)
+    pub fn held_routing_key(&self, tier: TierId) -> String {
+        format!("held.{}", self.tier(tier).name)
     }
     /// The name of the policy that holds a tier.
-    pub fn hold_policy(&self, tier: usize) -> String {
-        self.name(&format!("hold.{}", self.tiers[tier].name))
+    pub fn hold_policy(&self, tier: TierId) -> String {
+        self.name(&format!("hold.{}", self.tier(tier).name))
     }
     /// The dead-letter sink.
     pub fn dead(&self) -> String {
         self.name("dead")
     }
-    pub fn tier_queue(&self, tier: usize) -> String {
-        self.name(&self.tiers[tier].name)
+    pub fn tier_queue(&self, tier: TierId) -> String {
+        self.name(&self.tier(tier).name)
     }
     /// Whether `key` is a routing key of tier `tier` (`<tier>.<tenant>`).
-    pub fn is_tier_routing_key(&self, tier: usize, key: &str) -> bool {
-        key.strip_prefix(&self.tiers[tier].name)
+    pub fn is_tier_routing_key(&self, tier: TierId, key: &str) -> bool {
+        key.strip_prefix(&self.tier(tier).name)
             .is_some_and(|rest| rest.starts_with('.'))
     }
 
     /// The binding key of tier `tier` on the delay exchange: every tenant's retries into it.
-    pub fn retries_into(&self, tier: usize) -> String {
-        format!("{}.*", self.tiers[tier].name)
+    pub fn retries_into(&self, tier: TierId) -> String {
+        format!("{}.*", self.tier(tier).name)
     }
 
     /// The binding key of a dedicated tenant's retry lane on the promote exchange: its
@@ -463,8 +496,8 @@ impl Ladder {
     }
 
     /// The routing key a retry of `tenant` is published with into tier `tier`.
-    pub fn tier_routing_key(&self, tier: usize, tenant: &str) -> String {
-        format!("{}.{tenant}", self.tiers[tier].name)
+    pub fn tier_routing_key(&self, tier: TierId, tenant: &str) -> String {
+        format!("{}.{tenant}", self.tier(tier).name)
     }
 }
 
@@ -498,7 +531,7 @@ mod tests {
             ["retry-10s", "retry-1m", "retry-10m", "retry-1h", "retry-6h"]
         );
         assert_eq!(ladder.max_attempts(), 10);
-        let total: Duration = ladder.schedule.iter().map(|&i| ladder.tiers[i].delay).sum();
+        let total: Duration = ladder.schedule.iter().map(|&i| ladder.tier(i).delay).sum();
         assert_eq!(
             total,
             Duration::from_secs(10 + 60 + 600 + 3600 + 5 * 6 * 3600)
@@ -509,17 +542,26 @@ mod tests {
     fn schedule_walks_the_tiers_then_stops() {
         let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
         assert_eq!(ladder.tier_after(0), None);
-        assert_eq!(ladder.tier_after(1), Some(0));
-        assert_eq!(ladder.tier_after(2), Some(1));
-        assert_eq!(ladder.tier_after(9), Some(4));
+        assert_eq!(ladder.tier_after(1), Some(TierId(0)));
+        assert_eq!(ladder.tier_after(2), Some(TierId(1)));
+        assert_eq!(ladder.tier_after(9), Some(TierId(4)));
         assert_eq!(ladder.tier_after(10), None);
-        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(30)), 1);
-        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(60)), 1);
-        assert_eq!(ladder.tier_not_shorter_than(Duration::ZERO), 0);
-        assert_eq!(ladder.tier_not_shorter_than(Duration::from_secs(86400)), 4);
-        assert_eq!(ladder.find_tier("retry-1h"), Some(3));
-        assert_eq!(ladder.find_tier("hookrelay.retry-1h"), Some(3));
-        assert_eq!(ladder.find_tier("10m"), Some(2));
+        assert_eq!(
+            ladder.tier_not_shorter_than(Duration::from_secs(30)),
+            TierId(1)
+        );
+        assert_eq!(
+            ladder.tier_not_shorter_than(Duration::from_secs(60)),
+            TierId(1)
+        );
+        assert_eq!(ladder.tier_not_shorter_than(Duration::ZERO), TierId(0));
+        assert_eq!(
+            ladder.tier_not_shorter_than(Duration::from_secs(86400)),
+            TierId(4)
+        );
+        assert_eq!(ladder.find_tier("retry-1h"), Some(TierId(3)));
+        assert_eq!(ladder.find_tier("hookrelay.retry-1h"), Some(TierId(3)));
+        assert_eq!(ladder.find_tier("10m"), Some(TierId(2)));
         assert_eq!(ladder.find_tier("2m"), None);
     }
 
@@ -554,7 +596,7 @@ mod tests {
         .unwrap();
         assert_eq!(ladder.tiers[0].name, "retry-250ms");
         assert_eq!(ladder.tiers[1].name, "retry-1m30s");
-        assert_eq!(ladder.schedule, vec![0, 1]);
+        assert_eq!(ladder.schedule, vec![TierId(0), TierId(1)]);
     }
 
     #[test]
@@ -575,12 +617,12 @@ mod tests {
             })
         );
         assert_eq!(
-            ladder.role_of(&ladder.tier_queue(2)),
-            Some(QueueRole::Tier(2))
+            ladder.role_of(&ladder.tier_queue(TierId(2))),
+            Some(QueueRole::Tier(TierId(2)))
         );
         assert_eq!(
-            ladder.role_of(&ladder.held_queue(3)),
-            Some(QueueRole::Parked(3))
+            ladder.role_of(&ladder.held_queue(TierId(3))),
+            Some(QueueRole::Parked(TierId(3)))
         );
         assert_eq!(ladder.role_of(&ladder.dead()), Some(QueueRole::Dead));
         for foreign in [
@@ -596,8 +638,8 @@ mod tests {
         }
         for (queue, label) in [
             (ladder.first_lane(), "lane"),
-            (ladder.tier_queue(0), "tier"),
-            (ladder.held_queue(0), "parked"),
+            (ladder.tier_queue(TierId(0)), "tier"),
+            (ladder.held_queue(TierId(0)), "parked"),
             (ladder.dead(), "dead"),
         ] {
             assert_eq!(ladder.role_of(&queue).unwrap().label(), label);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::contract::envelope::{Envelope, InvalidEnvelope};
-use crate::contract::ladder::Ladder;
+use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
 use crate::delivery::subscriptions::{Subscription, Subscriptions};
 
@@ -108,7 +108,7 @@ pub enum Outcome {
     Delivered { status: u16 },
     /// Republish into `tier` carrying `attempts_made`, then acknowledge.
     Retry {
-        tier: usize,
+        tier: TierId,
         attempts_made: u32,
         error: String,
     },
@@ -387,7 +387,7 @@ mod tests {
                         attempts_made,
                         ..
                     } => {
-                        assert_eq!((t, attempts_made), (tier, before + 1), "{result:?}");
+                        assert_eq!((t.index(), attempts_made), (tier, before + 1), "{result:?}");
                     }
                     other => panic!("{result:?} after {before}: {other:?}"),
                 }
@@ -452,26 +452,26 @@ mod tests {
         // After the first attempt the schedule says 10s; 30s asks for more: the 1m tier.
         assert!(matches!(
             decide(&l, 0, &throttled(429, 30)),
-            Outcome::Retry { tier: 1, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 1
         ));
         assert!(matches!(
             decide(&l, 0, &throttled(503, 600)),
-            Outcome::Retry { tier: 2, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 2
         ));
         // Longer than every tier: the longest.
         assert!(matches!(
             decide(&l, 0, &throttled(429, 86_400)),
-            Outcome::Retry { tier: 4, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 4
         ));
         // Shorter than the schedule's wait: the schedule wins.
         assert!(matches!(
             decide(&l, 3, &throttled(429, 1)),
-            Outcome::Retry { tier: 3, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 3
         ));
         // Only 429 and 503 carry a meaningful Retry-After.
         assert!(matches!(
             decide(&l, 0, &throttled(500, 600)),
-            Outcome::Retry { tier: 0, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 0
         ));
         // It does not extend the budget.
         assert!(matches!(
@@ -494,14 +494,14 @@ mod tests {
         assert!(matches!(
             decide(&l, 0, &deferred(30)),
             Outcome::Retry {
-                tier: 1,
+                tier,
                 attempts_made: 1,
                 ..
-            }
+            } if tier.index() == 1
         ));
         assert!(matches!(
             decide(&l, 3, &deferred(30)),
-            Outcome::Retry { tier: 3, .. }
+            Outcome::Retry { tier, .. } if tier.index() == 3
         ));
         assert!(matches!(
             decide(&l, 9, &deferred(30)),

@@ -65,7 +65,7 @@ pub fn replacement(
             error,
         } => {
             let envelope = envelope.ok_or(Unsettleable("retry without envelope"))?;
-            let spec = &ladder.tiers[*tier];
+            let spec = ladder.tier(*tier);
             Replacement::Publish {
                 target: spec.name.clone(),
                 messages: vec![Republish {
@@ -228,7 +228,7 @@ impl Dispatcher {
                 attempts_made,
                 error,
             } => {
-                let tier = &self.ladder.tiers[*tier].name;
+                let tier = &self.ladder.tier(*tier).name;
                 self.metrics
                     .retries
                     .with_label_values(&[tier.as_str()])
@@ -288,7 +288,7 @@ impl Dispatcher {
             latency_ms: attempted.latency.map(|l| l.as_millis() as u64),
             outcome: attempted.outcome.kind().to_owned(),
             tier: match &attempted.outcome {
-                Outcome::Retry { tier, .. } => Some(self.ladder.tiers[*tier].name.clone()),
+                Outcome::Retry { tier, .. } => Some(self.ladder.tier(*tier).name.clone()),
                 _ => None,
             },
             lane: lane.queue.clone(),
@@ -393,7 +393,7 @@ mod tests {
     fn a_retry_waits_in_its_tier_with_the_accounting_it_needs() {
         let (properties, envelope) = delivered();
         let retry = Outcome::Retry {
-            tier: 1,
+            tier: ladder().tier_at(1).unwrap(),
             attempts_made: 2,
             error: "HTTP 503".into(),
         };
@@ -508,7 +508,7 @@ mod tests {
         };
         assert_eq!(build(&cancelled, Some(&envelope)), Ok(Replacement::Records));
         let retry = Outcome::Retry {
-            tier: 0,
+            tier: l.tier_at(0).unwrap(),
             attempts_made: 1,
             error: "timeout".into(),
         };

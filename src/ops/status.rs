@@ -67,7 +67,7 @@ pub async fn collect(
         (ladder.first_lane(), QueueRole::FirstLane { tenant: None }),
         (ladder.retry_lane(), QueueRole::RetryLane { tenant: None }),
     ];
-    for i in 0..ladder.tiers.len() {
+    for i in ladder.tier_ids() {
         names.push((ladder.tier_queue(i), QueueRole::Tier(i)));
         if by_name.contains_key(ladder.held_queue(i).as_str()) {
             names.push((ladder.held_queue(i), QueueRole::Parked(i)));

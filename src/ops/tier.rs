@@ -23,7 +23,7 @@ use crate::broker::management::{Management, ManagementError};
 use crate::broker::publish::Publisher;
 use crate::contract::headers;
 use crate::contract::headers::TENANT_HEADER;
-use crate::contract::ladder::Ladder;
+use crate::contract::ladder::{Ladder, TierId};
 use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
 use crate::ops::progress::Progress;
 
@@ -46,7 +46,7 @@ pub enum TierError {
 }
 
 /// Finds a tier by name (`retry-1h`, `hookrelay.retry-1h`) or delay (`1h`).
-pub fn find(ladder: &Ladder, name: &str) -> Result<usize, TierError> {
+pub fn find(ladder: &Ladder, name: &str) -> Result<TierId, TierError> {
     ladder.find_tier(name).ok_or_else(|| {
         TierError::UnknownTier(
             name.to_owned(),
@@ -90,7 +90,7 @@ pub async fn hold(
     api: &Management,
     channel: &Channel,
     ladder: &Ladder,
-    tier: usize,
+    tier: TierId,
 ) -> Result<(), TierError> {
     let parking = ladder.held_queue(tier);
     channel
@@ -140,7 +140,7 @@ impl Released {
 
 /// The routing key a parked message was promoted with before the hold: the broker records it in
 /// `x-death`; hookrelay's tenant header rebuilds it otherwise.
-fn original_key(ladder: &Ladder, tier: usize, properties: &BasicProperties) -> String {
+fn original_key(ladder: &Ladder, tier: TierId, properties: &BasicProperties) -> String {
     let recorded = headers::last_death(properties)
         .and_then(|death| death.routing_keys.into_iter().next())
         .filter(|k| ladder.is_tier_routing_key(tier, k));
@@ -158,7 +158,7 @@ pub async fn release(
     channel: &Channel,
     publisher: &Publisher,
     ladder: &Ladder,
-    tier: usize,
+    tier: TierId,
     options: &MoveOptions,
     show_progress: bool,
 ) -> Result<Released, TierError> {
@@ -238,7 +238,8 @@ pub struct TierState {
 /// Whether each tier is held, and how many messages wait in it and in its parking queue.
 pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>, TierError> {
     let mut out = Vec::new();
-    for (i, tier) in ladder.tiers.iter().enumerate() {
+    for i in ladder.tier_ids() {
+        let tier = ladder.tier(i);
         let policy = api
             .get_optional(&["policies", api.vhost(), &ladder.hold_policy(i)])
             .await?;
@@ -266,7 +267,7 @@ pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>,
 pub async fn wait_applied(
     api: &Management,
     ladder: &Ladder,
-    tier: usize,
+    tier: TierId,
     held: bool,
     timeout: Duration,
 ) -> Result<bool, TierError> {

@@ -341,7 +341,7 @@ pub fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBu
         .ladder
         .schedule
         .iter()
-        .map(|&i| hookrelay::config::fmt_duration(t.ladder.tiers[i].delay))
+        .map(|&i| hookrelay::config::fmt_duration(t.ladder.tier(i).delay))
         .collect();
     std::fs::write(
         &path,

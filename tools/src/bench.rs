@@ -741,6 +741,11 @@ async fn promotion_precision(
         options.precision_messages
     ));
     let delay = ladder.delay_exchange();
+    // The bench's ladder is 1s and 10s; the shortest is the 1s tier.
+    let first_tier = ladder
+        .tier_ids()
+        .next()
+        .ok_or_else(|| BenchError::Other("the bench ladder has no tier".into()))?;
     let n = options.precision_messages;
     let consumer_channel = channel.clone();
     // A raw consumer on the retry lane: no worker, so only the broker's promotion is timed.
@@ -786,7 +791,7 @@ async fn promotion_precision(
             headers::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
         (
             delay.clone(),
-            ladder.tier_routing_key(0, "bench"),
+            ladder.tier_routing_key(first_tier, "bench"),
             e.body,
             props,
         )
