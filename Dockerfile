@@ -3,6 +3,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY tools ./tools
 COPY topology ./topology
 COPY rabbitmq ./rabbitmq
 RUN cargo build --release --locked --bin hookrelay

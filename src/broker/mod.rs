@@ -1,4 +1,9 @@
-//! The broker edge: confirmed publishing, the ladder's objects, and the management API.
+//! The RabbitMQ edge.
+//!
+//! - [`publish`]: confirmed, mandatory publishing, for producers and every republish.
+//! - [`topology`]: the broker objects a ladder stands for: declared, retired, exported.
+//! - [`drift`]: `topology plan`, the ladder compared with what the broker has.
+//! - [`management`]: the management HTTP API.
 
 pub mod drift;
 pub mod management;

@@ -1,7 +1,7 @@
 //! The command line: what each subcommand takes, and how it maps onto the library. Errors are
 //! `anyhow` here, at the edge; exit codes are documented in `--help`.
 //!
-//! [`args`] holds the clap definitions, whose doc comments are the help text; each command group
+//! `args` holds the clap definitions, whose doc comments are the help text; each command group
 //! has a file of its own (`topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
 //! `redrive`, `attempts`), and `common` what several of them share.
 

@@ -1,4 +1,10 @@
-//! What producers and hookrelay agree on: the envelope and the headers it carries.
+//! What producers and hookrelay agree on.
+//!
+//! - [`envelope`]: the envelope a producer publishes, its validation, and how a delivery is read
+//!   back into one.
+//! - [`headers`]: every header hookrelay reads or writes, and the properties of each republish.
+//! - [`ladder`]: the retry ladder (tiers, schedule, dedicated tenants) and every name it gives a
+//!   queue or exchange.
 
 pub mod envelope;
 pub mod headers;

@@ -1,4 +1,15 @@
-//! One delivery from the lane to its settlement: consume, look up, sign, send, decide, settle.
+//! One delivery, from the lane to its settlement, in the order it happens.
+//!
+//! - [`worker`]: consumes the lanes and hands every delivery to a task of its own.
+//! - [`lane`]: a ready queue as the worker consumes it.
+//! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
+//! - [`route`]: the pure decision, before the attempt and after it.
+//! - [`settle`]: what replaces a delivery, confirmed before the ack.
+//! - [`subscriptions`]: who receives what, their secrets, reloaded live.
+//! - [`signing`]: Standard Webhooks signatures.
+//! - [`endpoint`]: per-endpoint concurrency caps and circuit breakers.
+//! - [`egress`]: where a webhook may go.
+//! - [`http`]: the signed POST.
 
 pub mod dispatch;
 pub mod egress;

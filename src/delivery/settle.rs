@@ -1,7 +1,7 @@
 //! Carrying a decision out. [`replacement`] builds, without I/O, what must be in the broker
 //! before the delivery may be acked (a retry in its tier, a dead letter with its reason, one
 //! delivery per fan-out target, or for a cancellation the records that alone hold it);
-//! [`Dispatcher::settle`] publishes that, waits for every confirm, and only then acks. Anything
+//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. Anything
 //! unconfirmed returns the delivery to its lane instead.
 
 use lapin::options::{BasicAckOptions, BasicNackOptions};

@@ -1,4 +1,8 @@
-//! What the worker tells the outside: metrics, health, operational events and the attempt log.
+//! What the worker tells the outside.
+//!
+//! - [`metrics`]: the Prometheus vital signs.
+//! - [`vitals`]: `/metrics`, `/healthz`, `/readyz`, and the poll that fills in queue depths.
+//! - [`events`]: operational events and the attempt log, never holding up a delivery.
 
 pub mod events;
 pub mod metrics;

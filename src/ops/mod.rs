@@ -1,4 +1,11 @@
-//! Operator tools: status, tier hold and release, redrive, and the mover both use.
+//! Operator tools.
+//!
+//! - [`status`]: `hookrelay status`, the ladder at a glance.
+//! - [`tier`]: holding a tier and releasing it, the incident lever instead of purging.
+//! - [`redrive`]: moving envelopes out of the dead sink with a fresh budget.
+//! - [`mover`]: the confirmed, paced queue-to-exchange move both of those use.
+//! - [`tail`]: following the attempt log.
+//! - [`progress`]: progress bars (or log lines) for long work.
 
 pub mod mover;
 pub mod progress;
