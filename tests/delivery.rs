@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
+use common::{Counters, RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
 use hookrelay::contract::envelope::{
     self, ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER,
 };

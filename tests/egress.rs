@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::Counters;
+use common::egress::{StaticLookup, allowing};
 use hookrelay::config::HttpConfig;
-use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, StaticLookup};
+use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, GuardedResolver, ResolveError};
 use hookrelay::delivery::http::{HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -117,7 +119,7 @@ async fn the_allow_list_lets_a_blocked_range_through() {
     let lookup = StaticLookup::default().with("partner.test", &["127.0.0.1"]);
     let blocked = sender(EgressPolicy::default(), lookup.clone());
     denied(&post(&blocked, &format!("http://partner.test:{port}/")).await);
-    let allowed = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    let allowed = sender(allowing(&["127.0.0.0/8"]), lookup);
     assert_eq!(
         post(&allowed, &format!("http://partner.test:{port}/")).await,
         AttemptResult::Response {
@@ -132,13 +134,35 @@ async fn the_allow_list_lets_a_blocked_range_through() {
 async fn a_name_resolving_to_allowed_and_blocked_addresses_is_refused() {
     let (addr, accepted) = counting_listener().await;
     let lookup = StaticLookup::default().with("mixed.test", &["127.0.0.1", "10.9.9.9"]);
-    let sender = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    let sender = sender(allowing(&["127.0.0.0/8"]), lookup);
     let result = post(&sender, &format!("http://mixed.test:{}/", addr.port())).await;
     assert_eq!(
         denied(&result),
         "egress denied: mixed.test resolves to 10.9.9.9 (private)"
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
+}
+
+/// The resolver the HTTP client uses, by itself.
+#[tokio::test]
+async fn a_name_with_any_blocked_address_is_refused_whole() {
+    let lookup = StaticLookup::default()
+        .with("mixed.test", &["93.184.216.34", "10.0.0.7"])
+        .with("public.test", &["93.184.216.34", "2606:2800:220:1::1"]);
+    let resolver = GuardedResolver::new(Arc::new(EgressPolicy::default()), Arc::new(lookup));
+    assert_eq!(
+        resolver.resolve_checked("public.test").await.unwrap().len(),
+        2
+    );
+    let err = resolver.resolve_checked("mixed.test").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "egress denied: mixed.test resolves to 10.0.0.7 (private)"
+    );
+    assert!(matches!(
+        resolver.resolve_checked("unknown.test").await,
+        Err(ResolveError::Lookup(_))
+    ));
 }
 
 #[tokio::test]
@@ -172,10 +196,7 @@ async fn a_redirect_toward_a_blocked_address_is_not_followed() {
     let redirecting = Receiver::start(&[], move |_| Reply::Redirect(302, location.clone()))
         .await
         .unwrap();
-    let sender = sender(
-        EgressPolicy::allowing(&["127.0.0.0/8"]),
-        StaticLookup::default(),
-    );
+    let sender = sender(allowing(&["127.0.0.0/8"]), StaticLookup::default());
     let result = post(&sender, &redirecting.url("/")).await;
     // A redirect is a retryable answer of the endpoint; its Location is never contacted.
     assert_eq!(

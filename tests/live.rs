@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RunningWorker, Secret, TestLadder, secret};
+use common::{Counters, RunningWorker, Secret, TestLadder, secret};
 use hookrelay::contract::envelope::{self, NewEvent, derived_id};
 use hookrelay::delivery::subscriptions::LiveSubscriptions;
 use hookrelay::delivery::worker::WorkerSetup;

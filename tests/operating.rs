@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
+use common::{
+    Counters, RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription,
+};
 use futures_util::StreamExt;
 use hookrelay::contract::envelope::{self, REASON_HEADER};
 use hookrelay::observe::events::AttemptRecord;

@@ -6,7 +6,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription};
+use common::{
+    Counters, RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription,
+};
 use futures_util::StreamExt;
 
 #[tokio::test]
@@ -59,7 +61,7 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     // The consumer came back under the same name (the API lists it within a few seconds).
     let mut back = false;
     for _ in 0..100 {
-        if api.connections_named(&consume).await.unwrap() >= 1 {
+        if common::connections_named(&api, &consume).await >= 1 {
             back = true;
             break;
         }

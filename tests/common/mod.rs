@@ -3,7 +3,10 @@
 
 #![allow(dead_code)]
 
+pub mod egress;
 pub mod node;
+
+pub use hookrelay_tools::kit::Counters;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +67,17 @@ pub fn unique(name: &str) -> String {
 
 pub fn management(config: &Config) -> Management {
     Management::new(&config.management.url, "/").expect("management client")
+}
+
+/// The connections whose client-given name is `name` (they appear a moment after connecting).
+pub async fn connections_named(api: &Management, name: &str) -> usize {
+    let conns = api.get(&["connections"]).await.unwrap();
+    conns
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["client_properties"]["connection_name"].as_str() == Some(name))
+        .count()
 }
 
 pub async fn connect(config: &Config) -> Connection {

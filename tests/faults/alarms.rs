@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::common::node::Node;
-use crate::common::{RunningWorker, TestLadder};
+use crate::common::{Counters, RunningWorker, TestLadder};
 use crate::harness::{N, account, mixed_subscriptions, publish_load, setup, wait_delivered};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::node::Node;
-use crate::common::{RunningWorker, TestLadder};
+use crate::common::{Counters, RunningWorker, TestLadder};
 use crate::harness::{N, account, mixed_subscriptions, publish_load, setup, wait_delivered};
 
 // One thread on purpose: `rabbitmqctl` blocks it, so the producer's work is in flight, unpolled,

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, RunningWorker, TestLadder, secret, subscription};
+use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscription};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 use hookrelay_tools::receiver::{Receiver, Reply};

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, RunningWorker, TestLadder, secret, subscription};
+use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscription};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 use lapin::types::FieldTable;

@@ -35,6 +35,8 @@ use hookrelay::config::Config;
 use hookrelay::contract::envelope::{self, NewEvent, now_ms};
 use hookrelay::delivery::signing::generate_secret;
 
+use crate::kit::Percentiles;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("broker: {0}")]
@@ -82,31 +84,6 @@ impl Default for BenchOptions {
             isolation_events: 2_000,
             throughput_only: false,
             keep_attempt_log: false,
-        }
-    }
-}
-
-/// Percentiles of a set of durations, in milliseconds.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Percentiles {
-    pub count: usize,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-}
-
-impl Percentiles {
-    pub fn of(mut ms: Vec<f64>) -> Self {
-        if ms.is_empty() {
-            return Self::default();
-        }
-        ms.sort_by(f64::total_cmp);
-        let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
-        Self {
-            count: ms.len(),
-            p50_ms: at(0.50),
-            p99_ms: at(0.99),
-            max_ms: ms[ms.len() - 1],
         }
     }
 }

@@ -12,6 +12,7 @@ use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
+use crate::kit::Counters;
 use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::{Ladder, QueueType};
