@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod egress;
+pub mod hostile;
 pub mod node;
 
 pub use hookrelay_tools::kit::Counters;

@@ -1,19 +1,16 @@
-//! Malformed messages by the thousand among good traffic.
+//! Malformed messages (the table in `common::hostile`) by the thousand among good traffic.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscription};
+use crate::common::{self, Counters, RunningWorker, TestLadder, hostile, secret};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
-use lapin::types::FieldTable;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
-    use lapin::BasicProperties;
     use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-    use lapin::types::AMQPValue;
 
     const HOSTILE: usize = 3000;
     const GOOD: usize = 2000;
@@ -21,158 +18,44 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
     let mut config = t.config.clone();
-    config.limits.max_body_bytes = 4096;
-    let worker = RunningWorker::start_with(
-        &t,
-        config,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    config.limits.max_body_bytes = hostile::MAX_BODY;
+    let worker =
+        RunningWorker::start_with(&t, config, hostile::subscriptions(&receiver.url("/"), &s)).await;
     let ch = t.conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    let str_header = |v: &str| AMQPValue::LongString(v.into());
-    let hostile = |i: usize| -> (String, String, Vec<u8>, BasicProperties) {
-        let mut headers = FieldTable::default();
-        headers.insert("x-subscription".into(), str_header("sub_a"));
-        let good_body = br#"{"ok":1}"#.to_vec();
-        let base = BasicProperties::default().with_type("order.paid".into());
-        let id = format!("h_{i:05}");
-        let ingress = t.ladder.ingress();
-        let lane = t.ladder.first_lane();
-        let retry = t.ladder.retry_lane();
-        match i % 12 {
-            0 => (
-                ingress,
-                "acme".into(),
-                good_body,
-                base.with_headers(headers),
-            ), // no message_id
-            1 => (
-                ingress,
-                "acme".into(),
-                good_body,
-                base.with_message_id(format!("{id}{}", "x".repeat(255 - id.len())).into())
-                    .with_headers(headers),
-            ),
-            2 => (
-                ingress,
-                "acme".into(),
-                good_body,
-                base.with_message_id(format!("{id}.dot").into())
-                    .with_headers(headers),
-            ),
-            3 => (
-                ingress,
-                "acme".into(),
-                b"not json".to_vec(),
-                base.with_message_id(id.into()).with_headers(headers),
-            ),
-            4 => (
-                ingress,
-                "acme".into(),
-                vec![0xc3, 0x28, 0xff],
-                base.with_message_id(id.into()).with_headers(headers),
-            ),
-            5 => (
-                ingress,
-                "acme".into(),
-                vec![b' '; 5000],
-                base.with_message_id(id.into()).with_headers(headers),
-            ),
-            6 => {
-                headers.insert("x-subscription".into(), str_header("sub_nobody"));
-                (
-                    ingress,
-                    "acme".into(),
-                    good_body,
-                    base.with_message_id(id.into()).with_headers(headers),
-                )
-            }
-            7 => {
-                headers.insert(
-                    "x-subscription".into(),
-                    AMQPValue::FieldArray(vec![AMQPValue::Boolean(true)].into()),
-                );
-                (
-                    ingress,
-                    "acme".into(),
-                    good_body,
-                    base.with_message_id(id.into()).with_headers(headers),
-                )
-            }
-            8 => {
-                headers.insert(
-                    envelope::ATTEMPTS_HEADER.into(),
-                    AMQPValue::LongLongInt(i64::MAX),
-                );
-                (
-                    retry,
-                    String::new(),
-                    good_body,
-                    base.with_message_id(id.into()).with_headers(headers),
-                )
-            }
-            9 => {
-                headers.insert(envelope::DUE_HEADER.into(), str_header("yesterday"));
-                headers.insert("x-death".into(), str_header("forged"));
-                headers.insert(envelope::TENANT_HEADER.into(), str_header("acme"));
-                (
-                    retry,
-                    String::new(),
-                    good_body,
-                    base.with_message_id(id.into()).with_headers(headers),
-                )
-            }
-            10 => (
-                String::new(),
-                lane,
-                good_body,
-                base.with_message_id(id.into()).with_headers(headers),
-            ),
-            _ => {
-                headers.insert(envelope::TENANT_HEADER.into(), AMQPValue::LongLongInt(7));
-                headers.insert(envelope::REASON_HEADER.into(), str_header("forged"));
-                (
-                    ingress,
-                    "acme".into(),
-                    good_body,
-                    base.with_message_id(id.into()).with_headers(headers),
-                )
-            }
-        }
-    };
+    // The table's kinds in turn, each message with an id of its own.
+    let kinds = hostile::table("h", &t.ladder).len();
+    let nth_hostile =
+        |i: usize| hostile::table(&format!("h_{i:05}"), &t.ladder).swap_remove(i % kinds);
     let good_published = AtomicUsize::new(0);
     let started = Instant::now();
     for i in 0..HOSTILE.max(GOOD) {
         if i < HOSTILE {
-            let (exchange, key, body, props) = hostile(i);
-            let (exchange, key) = if exchange.is_empty() {
-                (String::new(), key)
-            } else if key.is_empty() {
-                (String::new(), exchange)
-            } else {
-                (exchange, key)
-            };
+            let m = nth_hostile(i);
             let confirm = ch
                 .basic_publish(
-                    exchange.as_str().into(),
-                    key.as_str().into(),
+                    m.exchange.as_str().into(),
+                    m.routing_key.as_str().into(),
                     BasicPublishOptions::default(),
-                    &body,
-                    props,
+                    &m.body,
+                    m.properties,
                 )
                 .await
                 .unwrap();
             drop(confirm);
         }
         if i < GOOD {
-            let e = common::event(&format!("good_{i:05}"), "acme", "sub_a");
+            let e = common::event(
+                &format!("good_{i:05}"),
+                hostile::TENANT,
+                hostile::SUBSCRIPTION,
+            );
             let confirm = ch
                 .basic_publish(
                     t.ladder.ingress().as_str().into(),
-                    "acme".into(),
+                    hostile::TENANT.into(),
                     BasicPublishOptions::default(),
                     &e.body,
                     e.properties(),
@@ -193,7 +76,9 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     // Every malformed message reaches the sink; one stored twice (its confirm late under load,
     // the original returned and dead-lettered again) is a duplicate, counted, never a loss. So
     // wait for every id, not for a count.
-    let sent_without_id = (0..HOSTILE).filter(|i| i % 12 == 0).count();
+    let sent_without_id = (0..HOSTILE)
+        .filter(|&i| nth_hostile(i).id.is_none())
+        .count();
     let mut dead = Vec::new();
     let mut ids: HashSet<String> = HashSet::new();
     let mut without_id = 0;
