@@ -107,6 +107,7 @@ async fn every_blocked_class_is_refused_through_a_hostname() {
             format!("egress denied: {host} resolves to {expected_ip} ({class})"),
         );
     }
+    // A deliberate pause: a connection, had one been made, is counted by then.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection was made");
 }
@@ -206,6 +207,7 @@ async fn a_redirect_toward_a_blocked_address_is_not_followed() {
             retry_after: None
         }
     );
+    // A deliberate pause: a request to the Location, had one been made, arrives by then.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(target.request_count(), 0);
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{
     Counters, RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription,
+    wait_until,
 };
 use futures_util::StreamExt;
 use hookrelay::broker::topology::QueueType;
@@ -149,7 +150,8 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
         .await
         .unwrap();
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The tail receives what is published once its queue is bound.
+    assert!(t.wait_bound(&t.ladder.attempts_exchange(), "*.bigco").await);
     let worker = RunningWorker::start(&t, subs.clone()).await;
     publish_all(&t, vec![event("evt_big_2", "bigco", "sub_big")]).await;
     assert!(
@@ -246,12 +248,10 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     .await;
     // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
     let ended = |r: &Receiver| r.delivered_count();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while ended(&receiver) + t.depth(&t.ladder.dead()).await as usize != 30
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(WAIT, async || {
+        ended(&receiver) + t.depth(&t.ladder.dead()).await as usize == 30
+    })
+    .await;
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
@@ -310,17 +310,16 @@ async fn the_breaker_opens_refuses_probes_and_closes() {
     .await;
     // Open: after a few failures, attempts stop while envelopes keep cycling through the tier.
     let m = worker.metrics.clone();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) < 5
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(WAIT, async || {
+        m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) >= 5
+    })
+    .await;
     let while_open = receiver.request_count();
     assert!(
         while_open <= 6,
         "at most the threshold (plus in-flight) reached the endpoint: {while_open}"
     );
+    // A deliberate pause: whatever would reach the open endpoint has time to.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         receiver.request_count(),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Counters, RunningWorker, Secret, TestLadder, secret};
+use common::{Counters, RunningWorker, Secret, TestLadder, secret, wait_until};
 use hookrelay::contract::envelope::{self, NewEvent, derived_id};
 use hookrelay::delivery::subscriptions::LiveSubscriptions;
 use hookrelay::delivery::worker::WorkerSetup;
@@ -90,35 +90,30 @@ async fn events_queue(t: &TestLadder) -> String {
     q.name().to_string()
 }
 
+/// Up to `n` operational events, as many as arrive within `WAIT`.
 async fn take_events(t: &TestLadder, queue: &str, n: usize) -> Vec<(String, serde_json::Value)> {
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while out.len() < n && tokio::time::Instant::now() < deadline {
-        match t
-            .channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
+    wait_until(WAIT, async || {
+        while out.len() < n
+            && let Some(m) = t
+                .channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
         {
-            Some(m) => out.push((
+            out.push((
                 m.delivery.routing_key.to_string(),
                 serde_json::from_slice(&m.delivery.data).unwrap(),
-            )),
-            None => tokio::time::sleep(Duration::from_millis(50)).await,
+            ));
         }
-    }
+        out.len() >= n
+    })
+    .await;
     out
 }
 
 async fn wait_metric(w: &RunningWorker, name: &str, labels: &[(&str, &str)], n: u64) -> bool {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < deadline {
-        if w.metrics.count(name, labels) >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
+    wait_until(WAIT, async || w.metrics.count(name, labels) >= n).await
 }
 
 #[tokio::test]
@@ -394,6 +389,7 @@ async fn an_event_without_subscription_fans_out_with_derived_ids() {
         .await
         .unwrap();
     let announced = take_events(&t, &events, 1).await;
+    // A deliberate pause: anything more the endpoint would wrongly get has time to arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.stop().await;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{
     Counters, RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription,
+    wait_until,
 };
 use futures_util::StreamExt;
 use hookrelay::contract::envelope::{self, REASON_HEADER};
@@ -49,13 +50,11 @@ async fn the_worker_serves_metrics_health_and_readiness() {
     let addr = worker.vitals.unwrap();
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     let mut ready = 0;
-    for _ in 0..100 {
+    wait_until(Duration::from_secs(5), async || {
         ready = http_get(addr, "/readyz").await.0;
-        if ready == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ready == 200
+    })
+    .await;
     assert_eq!(ready, 200, "ready once consuming");
     let publisher = t.publisher().await;
     for id in ["evt_ok", "evt_retry"] {
@@ -69,9 +68,17 @@ async fn the_worker_serves_metrics_health_and_readiness() {
             .wait_until(WAIT, |r| r.delivered_count() == 2)
             .await
     );
-    // Wait for a poll of the management API, then read the exposition.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let (status, text) = http_get(addr, "/metrics").await;
+    // The queue gauges come from polls of the management API: wait until one has succeeded.
+    let tier_gauge = format!(
+        "hookrelay_queue_ready_messages{{queue=\"{}\",role=\"tier\"}}",
+        t.ladder.tier_queue(0)
+    );
+    let (mut status, mut text) = (0, String::new());
+    wait_until(WAIT, async || {
+        (status, text) = http_get(addr, "/metrics").await;
+        sample(&text, "hookrelay_broker_stats_up") == Some(1.0) && text.contains(&tier_gauge)
+    })
+    .await;
     assert_eq!(status, 200);
     let first = t.ladder.first_lane();
     let retry = t.ladder.retry_lane();
@@ -324,10 +331,7 @@ async fn a_held_tier_parks_what_expires_and_release_delivers_each_once() {
     }
     // Every first attempt fails; after the tier's second, everything is parked, nothing promoted.
     let parked = t.ladder.held_queue(0);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while t.depth(&parked).await < N as u32 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(WAIT, async || t.depth(&parked).await >= N as u32).await;
     assert_eq!(t.depth(&parked).await, N as u32);
     assert_eq!(receiver.request_count(), N, "no second attempt while held");
     let (code, out, _) = hookrelay(&["tier", "status", "--json", "--ladder", ladder], &[]);
@@ -533,8 +537,8 @@ async fn the_attempt_log_records_every_outcome() {
         .await
         .unwrap();
     });
-    // Give the tail a moment to declare and bind its queue.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The tail receives what is published once its queue is bound.
+    assert!(t.wait_bound(&t.ladder.attempts_exchange(), "*.acme").await);
     let worker = RunningWorker::start(
         &t,
         vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],

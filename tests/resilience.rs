@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{
     Counters, RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription,
+    wait_until,
 };
 use futures_util::StreamExt;
 
@@ -37,16 +38,14 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     let api = management(&t.config);
     let consume = format!("{} consume", worker.name);
     let publish = format!("{} publish", worker.name);
+    // The management API lists a connection a moment after it opens.
     let mut closed = 0;
-    for _ in 0..50 {
+    wait_until(Duration::from_secs(5), async || {
         closed = api.close_connections_named(&consume).await.unwrap()
             + api.close_connections_named(&publish).await.unwrap();
-        if closed == 2 {
-            break;
-        }
-        // The management API lists a connection a moment after it opens.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        closed == 2
+    })
+    .await;
     assert_eq!(closed, 2, "both worker connections were found and closed");
 
     publisher
@@ -59,14 +58,10 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
             .await
     );
     // The consumer came back under the same name (the API lists it within a few seconds).
-    let mut back = false;
-    for _ in 0..100 {
-        if common::connections_named(&api, &consume).await >= 1 {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let back = wait_until(Duration::from_secs(10), async || {
+        common::connections_named(&api, &consume).await >= 1
+    })
+    .await;
     assert!(back, "the worker's consume connection is back");
     assert!(worker.metrics.count("hookrelay_reconnects_total", &[]) >= 1);
     worker.stop().await;

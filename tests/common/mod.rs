@@ -7,7 +7,7 @@ pub mod egress;
 pub mod hostile;
 pub mod node;
 
-pub use hookrelay_tools::kit::Counters;
+pub use hookrelay_tools::kit::{Counters, wait_until};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,14 +181,24 @@ impl TestLadder {
 
     /// Waits until the dead sink holds at least `n` messages.
     pub async fn wait_dead(&self, n: u32, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while tokio::time::Instant::now() < deadline {
-            if self.depth(&self.ladder.dead()).await >= n {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+        wait_until(timeout, async || self.depth(&self.ladder.dead()).await >= n).await
+    }
+
+    /// Waits until `exchange` has a binding with `routing_key`: a consumer that binds its own
+    /// queue (an attempt-log tail) receives what is published from then on.
+    pub async fn wait_bound(&self, exchange: &str, routing_key: &str) -> bool {
+        let api = management(&self.config);
+        wait_until(Duration::from_secs(10), async || {
+            api.get(&["exchanges", "/", exchange, "bindings", "source"])
+                .await
+                .is_ok_and(|bindings| {
+                    bindings.as_array().is_some_and(|b| {
+                        b.iter()
+                            .any(|binding| binding["routing_key"] == routing_key)
+                    })
+                })
+        })
+        .await
     }
 
     /// Removes `queue` (declared by the test beside the ladder) when this is dropped.
@@ -334,6 +344,25 @@ impl RunningWorker {
         if let Some(task) = self.task.take() {
             task.await.unwrap().unwrap();
         }
+    }
+}
+
+/// Checks `done` every `poll` until it holds or `timeout` passes, blocking the thread (for
+/// `rabbitmqctl` and the like); returns whether it held.
+pub fn wait_until_blocking(
+    timeout: Duration,
+    poll: Duration,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(poll);
     }
 }
 

@@ -1,10 +1,10 @@
 //! A memory alarm blocks publishing, then clears.
 
-use std::time::Duration;
-
 use crate::common::node::Node;
-use crate::common::{Counters, RunningWorker, TestLadder};
-use crate::harness::{N, account, mixed_subscriptions, publish_load, setup, wait_delivered};
+use crate::common::{Counters, RunningWorker, TestLadder, wait_until};
+use crate::harness::{
+    N, SETTLE, account, mixed_subscriptions, publish_load, setup, wait_delivered,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_alarm_blocks_republishes_without_acks_then_recovers() {
@@ -16,7 +16,14 @@ async fn a_memory_alarm_blocks_republishes_without_acks_then_recovers() {
         RunningWorker::start_with(&t, t.config.clone(), mixed_subscriptions(&receiver, &s)).await;
     wait_delivered(&receiver, N / 10).await;
     node.ctl_ok(&["set_vm_memory_high_watermark", "0.00001"]);
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The alarm holds until republishes have failed under it (their confirms never came).
+    wait_until(SETTLE, async || {
+        worker
+            .metrics
+            .count("hookrelay_republish_failures_total", &[])
+            > 0
+    })
+    .await;
     let blocked_failures = worker
         .metrics
         .count("hookrelay_republish_failures_total", &[]);

@@ -19,6 +19,7 @@ async fn broker_app_restart_under_load_loses_nothing() {
     let load = tokio::spawn(publish_load(t.config.clone(), t.ladder.ingress(), "app", N));
     wait_delivered(&receiver, N / 4).await;
     node.ctl_ok(&["stop_app"]);
+    // The outage itself: the broker stays away for a while.
     tokio::time::sleep(Duration::from_secs(2)).await;
     node.ctl_ok(&["start_app"]);
     let published = load.await.unwrap();
@@ -49,6 +50,7 @@ async fn broker_node_restart_under_load_loses_nothing() {
     ));
     wait_delivered(&receiver, N / 4).await;
     node.stop();
+    // The outage itself: the node stays down for a while.
     tokio::time::sleep(Duration::from_secs(1)).await;
     node.boot();
     let published = load.await.unwrap();

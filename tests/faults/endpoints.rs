@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscription};
+use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscription, wait_until};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -31,6 +31,7 @@ async fn faulty_endpoint() -> std::net::SocketAddr {
                     read += n;
                 }
                 let head = String::from_utf8_lossy(&buf[..read]).into_owned();
+                // The sleeps are the misbehaviour: a hang, a trickle.
                 if head.starts_with("POST /hang") {
                     tokio::time::sleep(Duration::from_secs(60)).await;
                 } else if head.starts_with("POST /trickle") {
@@ -141,8 +142,7 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
     // Wait for every failing envelope by id: a dead letter stored twice must not count twice.
     let mut dead = Vec::new();
     let mut dead_ids = HashSet::new();
-    let deadline = Instant::now() + SETTLE;
-    while dead_ids.len() < 4 * EACH && Instant::now() < deadline {
+    wait_until(SETTLE, async || {
         for m in t.drain_dead().await {
             dead_ids.insert(
                 m.delivery
@@ -154,8 +154,9 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
             );
             dead.push(m);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        dead_ids.len() >= 4 * EACH
+    })
+    .await;
     assert_eq!(dead_ids.len(), 4 * EACH);
     assert!(
         storm
@@ -190,11 +191,25 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
             })
             .count()
     };
-    while terminal(&attempts) < 6 * EACH && Instant::now() < deadline {
+    wait_until(SETTLE, async || {
         read_log(&mut attempts).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+        terminal(&attempts) >= 6 * EACH
+    })
+    .await;
+    // Then until nothing waits in a lane or a tier for another attempt.
+    let queues: Vec<String> = [t.ladder.first_lane(), t.ladder.retry_lane()]
+        .into_iter()
+        .chain((0..t.ladder.tiers.len()).map(|i| t.ladder.tier_queue(i)))
+        .collect();
+    wait_until(SETTLE, async || {
+        for queue in &queues {
+            if t.depth(queue).await > 0 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
     worker.stop().await;
     read_log(&mut attempts).await;
     dead.extend(t.drain_dead().await);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::node::Node;
-use crate::common::{self, Secret, TestLadder, secret, subscription};
+use crate::common::{self, Secret, TestLadder, secret, subscription, wait_until};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::QueueType;
 use hookrelay::config::Config;
@@ -84,6 +84,7 @@ pub async fn publish_load(config: Config, ingress: String, tag: &str, n: usize) 
                         e.id
                     );
                 }
+                // A pause between tries, as a producer backs off while the broker is away.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             ids.lock().unwrap().push(e.id);
@@ -149,8 +150,7 @@ pub async fn account(
 ) -> Account {
     let mut dead = HashSet::new();
     let mut cancelled = HashSet::new();
-    let deadline = Instant::now() + SETTLE;
-    loop {
+    wait_until(SETTLE, async || {
         for m in t.drain_dead().await {
             if let Some(id) = m.delivery.properties.message_id() {
                 dead.insert(id.to_string());
@@ -173,11 +173,9 @@ pub async fn account(
                 !delivered.contains_key(*id) && !dead.contains(*id) && !cancelled.contains(*id)
             })
             .count();
-        if open == 0 || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        open == 0
+    })
+    .await;
     let delivered = receiver.delivered();
     let published_set: HashSet<&String> = published.iter().collect();
     let missing: Vec<String> = published

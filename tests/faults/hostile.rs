@@ -2,9 +2,9 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::common::{self, Counters, RunningWorker, TestLadder, hostile, secret};
+use crate::common::{self, Counters, RunningWorker, TestLadder, hostile, secret, wait_until};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 
@@ -84,10 +84,7 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     let mut dead = Vec::new();
     let mut ids: HashSet<String> = HashSet::new();
     let mut without_id = 0;
-    let deadline = Instant::now() + SETTLE;
-    while (ids.len() < HOSTILE - sent_without_id || without_id < sent_without_id)
-        && Instant::now() < deadline
-    {
+    wait_until(SETTLE, async || {
         for d in t.drain_dead().await {
             match d.delivery.properties.message_id() {
                 Some(id) => {
@@ -97,8 +94,9 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
             }
             dead.push(d);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ids.len() >= HOSTILE - sent_without_id && without_id >= sent_without_id
+    })
+    .await;
     let m = worker.metrics.clone();
     worker.stop().await; // returns Ok: no panic, no stall
     for d in t.drain_dead().await {

@@ -35,7 +35,7 @@ use hookrelay::config::Config;
 use hookrelay::contract::envelope::{self, NewEvent, now_ms};
 use hookrelay::delivery::signing::generate_secret;
 
-use crate::kit::Percentiles;
+use crate::kit::{Percentiles, wait_until};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -250,18 +250,14 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
 }
 
 async fn wait_count(sink: &Sink, n: u64, timeout: Duration) -> Result<(), BenchError> {
-    let deadline = Instant::now() + timeout;
-    while sink.count.load(Ordering::SeqCst) < n {
-        if Instant::now() > deadline {
-            return Err(BenchError::Other(format!(
-                "only {} of {n} deliveries arrived within {}s",
-                sink.count.load(Ordering::SeqCst),
-                timeout.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if wait_until(timeout, async || sink.count.load(Ordering::SeqCst) >= n).await {
+        return Ok(());
     }
-    Ok(())
+    Err(BenchError::Other(format!(
+        "only {} of {n} deliveries arrived within {}s",
+        sink.count.load(Ordering::SeqCst),
+        timeout.as_secs()
+    )))
 }
 
 fn say(line: &str) {

@@ -12,7 +12,7 @@ use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
-use crate::kit::Counters;
+use crate::kit::{Counters, wait_until};
 use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::{Ladder, QueueType};
@@ -246,8 +246,7 @@ async fn run_inside(
             .unwrap_or(0)
     };
     let progress = Progress::new(published as u64, "finished");
-    let deadline = Instant::now() + options.deadline;
-    loop {
+    wait_until(options.deadline, async || {
         let delivered = receiver.delivered_count();
         let dead = dead_count().await;
         progress.set(
@@ -257,11 +256,9 @@ async fn run_inside(
                 metrics.count("hookrelay_retries_total", &[])
             ),
         );
-        if delivered + dead >= published || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        delivered + dead >= published
+    })
+    .await;
     progress.finish();
 
     let _ = stop.send(());

@@ -1,7 +1,28 @@
-//! What the tests, the demo and the bench share: reading a worker's counters, and percentiles.
+//! What the tests, the demo and the bench share: waiting on a condition, reading a worker's
+//! counters, and percentiles.
+
+use std::time::Duration;
 
 use hookrelay::observe::metrics::Metrics;
 use serde::Serialize;
+
+/// How often [`wait_until`] looks again.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Checks `done` until it holds or `timeout` passes; returns whether it held. `done` may take
+/// what it finds as it goes (drain a queue, read a log) between checks.
+pub async fn wait_until(timeout: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if done().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 /// Reading a worker's counters, as the tests and the demo do.
 pub trait Counters {
