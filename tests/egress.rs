@@ -248,15 +248,8 @@ async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
     let mut setup = WorkerSetup::new(config, t.ladder.clone(), live);
     setup.lookup = Arc::new(StaticLookup::default().with("internal.test", &["127.0.0.1"]));
     let worker = common::RunningWorker::start_setup(&t, setup).await;
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_internal", "acme", "sub_internal"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&common::event("evt_internal", "acme", "sub_internal"))
+        .await;
     assert!(t.wait_dead(1, Duration::from_secs(10)).await);
     let metrics = worker.metrics.clone();
     worker.stop().await;

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, hostile, ok_receiver, secret};
+use common::{TestLadder, hostile, ok_receiver, secret};
 use hookrelay::contract::envelope::{self, LAST_ERROR_HEADER, REASON_HEADER};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -49,10 +49,7 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
     let t = TestLadder::apply("invalid", &["300ms"], &["300ms"]).await;
     let s = secret();
     let receiver = ok_receiver(&s).await;
-    let mut config = t.config.clone();
-    config.limits.max_body_bytes = hostile::MAX_BODY;
-    let worker =
-        RunningWorker::start_with(&t, config, hostile::subscriptions(&receiver.url("/"), &s)).await;
+    let worker = hostile::start_worker(&t, &receiver, &s).await;
 
     let ch = t.conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    Counters, RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription,
-    wait_until,
+    Counters, RunningWorker, TestLadder, event, management, ok_receiver, secret, wait_until,
 };
 use futures_util::StreamExt;
 
@@ -17,17 +16,8 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     let t = TestLadder::apply("reconnect", &["300ms"], &["300ms"]).await;
     let s = secret();
     let receiver = ok_receiver(&s).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
-    let ingress = t.ladder.ingress();
-    publisher
-        .publish_event(&ingress, &event("evt_before", "acme", "sub_a"), 1024)
-        .await
-        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_before", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(Duration::from_secs(10), |r| r.delivered_count() == 1)
@@ -48,10 +38,7 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     .await;
     assert_eq!(closed, 2, "both worker connections were found and closed");
 
-    publisher
-        .publish_event(&ingress, &event("evt_after", "acme", "sub_a"), 1024)
-        .await
-        .unwrap();
+    t.publish(&event("evt_after", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 2)
@@ -74,11 +61,7 @@ async fn ten_thousand_events_are_delivered_once_each() {
     let t = TestLadder::apply("volume", &["1s"], &["1s"]).await;
     let s = secret();
     let receiver = ok_receiver(&s).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let publisher = Arc::new(t.publisher().await);
     let ingress = t.ladder.ingress();
     let failures = futures_util::stream::iter(0..N)

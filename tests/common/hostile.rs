@@ -10,7 +10,9 @@ use hookrelay::delivery::subscriptions::{EventFilter, Subscription};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
-use super::{Secret, subscription};
+use hookrelay_tools::receiver::Receiver;
+
+use super::{RunningWorker, Secret, TestLadder, subscription};
 
 /// The body limit the worker runs with for the table (one message is over it).
 pub const MAX_BODY: usize = 1024;
@@ -28,6 +30,13 @@ pub fn subscriptions(url: &str, secret: &Secret) -> Vec<Subscription> {
     vec![orders, subscription(OTHER_TENANTS, "globex", url, secret)]
 }
 
+/// A worker set up for the table: its body limit and its subscriptions, to `receiver`.
+pub async fn start_worker(t: &TestLadder, receiver: &Receiver, secret: &Secret) -> RunningWorker {
+    let mut config = t.config.clone();
+    config.limits.max_body_bytes = MAX_BODY;
+    RunningWorker::start_with(t, config, subscriptions(&receiver.url("/"), secret)).await
+}
+
 /// One hostile message, ready to publish.
 pub struct Hostile {
     pub label: &'static str,
@@ -41,215 +50,210 @@ pub struct Hostile {
     pub error: String,
 }
 
+/// What varies from one hostile message to the next; [`table`] starts each from a good one.
+struct Draft {
+    id: Option<String>,
+    kind: Option<&'static str>,
+    headers: Vec<(&'static str, AMQPValue)>,
+    /// Exchange and routing key.
+    target: (String, String),
+    body: Vec<u8>,
+}
+
 /// Every kind of hostile message, each with an id made from `id` (a valid envelope id), aimed
 /// at `ladder`.
 pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
-    let good = br#"{"ok":true}"#.to_vec();
     let text = |s: &str| AMQPValue::LongString(s.into());
-    let headers = |extra: Vec<(&str, AMQPValue)>| {
-        let mut headers = FieldTable::default();
-        headers.insert(SUBSCRIPTION_HEADER.into(), text(SUBSCRIPTION));
-        for (name, value) in extra {
-            headers.insert(name.into(), value);
-        }
-        headers
-    };
-    let padded =
-        |label: &str, len: usize| format!("{id}_{label}_{}", "x".repeat(len))[..len].to_owned();
-    let ingress = (ladder.ingress(), TENANT.to_owned());
-    // Through the default exchange, straight onto a queue: the routing key is the queue's name.
-    let queue = |name: String| (String::new(), name);
     let bad_header = |header: &str, expected: &str| format!("header {header} must be {expected}");
-
-    let case = |label: &'static str,
-                id: Option<String>,
-                kind: Option<&str>,
-                headers: FieldTable,
-                (exchange, routing_key): (String, String),
-                body: Vec<u8>,
-                error: String| {
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        if let Some(id) = &id {
-            properties = properties.with_message_id(id.as_str().into());
-        }
-        if let Some(kind) = kind {
-            properties = properties.with_type(kind.into());
-        }
-        Hostile {
-            label,
-            id,
-            exchange,
-            routing_key,
-            body,
-            properties,
-            error,
-        }
+    // Through the default exchange, straight onto a queue: the routing key is the queue's name.
+    let onto = |queue: String| (String::new(), queue);
+    // A good message of the tenant's subscription, with an id naming its kind.
+    let good = |label: &str| Draft {
+        id: Some(format!("{id}_{label}")),
+        kind: Some("order.paid"),
+        headers: vec![],
+        target: (ladder.ingress(), TENANT.to_owned()),
+        body: br#"{"ok":true}"#.to_vec(),
     };
-    vec![
-        case(
+    let padded = |label: &str, len: usize| {
+        Some(format!("{id}_{label}_{}", "x".repeat(len))[..len].to_owned())
+    };
+    let cases: Vec<(&'static str, Draft, String)> = vec![
+        (
             "no_id",
-            None,
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                id: None,
+                ..good("no_id")
+            },
             "message_id is missing".into(),
         ),
-        case(
+        (
             "dotted_id",
-            Some(format!("{id}.dotted")),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                id: Some(format!("{id}.dotted")),
+                ..good("dotted_id")
+            },
             "is not an envelope id".into(),
         ),
-        case(
+        (
             "long_id",
-            Some(padded("long_id", 129)),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                id: padded("long_id", 129),
+                ..good("long_id")
+            },
             "is not an envelope id".into(),
         ),
-        case(
+        (
             "longest_id",
-            Some(padded("longest_id", 255)),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                id: padded("longest_id", 255),
+                ..good("longest_id")
+            },
             "is not an envelope id".into(),
         ),
-        case(
+        (
             "no_type",
-            Some(format!("{id}_no_type")),
-            None,
-            headers(vec![]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                kind: None,
+                ..good("no_type")
+            },
             "type (the event type) is missing".into(),
         ),
-        case(
+        (
             "integer_subscription",
-            Some(format!("{id}_integer_subscription")),
-            Some("order.paid"),
-            headers(vec![(SUBSCRIPTION_HEADER, AMQPValue::LongLongInt(7))]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, AMQPValue::LongLongInt(7))],
+                ..good("integer_subscription")
+            },
             bad_header(SUBSCRIPTION_HEADER, "a string"),
         ),
-        case(
+        (
             "array_subscription",
-            Some(format!("{id}_array_subscription")),
-            Some("order.paid"),
-            headers(vec![(
-                SUBSCRIPTION_HEADER,
-                AMQPValue::FieldArray(vec![AMQPValue::Boolean(true)].into()),
-            )]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![(
+                    SUBSCRIPTION_HEADER,
+                    AMQPValue::FieldArray(vec![AMQPValue::Boolean(true)].into()),
+                )],
+                ..good("array_subscription")
+            },
             bad_header(SUBSCRIPTION_HEADER, "a string"),
         ),
-        case(
+        (
             "unknown_subscription",
-            Some(format!("{id}_unknown_subscription")),
-            Some("order.paid"),
-            headers(vec![(SUBSCRIPTION_HEADER, text("sub_nope"))]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, text("sub_nope"))],
+                ..good("unknown_subscription")
+            },
             "unknown subscription \"sub_nope\"".into(),
         ),
-        case(
+        (
             "other_tenant",
-            Some(format!("{id}_other_tenant")),
-            Some("order.paid"),
-            headers(vec![(SUBSCRIPTION_HEADER, text(OTHER_TENANTS))]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, text(OTHER_TENANTS))],
+                ..good("other_tenant")
+            },
             "belongs to tenant \"globex\"".into(),
         ),
-        case(
+        (
             "not_json",
-            Some(format!("{id}_not_json")),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            b"{oops".to_vec(),
+            Draft {
+                body: b"{oops".to_vec(),
+                ..good("not_json")
+            },
             "body is not JSON".into(),
         ),
-        case(
+        (
             "not_utf8",
-            Some(format!("{id}_not_utf8")),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            vec![0xff, 0xfe, 0x00],
+            Draft {
+                body: vec![0xff, 0xfe, 0x00],
+                ..good("not_utf8")
+            },
             "body is not JSON".into(),
         ),
-        case(
+        (
             "too_big",
-            Some(format!("{id}_too_big")),
-            Some("order.paid"),
-            headers(vec![]),
-            ingress.clone(),
-            format!("\"{}\"", "a".repeat(2 * MAX_BODY)).into_bytes(),
+            Draft {
+                body: format!("\"{}\"", "a".repeat(2 * MAX_BODY)).into_bytes(),
+                ..good("too_big")
+            },
             format!("over the {MAX_BODY}-byte limit"),
         ),
-        case(
+        (
             "absurd_attempts",
-            Some(format!("{id}_absurd_attempts")),
-            Some("order.paid"),
-            headers(vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(1 << 40))]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(1 << 40))],
+                ..good("absurd_attempts")
+            },
             bad_header(ATTEMPTS_HEADER, "an attempt count hookrelay wrote"),
         ),
-        case(
+        (
             "forged_tenant",
-            Some(format!("{id}_forged_tenant")),
-            Some("order.paid"),
-            headers(vec![
-                (TENANT_HEADER, AMQPValue::LongLongInt(7)),
-                (REASON_HEADER, text("forged")),
-            ]),
-            ingress.clone(),
-            good.clone(),
+            Draft {
+                headers: vec![
+                    (TENANT_HEADER, AMQPValue::LongLongInt(7)),
+                    (REASON_HEADER, text("forged")),
+                ],
+                ..good("forged_tenant")
+            },
             bad_header(TENANT_HEADER, "a string"),
         ),
-        case(
+        (
             "onto_the_lane",
-            Some(format!("{id}_onto_the_lane")),
-            Some("order.paid"),
-            headers(vec![]),
-            queue(ladder.first_lane()),
-            good.clone(),
+            Draft {
+                target: onto(ladder.first_lane()),
+                ..good("onto_the_lane")
+            },
             "is not a tenant id".into(),
         ),
-        case(
+        (
             "forged_retry",
-            Some(format!("{id}_forged_retry")),
-            Some("order.paid"),
-            headers(vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(i64::MAX))]),
-            queue(ladder.retry_lane()),
-            good.clone(),
+            Draft {
+                headers: vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(i64::MAX))],
+                target: onto(ladder.retry_lane()),
+                ..good("forged_retry")
+            },
             "is not a tenant id".into(),
         ),
-        case(
+        (
             "forged_due",
-            Some(format!("{id}_forged_due")),
-            Some("order.paid"),
-            headers(vec![
-                (DUE_HEADER, text("yesterday")),
-                ("x-death", text("forged")),
-                (TENANT_HEADER, text(TENANT)),
-            ]),
-            queue(ladder.retry_lane()),
-            good,
+            Draft {
+                headers: vec![
+                    (DUE_HEADER, text("yesterday")),
+                    ("x-death", text("forged")),
+                    (TENANT_HEADER, text(TENANT)),
+                ],
+                target: onto(ladder.retry_lane()),
+                ..good("forged_due")
+            },
             bad_header(DUE_HEADER, "an integer"),
         ),
-    ]
+    ];
+    cases
+        .into_iter()
+        .map(|(label, draft, error)| {
+            let mut headers = FieldTable::default();
+            headers.insert(SUBSCRIPTION_HEADER.into(), text(SUBSCRIPTION));
+            for (name, value) in draft.headers {
+                headers.insert(name.into(), value);
+            }
+            let mut properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_headers(headers);
+            if let Some(id) = &draft.id {
+                properties = properties.with_message_id(id.as_str().into());
+            }
+            if let Some(kind) = draft.kind {
+                properties = properties.with_type(kind.into());
+            }
+            Hostile {
+                label,
+                id: draft.id,
+                exchange: draft.target.0,
+                routing_key: draft.target.1,
+                body: draft.body,
+                properties,
+                error,
+            }
+        })
+        .collect()
 }

@@ -1,20 +1,20 @@
 //! Configuration the worker must refuse to start with.
 
-use crate::common;
+use crate::common::{self, SubsFile, subscription_toml};
 
 #[test]
 fn config_faults_refuse_to_start_with_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let subs = dir.path().join("subs.toml");
-    std::fs::write(
-        &subs,
-        "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"https://x.example\"\nsecrets = [\"env:HOOKRELAY_TEST_MISSING_SECRET\"]\n",
-    )
-    .unwrap();
+    let subs = SubsFile::new(&subscription_toml(
+        "s",
+        "t",
+        "https://x.example",
+        "\"env:HOOKRELAY_TEST_MISSING_SECRET\"",
+        "",
+    ));
     let ladder = format!("{}/topology/ladder.toml", env!("CARGO_MANIFEST_DIR"));
     let run = |env: &[(&str, &str)]| common::hookrelay(&["worker", "--ladder", &ladder], env);
     let (code, _, err) = run(&[
-        ("HOOKRELAY_SUBSCRIPTIONS", subs.to_str().unwrap()),
+        ("HOOKRELAY_SUBSCRIPTIONS", subs.path.to_str().unwrap()),
         ("HOOKRELAY_METRICS_LISTEN", ""),
     ]);
     assert_eq!(code, Some(1));
@@ -33,9 +33,9 @@ fn config_faults_refuse_to_start_with_a_clear_error() {
         "{err}"
     );
 
-    std::fs::write(&subs, "").unwrap();
+    subs.write("");
     let (code, _, err) = run(&[
-        ("HOOKRELAY_SUBSCRIPTIONS", subs.to_str().unwrap()),
+        ("HOOKRELAY_SUBSCRIPTIONS", subs.path.to_str().unwrap()),
         ("HOOKRELAY_METRICS_LISTEN", ""),
         ("HOOKRELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f"),
     ]);
@@ -46,7 +46,7 @@ fn config_faults_refuse_to_start_with_a_clear_error() {
     );
 
     let (code, _, err) = run(&[
-        ("HOOKRELAY_SUBSCRIPTIONS", subs.to_str().unwrap()),
+        ("HOOKRELAY_SUBSCRIPTIONS", subs.path.to_str().unwrap()),
         ("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "soon"),
     ]);
     assert_eq!(code, Some(1));

@@ -8,8 +8,7 @@ use crate::common::{self, Counters, RunningWorker, TestLadder, secret, subscript
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 use hookrelay_tools::receiver::{Receiver, Reply};
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicGetOptions;
 
 /// A TCP endpoint that misbehaves in one way per path.
 async fn faulty_endpoint() -> std::net::SocketAddr {
@@ -92,29 +91,7 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
     })
     .await
     .unwrap();
-    let log = {
-        let name = format!("{}.accounting.all", t.ladder.prefix);
-        t.owns_queue(&name);
-        t.channel
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        t.channel
-            .queue_bind(
-                name.as_str().into(),
-                t.ladder.attempts_exchange().as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        name
-    };
+    let log = t.attempt_log_queue("all", "#").await;
     let url = |kind: &str| format!("http://{}/{kind}", faulty[kind]);
     let subs = vec![
         subscription("sub_refused", "acme", &format!("http://{refused}/"), &s),

@@ -5,16 +5,20 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
+
 use crate::common::node::Node;
-use crate::common::{self, Secret, TestLadder, secret, subscription, wait_until};
+use crate::common::{
+    self, RunningWorker, Secret, SubsFile, TestLadder, secret, subscription, subscription_toml,
+    wait_until,
+};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::QueueType;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::delivery::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicGetOptions;
 
 pub const N: usize = 3000;
 pub const SETTLE: Duration = Duration::from_secs(180);
@@ -41,7 +45,7 @@ async fn mixed_receiver(s: &Secret) -> Receiver {
     .unwrap()
 }
 
-pub fn mixed_subscriptions(receiver: &Receiver, s: &Secret) -> Vec<Subscription> {
+fn mixed_subscriptions(receiver: &Receiver, s: &Secret) -> Vec<Subscription> {
     let mut off = subscription("sub_off", "acme", &receiver.url("/off"), s);
     off.enabled = false;
     vec![subscription("sub_on", "acme", &receiver.url("/"), s), off]
@@ -54,7 +58,7 @@ fn mixed_event(tag: &str, i: usize) -> NewEvent {
 
 /// Publishes like a careful producer: retries each event (same id) until the broker confirms.
 /// Returns the ids, all of them confirmed.
-pub async fn publish_load(config: Config, ingress: String, tag: &str, n: usize) -> Vec<String> {
+async fn publish_load(config: Config, ingress: String, tag: String, n: usize) -> Vec<String> {
     let publisher = Arc::new(
         Publisher::connect(
             &config.amqp.url,
@@ -95,40 +99,6 @@ pub async fn publish_load(config: Config, ingress: String, tag: &str, n: usize) 
     Arc::try_unwrap(ids).unwrap().into_inner().unwrap()
 }
 
-/// A queue keeping the attempt log's `cancelled` records, bound before the load. Quorum, so it
-/// survives the loss of a cluster node as the ladder does.
-async fn cancelled_log(t: &TestLadder) -> String {
-    let name = format!("{}.accounting.cancelled", t.ladder.prefix);
-    t.owns_queue(&name);
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        lapin::types::AMQPValue::LongString("quorum".into()),
-    );
-    t.channel
-        .queue_declare(
-            name.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
-    t.channel
-        .queue_bind(
-            name.as_str().into(),
-            t.ladder.attempts_exchange().as_str().into(),
-            "cancelled.*".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    name
-}
-
 pub struct Account {
     published: usize,
     delivered: usize,
@@ -142,7 +112,7 @@ pub struct Account {
 
 /// Waits until every published id has reached a terminal state (or `SETTLE` passes), then
 /// counts from the endpoint, the dead sink and the attempt log.
-pub async fn account(
+async fn account(
     t: &TestLadder,
     receiver: &Receiver,
     published: &[String],
@@ -286,26 +256,92 @@ impl Account {
     }
 }
 
-/// A ladder, an endpoint and an in-process worker on the broker `config` names.
-pub async fn setup(config: Config, name: &str) -> (TestLadder, Secret, Receiver, String) {
-    let t = TestLadder::apply_on(
-        config,
-        name,
-        QueueType::Quorum,
-        &["300ms", "1s"],
-        &["300ms", "1s", "1s"],
-    )
-    .await;
-    let s = secret();
-    let receiver = mixed_receiver(&s).await;
-    let cancelled = cancelled_log(&t).await;
-    (t, s, receiver, cancelled)
+/// One scenario's pieces: its ladder, the endpoint with the mixed script, and the queue keeping
+/// the attempt log's `cancelled` records.
+pub struct Scenario {
+    pub t: TestLadder,
+    pub receiver: Receiver,
+    secret: Secret,
+    name: String,
+    cancelled: String,
 }
 
-pub async fn wait_delivered(receiver: &Receiver, n: usize) {
-    assert!(
-        receiver
-            .wait_until(SETTLE, |r| r.delivered_count() >= n)
-            .await
-    );
+impl Scenario {
+    /// The ladder, declared through the broker `config` names, the endpoint, and the attempt
+    /// log's queue, bound before any load.
+    pub async fn setup(config: Config, name: &str) -> Self {
+        let t = TestLadder::apply_on(
+            config,
+            name,
+            QueueType::Quorum,
+            &["300ms", "1s"],
+            &["300ms", "1s", "1s"],
+        )
+        .await;
+        let secret = secret();
+        let receiver = mixed_receiver(&secret).await;
+        let cancelled = t.attempt_log_queue("cancelled", "cancelled.*").await;
+        Self {
+            t,
+            receiver,
+            secret,
+            name: name.to_owned(),
+            cancelled,
+        }
+    }
+
+    /// An in-process worker with the mixed subscriptions, on the broker `t.config` names.
+    pub async fn start_worker(&self) -> RunningWorker {
+        RunningWorker::start_with(
+            &self.t,
+            self.t.config.clone(),
+            mixed_subscriptions(&self.receiver, &self.secret),
+        )
+        .await
+    }
+
+    /// The mixed subscriptions as a file, for a worker process of its own.
+    pub fn subscriptions_file(&self) -> SubsFile {
+        let entry = |id: &str, path: &str, extra: &str| {
+            subscription_toml(
+                id,
+                "acme",
+                &self.receiver.url(path),
+                &self.secret.file_ref(),
+                extra,
+            )
+        };
+        SubsFile::new(&(entry("sub_on", "/", "") + &entry("sub_off", "/off", "enabled = false")))
+    }
+
+    /// The load, published in the background on the broker `t.config` names; yields the ids
+    /// the broker confirmed.
+    pub fn start_load(&self) -> JoinHandle<Vec<String>> {
+        tokio::spawn(publish_load(
+            self.t.config.clone(),
+            self.t.ladder.ingress(),
+            self.name.clone(),
+            N,
+        ))
+    }
+
+    /// Waits until the endpoint has delivered `n` envelopes.
+    pub async fn wait_delivered(&self, n: usize) {
+        assert!(
+            self.receiver
+                .wait_until(SETTLE, |r| r.delivered_count() >= n)
+                .await
+        );
+    }
+
+    /// Another connection to the ladder, through the broker `config` names: the test's own
+    /// may not have survived the fault.
+    pub async fn view(&self, config: Config) -> TestLadder {
+        TestLadder::view(self.t.ladder.clone(), config).await
+    }
+
+    /// The account of `published`, read through `view` (see [`account`]).
+    pub async fn account(&self, view: &TestLadder, published: &[String]) -> Account {
+        account(view, &self.receiver, published, &self.cancelled).await
+    }
 }

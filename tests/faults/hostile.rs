@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use crate::common::{self, Counters, RunningWorker, TestLadder, hostile, secret, wait_until};
+use crate::common::{self, Counters, TestLadder, hostile, secret, wait_until};
 use crate::harness::SETTLE;
 use hookrelay::contract::envelope;
 
@@ -17,10 +17,7 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     let t = TestLadder::apply("hostile", &["300ms"], &["300ms"]).await;
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
-    let mut config = t.config.clone();
-    config.limits.max_body_bytes = hostile::MAX_BODY;
-    let worker =
-        RunningWorker::start_with(&t, config, hostile::subscriptions(&receiver.url("/"), &s)).await;
+    let worker = hostile::start_worker(&t, &receiver, &s).await;
     let ch = t.conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await

@@ -1,8 +1,11 @@
 //! What the tests, the demo and the bench share: waiting on a condition, reading a worker's
-//! counters, and percentiles.
+//! counters, percentiles, and the files and the process a `hookrelay worker` runs from.
 
+use std::path::Path;
 use std::time::Duration;
 
+use hookrelay::broker::topology::Ladder;
+use hookrelay::config::fmt_duration;
 use hookrelay::observe::metrics::Metrics;
 use serde::Serialize;
 
@@ -73,4 +76,56 @@ impl Percentiles {
             max_ms: ms[ms.len() - 1],
         }
     }
+}
+
+/// `ladder` as a ladder file says it: prefix, queue type, tiers and schedule. Dedicated tenants
+/// are left out.
+pub fn ladder_toml(ladder: &Ladder) -> String {
+    let list = |delays: &mut dyn Iterator<Item = Duration>| {
+        delays
+            .map(|d| format!("\"{}\"", fmt_duration(d)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [{}]\nschedule = [{}]\n",
+        ladder.prefix,
+        ladder.queue_type.as_str(),
+        list(&mut ladder.tiers.iter().map(|t| t.delay)),
+        list(&mut ladder.schedule.iter().map(|&i| ladder.tiers[i].delay)),
+    )
+}
+
+/// One `[[subscription]]` table of a subscriptions file. `secrets` is what goes between the
+/// brackets (see [`file_secret`]); `extra` adds lines (`enabled = false`).
+pub fn subscription_toml(id: &str, tenant: &str, url: &str, secrets: &str, extra: &str) -> String {
+    format!(
+        "[[subscription]]\nid = \"{id}\"\ntenant = \"{tenant}\"\nurl = \"{url}\"\nsecrets = [{secrets}]\n{extra}\n"
+    )
+}
+
+/// A secret reference to a file, quoted for a subscriptions file.
+pub fn file_secret(path: &Path) -> String {
+    format!("\"file:{}\"", path.display())
+}
+
+/// `hookrelay worker` as a process of its own: `exe` is the hookrelay binary, `ladder` and
+/// `subscriptions` its files. Endpoints on loopback are allowed, the metrics listener is off and
+/// only errors are logged, unless the caller sets these again. Killed when dropped.
+pub fn worker_command(
+    exe: &Path,
+    name: &str,
+    ladder: &Path,
+    subscriptions: &Path,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args(["worker", "--name", name])
+        .env("HOOKRELAY_LADDER", ladder)
+        .env("HOOKRELAY_SUBSCRIPTIONS", subscriptions)
+        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
+        .env("HOOKRELAY_METRICS_LISTEN", "")
+        .env("HOOKRELAY_LOG_LEVEL", "error")
+        .kill_on_drop(true);
+    command
 }
