@@ -1,5 +1,5 @@
-//! What every scenario shares: the setup (a ladder, an endpoint with the mixed script, an
-//! in-process worker), the load (a careful producer), and the verdict (the account).
+//! What every scenario shares: the setup ([`Scenario`]: a ladder, an endpoint with the mixed
+//! script, a worker), the load (a careful producer), and the verdict ([`Account`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -74,7 +74,7 @@ async fn publish_load(config: Config, ingress: String, tag: String, n: usize) ->
         let publisher = Arc::clone(&publisher);
         let ingress = ingress.clone();
         let ids = Arc::clone(&ids);
-        let tag = tag.to_owned();
+        let tag = tag.clone();
         async move {
             let e = mixed_event(&tag, i);
             let mut tries = 0;
@@ -99,6 +99,7 @@ async fn publish_load(config: Config, ingress: String, tag: String, n: usize) ->
     Arc::try_unwrap(ids).unwrap().into_inner().unwrap()
 }
 
+/// Where the published envelopes ended, counted from outside the worker.
 pub struct Account {
     published: usize,
     delivered: usize,
