@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
+use common::{Counters, RunningWorker, TestLadder, event, ok_receiver, secret, subscription};
 use hookrelay::contract::headers;
 use hookrelay::contract::headers::{
     ATTEMPTS_HEADER, LAST_ERROR_HEADER, REASON_HEADER, STATUS_HEADER,
@@ -25,12 +25,8 @@ async fn a_delivery_verifies_with_the_standardwebhooks_crate() {
         vec![subscription("sub_a", "acme", &receiver.url("/hook"), &s)],
     )
     .await;
-    let publisher = t.publisher().await;
     let e = event("evt_signed_1", "acme", "sub_a");
-    publisher
-        .publish_event(&t.ladder.ingress(), &e, 1024)
-        .await
-        .unwrap();
+    t.publish(&e).await;
 
     assert!(
         receiver
@@ -62,20 +58,8 @@ async fn two_failures_then_success_walk_the_first_two_tiers() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &event("evt_ladder", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_ladder", "acme", "sub_a")).await;
 
     assert!(
         receiver
@@ -121,17 +105,9 @@ async fn a_client_error_is_dead_lettered_with_its_reason_and_the_original_messag
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(400))
         .await
         .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let e = event("evt_rejected", "acme", "sub_a");
-    publisher
-        .publish_event(&t.ladder.ingress(), &e, 1024)
-        .await
-        .unwrap();
+    t.publish(&e).await;
     assert!(t.wait_dead(1, WAIT).await);
     worker.stop().await;
 
@@ -166,20 +142,8 @@ async fn a_spent_budget_is_dead_lettered_as_exhausted() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &event("evt_exhausted", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_exhausted", "acme", "sub_a")).await;
     assert!(t.wait_dead(1, WAIT).await);
     worker.stop().await;
 
@@ -229,23 +193,8 @@ async fn timeouts_and_refused_connections_are_retried() {
         ],
     )
     .await;
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &event("evt_slow", "acme", "sub_slow"),
-            1024,
-        )
-        .await
-        .unwrap();
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &event("evt_closed", "acme", "sub_closed"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&event("evt_slow", "acme", "sub_slow")).await;
+    t.publish(&event("evt_closed", "acme", "sub_closed")).await;
     // The slow one times out (request timeout 2 s), then succeeds on attempt 2.
     assert!(
         receiver

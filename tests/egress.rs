@@ -11,9 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::Counters;
+use common::egress::{StaticLookup, allowing};
 use hookrelay::config::HttpConfig;
 use hookrelay::contract::envelope::EnvelopeId;
-use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, StaticLookup};
+use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, GuardedResolver, ResolveError};
 use hookrelay::delivery::http::{HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -108,6 +110,7 @@ async fn every_blocked_class_is_refused_through_a_hostname() {
             format!("egress denied: {host} resolves to {expected_ip} ({class})"),
         );
     }
+    // A deliberate pause: a connection, had one been made, is counted by then.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection was made");
 }
@@ -120,7 +123,7 @@ async fn the_allow_list_lets_a_blocked_range_through() {
     let lookup = StaticLookup::default().with("partner.test", &["127.0.0.1"]);
     let blocked = sender(EgressPolicy::default(), lookup.clone());
     denied(&post(&blocked, &format!("http://partner.test:{port}/")).await);
-    let allowed = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    let allowed = sender(allowing(&["127.0.0.0/8"]), lookup);
     assert_eq!(
         post(&allowed, &format!("http://partner.test:{port}/")).await,
         AttemptResult::Response {
@@ -135,13 +138,35 @@ async fn the_allow_list_lets_a_blocked_range_through() {
 async fn a_name_resolving_to_allowed_and_blocked_addresses_is_refused() {
     let (addr, accepted) = counting_listener().await;
     let lookup = StaticLookup::default().with("mixed.test", &["127.0.0.1", "10.9.9.9"]);
-    let sender = sender(EgressPolicy::allowing(&["127.0.0.0/8"]), lookup);
+    let sender = sender(allowing(&["127.0.0.0/8"]), lookup);
     let result = post(&sender, &format!("http://mixed.test:{}/", addr.port())).await;
     assert_eq!(
         denied(&result),
         "egress denied: mixed.test resolves to 10.9.9.9 (private)"
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
+}
+
+/// The resolver the HTTP client uses, by itself.
+#[tokio::test]
+async fn a_name_with_any_blocked_address_is_refused_whole() {
+    let lookup = StaticLookup::default()
+        .with("mixed.test", &["93.184.216.34", "10.0.0.7"])
+        .with("public.test", &["93.184.216.34", "2606:2800:220:1::1"]);
+    let resolver = GuardedResolver::new(Arc::new(EgressPolicy::default()), Arc::new(lookup));
+    assert_eq!(
+        resolver.resolve_checked("public.test").await.unwrap().len(),
+        2
+    );
+    let err = resolver.resolve_checked("mixed.test").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "egress denied: mixed.test resolves to 10.0.0.7 (private)"
+    );
+    assert!(matches!(
+        resolver.resolve_checked("unknown.test").await,
+        Err(ResolveError::Lookup(_))
+    ));
 }
 
 #[tokio::test]
@@ -175,10 +200,7 @@ async fn a_redirect_toward_a_blocked_address_is_not_followed() {
     let redirecting = Receiver::start(&[], move |_| Reply::Redirect(302, location.clone()))
         .await
         .unwrap();
-    let sender = sender(
-        EgressPolicy::allowing(&["127.0.0.0/8"]),
-        StaticLookup::default(),
-    );
+    let sender = sender(allowing(&["127.0.0.0/8"]), StaticLookup::default());
     let result = post(&sender, &redirecting.url("/")).await;
     // A redirect is a retryable answer of the endpoint; its Location is never contacted.
     assert_eq!(
@@ -188,6 +210,7 @@ async fn a_redirect_toward_a_blocked_address_is_not_followed() {
             retry_after: None
         }
     );
+    // A deliberate pause: a request to the Location, had one been made, arrives by then.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(target.request_count(), 0);
 }
@@ -228,15 +251,8 @@ async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
     let mut setup = WorkerSetup::new(config, t.ladder.clone(), live);
     setup.lookup = Arc::new(StaticLookup::default().with("internal.test", &["127.0.0.1"]));
     let worker = common::RunningWorker::start_setup(&t, setup).await;
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_internal", "acme", "sub_internal"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&common::event("evt_internal", "acme", "sub_internal"))
+        .await;
     assert!(t.wait_dead(1, Duration::from_secs(10)).await);
     let metrics = worker.metrics.clone();
     worker.stop().await;

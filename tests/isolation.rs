@@ -8,28 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
-use futures_util::StreamExt;
-use hookrelay::contract::envelope::{self, NewEvent};
+use common::{
+    Counters, RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription,
+    wait_until,
+};
+use hookrelay::contract::envelope;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::QueueType;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn publish_all(t: &TestLadder, events: Vec<NewEvent>) {
-    let publisher = Arc::new(t.publisher().await);
-    let ingress = t.ladder.ingress();
-    futures_util::stream::iter(events)
-        .for_each_concurrent(100, |e| {
-            let publisher = Arc::clone(&publisher);
-            let ingress = ingress.clone();
-            async move {
-                publisher.publish_event(&ingress, &e, 1024).await.unwrap();
-            }
-        })
-        .await;
-}
 
 /// Publishes retries straight into the retry lane, as tiers would promote them.
 async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
@@ -74,10 +62,8 @@ async fn a_deep_retry_backlog_gets_only_its_share_and_new_events_flow() {
     )
     .await;
     assert!(slow.wait_until(WAIT, |r| r.request_count() >= 6).await);
-    let events = (0..40)
-        .map(|i| event(&format!("evt_new_{i:02}"), "acme", "sub_fast"))
-        .collect();
-    publish_all(&t, events).await;
+    t.publish_all((0..40).map(|i| event(&format!("evt_new_{i:02}"), "acme", "sub_fast")))
+        .await;
     // New events are all delivered while most of the backlog still waits.
     assert!(fast.wait_until(WAIT, |r| r.delivered_count() == 40).await);
     let backlog_done = slow.delivered_count();
@@ -103,13 +89,10 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     t.ladder = t.ladder.clone().with_dedicated("bigco", 10).unwrap();
     t.ladder.objects().apply(&t.channel).await.unwrap();
     // Without a worker: bigco's events land in its own lane, everyone else's in the shared one.
-    publish_all(
-        &t,
-        vec![
-            event("evt_big_1", "bigco", "sub_big"),
-            event("evt_small_1", "acme", "sub_small"),
-        ],
-    )
+    t.publish_all(vec![
+        event("evt_big_1", "bigco", "sub_big"),
+        event("evt_small_1", "acme", "sub_small"),
+    ])
     .await;
     assert_eq!(t.depth(&t.ladder.first_lane_of("bigco")).await, 1);
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
@@ -127,34 +110,18 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
         subscription("sub_big", "bigco", &receiver.url("/big"), &s),
         subscription("sub_small", "acme", &receiver.url("/small"), &s),
     ];
-    let channel = t.conn.create_channel().await.unwrap();
-    let records = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = Arc::clone(&records);
-    let exchange = t.ladder.attempts_exchange();
-    let tail = tokio::spawn(async move {
-        hookrelay::ops::tail::tail_attempts(&channel, &exchange, None, Some("bigco"), |body| {
-            let r: hookrelay::observe::events::AttemptRecord =
-                serde_json::from_slice(body).unwrap();
-            let mut all = sink.lock().unwrap();
-            all.push(r);
-            all.len() < 3
-        })
-        .await
-        .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tail = t.tail_attempts("bigco", 3).await;
     let worker = RunningWorker::start(&t, subs.clone()).await;
-    publish_all(&t, vec![event("evt_big_2", "bigco", "sub_big")]).await;
+    t.publish_all(vec![event("evt_big_2", "bigco", "sub_big")])
+        .await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == 3)
             .await
     );
-    tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
+    let records = tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
     worker.stop().await;
     let lanes: Vec<(String, String, String)> = records
-        .lock()
-        .unwrap()
         .iter()
         .map(|r| {
             (
@@ -181,7 +148,8 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     );
 
     // bigco stops being dedicated while an event waits in its lane.
-    publish_all(&t, vec![event("evt_big_3", "bigco", "sub_big")]).await;
+    t.publish_all(vec![event("evt_big_3", "bigco", "sub_big")])
+        .await;
     assert_eq!(t.depth(&big_first).await, 1);
     let dir = tempfile::tempdir().unwrap();
     let file = ladder_file(&t, &dir); // without the [[dedicated]] entry
@@ -196,7 +164,8 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     );
     assert_eq!(t.depth(&big_first).await, 1, "nothing was moved");
     // New events take the shared lane; the worker (with the shorter ladder) drains the old one.
-    publish_all(&t, vec![event("evt_big_4", "bigco", "sub_big")]).await;
+    t.publish_all(vec![event("evt_big_4", "bigco", "sub_big")])
+        .await;
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
     t.ladder = hookrelay::contract::ladder::Ladder::load(&file).unwrap();
     let worker = RunningWorker::start(&t, subs).await;
@@ -230,21 +199,14 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     let mut config = t.config.clone();
     config.endpoints.wait = Duration::from_millis(300);
     let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
-    publish_all(
-        &t,
-        (0..30)
-            .map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a"))
-            .collect(),
-    )
-    .await;
+    t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
+        .await;
     // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
     let ended = |r: &Receiver| r.delivered_count();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while ended(&receiver) + t.depth(&t.ladder.dead()).await as usize != 30
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(WAIT, async || {
+        ended(&receiver) + t.depth(&t.ladder.dead()).await as usize == 30
+    })
+    .await;
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
@@ -294,26 +256,20 @@ async fn the_breaker_opens_refuses_probes_and_closes() {
         vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
     )
     .await;
-    publish_all(
-        &t,
-        (0..5)
-            .map(|i| event(&format!("evt_{i}"), "acme", "sub_a"))
-            .collect(),
-    )
-    .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
     // Open: after a few failures, attempts stop while envelopes keep cycling through the tier.
     let m = worker.metrics.clone();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) < 5
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(WAIT, async || {
+        m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) >= 5
+    })
+    .await;
     let while_open = receiver.request_count();
     assert!(
         while_open <= 6,
         "at most the threshold (plus in-flight) reached the endpoint: {while_open}"
     );
+    // A deliberate pause: whatever would reach the open endpoint has time to.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         receiver.request_count(),
@@ -354,18 +310,9 @@ async fn retry_after_is_honoured_under_load() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    publish_all(
-        &t,
-        (0..N)
-            .map(|i| event(&format!("evt_{i:03}"), "acme", "sub_a"))
-            .collect(),
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish_all((0..N).map(|i| event(&format!("evt_{i:03}"), "acme", "sub_a")))
+        .await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == N)

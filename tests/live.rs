@@ -4,11 +4,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RunningWorker, Secret, TestLadder, secret};
+use common::{
+    Counters, RunningWorker, SubsFile, TestLadder, secret, subscription_toml, wait_until,
+};
 use hookrelay::contract::envelope::{NewEvent, derived_id};
 use hookrelay::contract::headers;
 use hookrelay::delivery::subscriptions::LiveSubscriptions;
@@ -19,40 +19,9 @@ use lapin::types::FieldTable;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// One `[[subscription]]` table.
+/// One `[[subscription]]` table of tenant `acme`.
 fn entry(id: &str, url: &str, secrets: &str, extra: &str) -> String {
-    format!(
-        "[[subscription]]\nid = \"{id}\"\ntenant = \"acme\"\nurl = \"{url}\"\nsecrets = [{secrets}]\n{extra}\n"
-    )
-}
-
-fn file_ref(s: &Secret) -> String {
-    match &s.reference {
-        hookrelay::delivery::subscriptions::SecretRef::File(p) => {
-            format!("\"file:{}\"", p.display())
-        }
-        other => panic!("{other:?}"),
-    }
-}
-
-struct SubsFile {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SubsFile {
-    fn new(text: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("subscriptions.toml");
-        std::fs::write(&path, text).unwrap();
-        Self { path, _dir: dir }
-    }
-    fn write(&self, text: &str) {
-        // Write-then-rename, as editors and config managers do.
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &self.path).unwrap();
-    }
+    subscription_toml(id, "acme", url, secrets, extra)
 }
 
 async fn start(t: &TestLadder, file: &SubsFile) -> RunningWorker {
@@ -91,35 +60,38 @@ async fn events_queue(t: &TestLadder) -> String {
     q.name().to_string()
 }
 
+/// Up to `n` operational events, as many as arrive within `WAIT`.
 async fn take_events(t: &TestLadder, queue: &str, n: usize) -> Vec<(String, serde_json::Value)> {
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while out.len() < n && tokio::time::Instant::now() < deadline {
-        match t
-            .channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
+    wait_until(WAIT, async || {
+        while out.len() < n
+            && let Some(m) = t
+                .channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
         {
-            Some(m) => out.push((
+            out.push((
                 m.delivery.routing_key.to_string(),
                 serde_json::from_slice(&m.delivery.data).unwrap(),
-            )),
-            None => tokio::time::sleep(Duration::from_millis(50)).await,
+            ));
         }
-    }
+        out.len() >= n
+    })
+    .await;
     out
 }
 
-async fn wait_metric(w: &RunningWorker, name: &str, labels: &[(&str, &str)], n: u64) -> bool {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < deadline {
-        if w.metrics.count(name, labels) >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
+/// Waits until the worker has looked at a changed subscriptions file with `result` (`applied`,
+/// `refused`).
+async fn wait_reload(w: &RunningWorker, result: &str) -> bool {
+    wait_until(WAIT, async || {
+        w.metrics.count(
+            "hookrelay_subscription_reloads_total",
+            &[("result", result)],
+        ) >= 1
+    })
+    .await
 }
 
 #[tokio::test]
@@ -134,7 +106,7 @@ async fn changes_under_a_backlog_apply_at_the_next_attempt() {
     .unwrap();
     let second = common::ok_receiver(&s).await;
     let a = first.url("/");
-    let secrets = file_ref(&s);
+    let secrets = s.file_ref();
     let file = SubsFile::new(
         &[
             entry("sub_del", &a, &secrets, ""),
@@ -146,13 +118,9 @@ async fn changes_under_a_backlog_apply_at_the_next_attempt() {
     );
     let events = events_queue(&t).await;
     let worker = start(&t, &file).await;
-    let publisher = t.publisher().await;
     for sub in ["sub_del", "sub_dis", "sub_move", "sub_filter"] {
         let e = common::event(&format!("evt_{sub}"), "acme", sub);
-        publisher
-            .publish_event(&t.ladder.ingress(), &e, 1024)
-            .await
-            .unwrap();
+        t.publish(&e).await;
     }
     // Every first attempt fails; the four envelopes now wait in the 1 s tier.
     assert!(first.wait_until(WAIT, |r| r.request_count() == 4).await);
@@ -164,15 +132,7 @@ async fn changes_under_a_backlog_apply_at_the_next_attempt() {
         ]
         .concat(),
     );
-    assert!(
-        wait_metric(
-            &worker,
-            "hookrelay_subscription_reloads_total",
-            &[("result", "applied")],
-            1
-        )
-        .await
-    );
+    assert!(wait_reload(&worker, "applied").await);
 
     // The repointed one reaches the new URL on its second attempt, with the same id.
     assert!(second.wait_until(WAIT, |r| r.delivered_count() == 1).await);
@@ -218,7 +178,7 @@ async fn a_refused_file_keeps_the_last_good_version_and_sighup_reloads_at_once()
     let t = TestLadder::apply("reload", &["1s"], &["1s"]).await;
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
-    let secrets = file_ref(&s);
+    let secrets = s.file_ref();
     let good = entry("sub_a", &receiver.url("/one"), &secrets, "");
     let file = SubsFile::new(&good);
     let events = events_queue(&t).await;
@@ -239,15 +199,7 @@ async fn a_refused_file_keeps_the_last_good_version_and_sighup_reloads_at_once()
 
     file.write("[[subscription]]\nid = \"sub_a\"\nurl = 5\n");
     hup();
-    assert!(
-        wait_metric(
-            &worker,
-            "hookrelay_subscription_reloads_total",
-            &[("result", "refused")],
-            1
-        )
-        .await
-    );
+    assert!(wait_reload(&worker, "refused").await);
     let announced = take_events(&t, &events, 1).await;
     assert_eq!(announced[0].0, "subscriptions.reload_failed");
     assert!(
@@ -257,15 +209,7 @@ async fn a_refused_file_keeps_the_last_good_version_and_sighup_reloads_at_once()
     );
 
     // The last good version is still in force.
-    let publisher = t.publisher().await;
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_1", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&common::event("evt_1", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == 1)
@@ -275,23 +219,8 @@ async fn a_refused_file_keeps_the_last_good_version_and_sighup_reloads_at_once()
     // A valid change goes into force on SIGHUP.
     file.write(&entry("sub_a", &receiver.url("/two"), &secrets, ""));
     hup();
-    assert!(
-        wait_metric(
-            &worker,
-            "hookrelay_subscription_reloads_total",
-            &[("result", "applied")],
-            1
-        )
-        .await
-    );
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_2", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    assert!(wait_reload(&worker, "applied").await);
+    t.publish(&common::event("evt_2", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == 2)
@@ -309,18 +238,10 @@ async fn gone_stops_retries_and_is_announced() {
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(410))
         .await
         .unwrap();
-    let file = SubsFile::new(&entry("sub_a", &receiver.url("/"), &file_ref(&s), ""));
+    let file = SubsFile::new(&entry("sub_a", &receiver.url("/"), &s.file_ref(), ""));
     let events = events_queue(&t).await;
     let worker = start(&t, &file).await;
-    t.publisher()
-        .await
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_gone", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&common::event("evt_gone", "acme", "sub_a")).await;
     assert!(t.wait_dead(1, WAIT).await);
     let announced = take_events(&t, &events, 1).await;
     worker.stop().await;
@@ -341,7 +262,7 @@ async fn an_event_without_subscription_fans_out_with_derived_ids() {
     let t = TestLadder::apply("fanout", &["1s"], &["1s"]).await;
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
-    let secrets = file_ref(&s);
+    let secrets = s.file_ref();
     let text = [
         entry(
             "sub_a",
@@ -357,32 +278,24 @@ async fn an_event_without_subscription_fans_out_with_derived_ids() {
             "event_types = [\"invoice.*\"]",
         ),
         entry("sub_d", &receiver.url("/d"), &secrets, "enabled = false"),
-        "[[subscription]]\nid = \"sub_other\"\ntenant = \"globex\"\n".to_owned()
-            + &format!("url = \"{}\"\nsecrets = [{secrets}]\n", receiver.url("/x")),
+        subscription_toml("sub_other", "globex", &receiver.url("/x"), &secrets, ""),
     ]
     .concat();
     let file = SubsFile::new(&text);
     let events = events_queue(&t).await;
     let worker = start(&t, &file).await;
-    let publisher = Arc::new(t.publisher().await);
     let event = NewEvent {
         subscription: None,
         ..common::event("evt_fan", "acme", "unused")
     };
-    publisher
-        .publish_event(&t.ladder.ingress(), &event, 1024)
-        .await
-        .unwrap();
+    t.publish(&event).await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == 2)
             .await
     );
     // The same event again, as a redelivery would bring it: the same two ids, nothing new.
-    publisher
-        .publish_event(&t.ladder.ingress(), &event, 1024)
-        .await
-        .unwrap();
+    t.publish(&event).await;
     assert!(receiver.wait_until(WAIT, |r| r.request_count() == 4).await);
     // An event no subscription receives is cancelled as filtered.
     let lonely = NewEvent {
@@ -390,11 +303,9 @@ async fn an_event_without_subscription_fans_out_with_derived_ids() {
         event_type: "shipment.sent".into(),
         ..common::event("evt_lonely", "initech", "unused")
     };
-    publisher
-        .publish_event(&t.ladder.ingress(), &lonely, 1024)
-        .await
-        .unwrap();
+    t.publish(&lonely).await;
     let announced = take_events(&t, &events, 1).await;
+    // A deliberate pause: anything more the endpoint would wrongly get has time to arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.stop().await;
 
@@ -438,23 +349,15 @@ async fn rotating_secrets_while_an_envelope_waits_signs_with_old_and_new() {
     .await
     .unwrap();
     let url = receiver.url("/");
-    let file = SubsFile::new(&entry("sub_a", &url, &file_ref(&old), ""));
+    let file = SubsFile::new(&entry("sub_a", &url, &old.file_ref(), ""));
     let worker = start(&t, &file).await;
-    t.publisher()
-        .await
-        .publish_event(
-            &t.ladder.ingress(),
-            &common::event("evt_rot", "acme", "sub_a"),
-            1024,
-        )
-        .await
-        .unwrap();
+    t.publish(&common::event("evt_rot", "acme", "sub_a")).await;
     assert!(receiver.wait_until(WAIT, |r| r.request_count() == 1).await);
     // While it waits in the tier: the new secret first, the old one still valid.
     file.write(&entry(
         "sub_a",
         &url,
-        &format!("{}, {}", file_ref(&new), file_ref(&old)),
+        &format!("{}, {}", new.file_ref(), old.file_ref()),
         "",
     ));
     assert!(receiver.wait_until(WAIT, |r| r.request_count() == 2).await);
@@ -464,8 +367,8 @@ async fn rotating_secrets_while_an_envelope_waits_signs_with_old_and_new() {
         &url,
         &format!(
             "{}, {{ ref = {}, expires = \"2001-01-01T00:00:00Z\" }}",
-            file_ref(&new),
-            file_ref(&old)
+            new.file_ref(),
+            old.file_ref()
         ),
         "",
     ));
@@ -511,9 +414,7 @@ fn subscriptions_check_explains_each_problem() {
         "{stdout}"
     );
 
-    let bad = SubsFile::new(
-        "[[subscription]]\nid = \"a.b\"\ntenant = \"acme\"\nurl = \"gopher://x\"\nsecrets = [\"whsec_abc\"]\n",
-    );
+    let bad = SubsFile::new(&entry("a.b", "gopher://x", "\"whsec_abc\"", ""));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookrelay"))
         .args(["subscriptions", "check"])
         .arg(&bad.path)

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
-use futures_util::StreamExt;
+use common::{
+    Counters, RunningWorker, SubsFile, TestLadder, event, hookrelay, ladder_file, secret,
+    subscription, subscription_toml, wait_until, worker_process,
+};
 use hookrelay::contract::headers;
 use hookrelay::contract::headers::REASON_HEADER;
 use hookrelay::observe::events::AttemptRecord;
@@ -40,37 +42,35 @@ async fn the_worker_serves_metrics_health_and_readiness() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let addr = worker.vitals.unwrap();
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     let mut ready = 0;
-    for _ in 0..100 {
+    wait_until(Duration::from_secs(5), async || {
         ready = http_get(addr, "/readyz").await.0;
-        if ready == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ready == 200
+    })
+    .await;
     assert_eq!(ready, 200, "ready once consuming");
-    let publisher = t.publisher().await;
     for id in ["evt_ok", "evt_retry"] {
-        publisher
-            .publish_event(&t.ladder.ingress(), &event(id, "acme", "sub_a"), 1024)
-            .await
-            .unwrap();
+        t.publish(&event(id, "acme", "sub_a")).await;
     }
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == 2)
             .await
     );
-    // Wait for a poll of the management API, then read the exposition.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let (status, text) = http_get(addr, "/metrics").await;
+    // The queue gauges come from polls of the management API: wait until one has succeeded.
+    let tier_gauge = format!(
+        "hookrelay_queue_ready_messages{{queue=\"{}\",role=\"tier\"}}",
+        t.ladder.tier_queue(first_tier(&t.ladder))
+    );
+    let (mut status, mut text) = (0, String::new());
+    wait_until(WAIT, async || {
+        (status, text) = http_get(addr, "/metrics").await;
+        sample(&text, "hookrelay_broker_stats_up") == Some(1.0) && text.contains(&tier_gauge)
+    })
+    .await;
     assert_eq!(status, 200);
     let first = t.ladder.first_lane();
     let retry = t.ladder.retry_lane();
@@ -203,49 +203,21 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ladder = ladder_file(&t, &dir);
-    let subs = dir.path().join("subs.toml");
-    let reference = match &s.reference {
-        hookrelay::delivery::subscriptions::SecretRef::File(p) => p.display().to_string(),
-        other => panic!("{other:?}"),
-    };
-    std::fs::write(
-        &subs,
-        format!(
-            "[[subscription]]\nid = \"sub_a\"\ntenant = \"acme\"\nurl = \"{}\"\nsecrets = [\"file:{reference}\"]\n",
-            receiver.url("/")
-        ),
-    )
-    .unwrap();
+    let subs = SubsFile::new(&subscription_toml(
+        "sub_a",
+        "acme",
+        &receiver.url("/"),
+        &s.file_ref(),
+        "",
+    ));
     let name = format!("{} subprocess", t.ladder.prefix);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookrelay"))
-        .args(["worker", "--name", &name])
-        .env("HOOKRELAY_LADDER", &ladder)
-        .env("HOOKRELAY_SUBSCRIPTIONS", &subs)
-        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
-        .env("HOOKRELAY_METRICS_LISTEN", "")
+    let mut child = worker_process(&name, &ladder, &subs.path)
         .env("HOOKRELAY_WORKER_IN_FLIGHT", "70")
         .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "25s")
         .env("HOOKRELAY_LOG_LEVEL", "warn")
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let publisher = Arc::new(t.publisher().await);
-    let ingress = t.ladder.ingress();
-    futures_util::stream::iter(0..N)
-        .for_each_concurrent(100, |i| {
-            let publisher = Arc::clone(&publisher);
-            let ingress = ingress.clone();
-            async move {
-                publisher
-                    .publish_event(
-                        &ingress,
-                        &event(&format!("evt_{i:04}"), "acme", "sub_a"),
-                        1024,
-                    )
-                    .await
-                    .unwrap();
-            }
-        })
+    t.publish_all((0..N).map(|i| event(&format!("evt_{i:04}"), "acme", "sub_a")))
         .await;
     assert!(
         receiver
@@ -272,11 +244,7 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     );
 
     // Another worker delivers the rest: every envelope once, none twice.
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == N)
@@ -305,28 +273,14 @@ async fn a_held_tier_parks_what_expires_and_release_delivers_each_once() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("Held"), "{out}");
 
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     for i in 0..N {
-        publisher
-            .publish_event(
-                &t.ladder.ingress(),
-                &event(&format!("evt_{i:03}"), "acme", "sub_a"),
-                1024,
-            )
-            .await
-            .unwrap();
+        t.publish(&event(&format!("evt_{i:03}"), "acme", "sub_a"))
+            .await;
     }
     // Every first attempt fails; after the tier's second, everything is parked, nothing promoted.
     let parked = t.ladder.held_queue(first_tier(&t.ladder));
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while t.depth(&parked).await < N as u32 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(WAIT, async || t.depth(&parked).await >= N as u32).await;
     assert_eq!(t.depth(&parked).await, N as u32);
     assert_eq!(receiver.request_count(), N, "no second attempt while held");
     let (code, out, _) = hookrelay(&["tier", "status", "--json", "--ladder", ladder], &[]);
@@ -395,7 +349,6 @@ async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() 
     let mut subs = vec![subscription("sub_a", "acme", &receiver.url("/"), &s)];
     subs.push(subscription("sub_g", "globex", &receiver.url("/"), &s));
     let worker = RunningWorker::start(&t, subs.clone()).await;
-    let publisher = t.publisher().await;
     // One attempt per envelope (empty schedule): 500 is exhausted at once, 400 rejected.
     let sent = [
         ("evt_reject_1", "acme", "sub_a"),
@@ -405,10 +358,7 @@ async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() 
         ("evt_fail_2", "globex", "sub_g"),
     ];
     for (id, tenant, sub) in sent {
-        publisher
-            .publish_event(&t.ladder.ingress(), &event(id, tenant, sub), 1024)
-            .await
-            .unwrap();
+        t.publish(&event(id, tenant, sub)).await;
         // One at a time, so the sink's order is known.
         assert!(
             t.wait_dead(
@@ -440,6 +390,8 @@ async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() 
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("would move 2"), "{out}");
+    // The dry run hands back what it looked at with a nack the broker applies a moment later.
+    wait_until(WAIT, async || t.depth(&t.ladder.dead()).await >= 5).await;
     assert_eq!(
         t.depth(&t.ladder.dead()).await,
         5,
@@ -513,45 +465,16 @@ async fn the_attempt_log_records_every_outcome() {
     })
     .await
     .unwrap();
-    let channel = t.conn.create_channel().await.unwrap();
-    let records = Arc::new(std::sync::Mutex::new(Vec::<AttemptRecord>::new()));
-    let sink = Arc::clone(&records);
-    let exchange = t.ladder.attempts_exchange();
-    let tail = tokio::spawn(async move {
-        hookrelay::ops::tail::tail_attempts(&channel, &exchange, None, Some("acme"), |body| {
-            let mut r = sink.lock().unwrap();
-            r.push(serde_json::from_slice(body).unwrap());
-            r.len() < 5
-        })
-        .await
-        .unwrap();
-    });
-    // Give the tail a moment to declare and bind its queue.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
+    let tail = t.tail_attempts("acme", 5).await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     for id in ["evt_ok", "evt_retry", "evt_bad"] {
-        publisher
-            .publish_event(&t.ladder.ingress(), &event(id, "acme", "sub_a"), 1024)
-            .await
-            .unwrap();
+        t.publish(&event(id, "acme", "sub_a")).await;
     }
-    publisher
-        .publish_event(
-            &t.ladder.ingress(),
-            &event("evt_nosub", "acme", "sub_missing"),
-            1024,
-        )
-        .await
-        .unwrap();
-    tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
+    t.publish(&event("evt_nosub", "acme", "sub_missing")).await;
+    let records = tokio::time::timeout(WAIT, tail).await.unwrap().unwrap();
     worker.stop().await;
     let mut by_outcome: BTreeMap<String, Vec<AttemptRecord>> = BTreeMap::new();
-    for r in records.lock().unwrap().iter() {
+    for r in records.iter() {
         by_outcome
             .entry(r.outcome.clone())
             .or_default()
@@ -582,13 +505,7 @@ async fn the_attempt_log_records_every_outcome() {
         invalid.error.as_deref(),
         Some("unknown subscription \"sub_missing\"")
     );
-    assert!(
-        records
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|r| r.tenant.as_deref() == Some("acme"))
-    );
+    assert!(records.iter().all(|r| r.tenant.as_deref() == Some("acme")));
 }
 
 #[test]

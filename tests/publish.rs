@@ -5,23 +5,10 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{TestLadder, event};
+use common::{TestLadder, event, ladder_file};
 use hookrelay::broker::publish::PublishError;
 use hookrelay::contract::headers::SUBSCRIPTION_HEADER;
 use lapin::options::BasicGetOptions;
-
-fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let path = dir.path().join("ladder.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "prefix = \"{}\"\ntiers = [\"1s\"]\nschedule = [\"1s\"]\n",
-            t.ladder.prefix
-        ),
-    )
-    .unwrap();
-    path
-}
 
 /// Runs `hookrelay publish` with `args`, adding tenant, type and subscription where `args` has none.
 fn publish(ladder: &std::path::Path, args: &[&str]) -> Output {
@@ -159,10 +146,7 @@ async fn publishing_without_the_topology_fails_loudly_and_the_publisher_recovers
     assert!(matches!(err, PublishError::Unroutable { .. }), "{err}");
     assert!(err.to_string().contains("NO_ROUTE"), "{err}");
     // The same publisher still works afterwards (a fresh channel).
-    publisher
-        .publish_event(&t.ladder.ingress(), &e, 1024)
-        .await
-        .unwrap();
+    t.publish(&e).await;
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 1);
     // Invalid input never reaches the broker.
     let mut bad = e.clone();

@@ -6,7 +6,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RunningWorker, TestLadder, event, management, ok_receiver, secret, subscription};
+use common::{
+    Counters, RunningWorker, TestLadder, event, management, ok_receiver, secret, wait_until,
+};
 use futures_util::StreamExt;
 
 #[tokio::test]
@@ -14,17 +16,8 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     let t = TestLadder::apply("reconnect", &["300ms"], &["300ms"]).await;
     let s = secret();
     let receiver = ok_receiver(&s).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
-    let publisher = t.publisher().await;
-    let ingress = t.ladder.ingress();
-    publisher
-        .publish_event(&ingress, &event("evt_before", "acme", "sub_a"), 1024)
-        .await
-        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_before", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(Duration::from_secs(10), |r| r.delivered_count() == 1)
@@ -35,36 +28,27 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     let api = management(&t.config);
     let consume = format!("{} consume", worker.name);
     let publish = format!("{} publish", worker.name);
+    // The management API lists a connection a moment after it opens.
     let mut closed = 0;
-    for _ in 0..50 {
+    wait_until(Duration::from_secs(5), async || {
         closed = api.close_connections_named(&consume).await.unwrap()
             + api.close_connections_named(&publish).await.unwrap();
-        if closed == 2 {
-            break;
-        }
-        // The management API lists a connection a moment after it opens.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        closed == 2
+    })
+    .await;
     assert_eq!(closed, 2, "both worker connections were found and closed");
 
-    publisher
-        .publish_event(&ingress, &event("evt_after", "acme", "sub_a"), 1024)
-        .await
-        .unwrap();
+    t.publish(&event("evt_after", "acme", "sub_a")).await;
     assert!(
         receiver
             .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 2)
             .await
     );
     // The consumer came back under the same name (the API lists it within a few seconds).
-    let mut back = false;
-    for _ in 0..100 {
-        if api.connections_named(&consume).await.unwrap() >= 1 {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let back = wait_until(Duration::from_secs(10), async || {
+        common::connections_named(&api, &consume).await >= 1
+    })
+    .await;
     assert!(back, "the worker's consume connection is back");
     assert!(worker.metrics.count("hookrelay_reconnects_total", &[]) >= 1);
     worker.stop().await;
@@ -77,11 +61,7 @@ async fn ten_thousand_events_are_delivered_once_each() {
     let t = TestLadder::apply("volume", &["1s"], &["1s"]).await;
     let s = secret();
     let receiver = ok_receiver(&s).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let publisher = Arc::new(t.publisher().await);
     let ingress = t.ladder.ingress();
     let failures = futures_util::stream::iter(0..N)

@@ -96,15 +96,7 @@ async fn plan_names_each_difference() {
 
     // The command line says the same and exits 3.
     let dir = tempfile::tempdir().unwrap();
-    let ladder_file = dir.path().join("ladder.toml");
-    std::fs::write(
-        &ladder_file,
-        format!(
-            "prefix = \"{}\"\ntiers = [\"1s\", \"5s\"]\nschedule = [\"1s\", \"5s\"]\n",
-            t.ladder.prefix
-        ),
-    )
-    .unwrap();
+    let ladder_file = common::ladder_file(&t, &dir);
     let out = Command::new(env!("CARGO_BIN_EXE_hookrelay"))
         .args(["topology", "plan", "--ladder"])
         .arg(&ladder_file)

@@ -245,17 +245,6 @@ impl Management {
         }
         Ok(closed)
     }
-
-    /// The connections whose client-given name is `name` (they appear a moment after connecting).
-    pub async fn connections_named(&self, name: &str) -> Result<usize, ManagementError> {
-        let conns = self.get(&["connections"]).await?;
-        Ok(conns
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["client_properties"]["connection_name"].as_str() == Some(name))
-            .count())
-    }
 }
 
 fn percent_decode(s: &str) -> String {

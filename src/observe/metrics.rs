@@ -302,22 +302,4 @@ impl Metrics {
             .encode_to_string(&self.registry.gather())
             .unwrap_or_default()
     }
-
-    /// The sum of a counter over every label set whose labels include `matching`.
-    pub fn count(&self, name: &str, matching: &[(&str, &str)]) -> u64 {
-        self.registry
-            .gather()
-            .iter()
-            .filter(|f| f.name() == name)
-            .flat_map(|f| f.get_metric().iter())
-            .filter(|m| {
-                matching.iter().all(|(k, v)| {
-                    m.get_label()
-                        .iter()
-                        .any(|l| l.name() == *k && l.value() == *v)
-                })
-            })
-            .map(|m| m.get_counter().value() as u64)
-            .sum()
-    }
 }

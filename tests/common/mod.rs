@@ -1,13 +1,27 @@
 //! Shared by the integration tests: every test owns a ladder under a unique prefix on the real
-//! broker, and removes it when done (also when it panics).
+//! broker, and removes it when done (also when it panics). Here too: publishing to it, workers
+//! in-process or as processes of their own with the files they run from, and waiting on events
+//! (`wait_until`, from `hookrelay_tools::kit`, which the demo and the bench share).
+//!
+//! - [`hostile`]: the table of messages that break the contract.
+//! - [`egress`]: a permissive egress policy and a resolver with fixed answers.
+//! - [`node`]: RabbitMQ nodes of a test's own, for the fault suite.
 
 #![allow(dead_code)]
 
+pub mod egress;
+pub mod hostile;
 pub mod node;
 
+// Not every test binary uses each of these.
+#[allow(unused_imports)]
+pub use hookrelay_tools::kit::{self, Counters, subscription_toml, wait_until};
+
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use hookrelay::broker::management::Management;
 use hookrelay::broker::publish::Publisher;
 use hookrelay::config::{Config, ProcessEnv};
@@ -18,10 +32,12 @@ use hookrelay::delivery::subscriptions::{
     LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,
 };
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
+use hookrelay::observe::events::AttemptRecord;
 use hookrelay::observe::metrics::Metrics;
 use hookrelay_tools::receiver::Receiver;
 use lapin::message::BasicGetMessage;
-use lapin::options::BasicGetOptions;
+use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::task::JoinHandle;
 
@@ -66,6 +82,17 @@ pub fn management(config: &Config) -> Management {
     Management::new(&config.management.url, "/").expect("management client")
 }
 
+/// The connections whose client-given name is `name` (they appear a moment after connecting).
+pub async fn connections_named(api: &Management, name: &str) -> usize {
+    let conns = api.get(&["connections"]).await.unwrap();
+    conns
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["client_properties"]["connection_name"].as_str() == Some(name))
+        .count()
+}
+
 pub async fn connect(config: &Config) -> Connection {
     Connection::connect(
         config.amqp.url.expose(),
@@ -85,6 +112,8 @@ pub struct TestLadder {
     owned: bool,
     /// Queues a test declared beside the ladder (accounting), removed with it.
     extra_queues: std::sync::Mutex<Vec<String>>,
+    /// What [`TestLadder::publish`] publishes with, connected at its first use.
+    shared_publisher: tokio::sync::OnceCell<Publisher>,
 }
 
 impl TestLadder {
@@ -121,6 +150,7 @@ impl TestLadder {
             channel,
             owned: true,
             extra_queues: Default::default(),
+            shared_publisher: Default::default(),
         }
     }
 
@@ -136,6 +166,7 @@ impl TestLadder {
             channel,
             owned: false,
             extra_queues: Default::default(),
+            shared_publisher: Default::default(),
         }
     }
 
@@ -166,14 +197,24 @@ impl TestLadder {
 
     /// Waits until the dead sink holds at least `n` messages.
     pub async fn wait_dead(&self, n: u32, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while tokio::time::Instant::now() < deadline {
-            if self.depth(&self.ladder.dead()).await >= n {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+        wait_until(timeout, async || self.depth(&self.ladder.dead()).await >= n).await
+    }
+
+    /// Waits until `exchange` has a binding with `routing_key`: a consumer that binds its own
+    /// queue (an attempt-log tail) receives what is published from then on.
+    pub async fn wait_bound(&self, exchange: &str, routing_key: &str) -> bool {
+        let api = management(&self.config);
+        wait_until(Duration::from_secs(10), async || {
+            api.get(&["exchanges", "/", exchange, "bindings", "source"])
+                .await
+                .is_ok_and(|bindings| {
+                    bindings.as_array().is_some_and(|b| {
+                        b.iter()
+                            .any(|binding| binding["routing_key"] == routing_key)
+                    })
+                })
+        })
+        .await
     }
 
     /// Removes `queue` (declared by the test beside the ladder) when this is dropped.
@@ -182,6 +223,87 @@ impl TestLadder {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(queue.to_owned());
+    }
+
+    /// Publishes `event` to the ladder's ingress and waits for the broker's confirm.
+    pub async fn publish(&self, event: &NewEvent) {
+        self.shared_publisher
+            .get_or_init(|| self.publisher())
+            .await
+            .publish_event(&self.ladder.ingress(), event, 1024)
+            .await
+            .unwrap();
+    }
+
+    /// Publishes `events` as [`TestLadder::publish`] does, up to 100 at once.
+    pub async fn publish_all(&self, events: impl IntoIterator<Item = NewEvent>) {
+        futures_util::stream::iter(events)
+            .for_each_concurrent(100, |e| async move { self.publish(&e).await })
+            .await;
+    }
+
+    /// Starts taking the first `n` attempt-log records of `tenant`, and returns once the tail's
+    /// queue is bound: it sees everything published from then on. The task yields the records.
+    pub async fn tail_attempts(&self, tenant: &str, n: usize) -> JoinHandle<Vec<AttemptRecord>> {
+        let channel = self.conn.create_channel().await.unwrap();
+        let exchange = self.ladder.attempts_exchange();
+        let of_tenant = tenant.to_owned();
+        let tail = tokio::spawn(async move {
+            let mut records = Vec::new();
+            hookrelay::ops::tail::tail_attempts(
+                &channel,
+                &exchange,
+                None,
+                Some(&of_tenant),
+                |body| {
+                    records.push(serde_json::from_slice(body).unwrap());
+                    records.len() < n
+                },
+            )
+            .await
+            .unwrap();
+            records
+        });
+        assert!(
+            self.wait_bound(&self.ladder.attempts_exchange(), &format!("*.{tenant}"))
+                .await
+        );
+        tail
+    }
+
+    /// A queue keeping the attempt log's records whose routing key (`<outcome>.<tenant>`)
+    /// matches `routing_key`, declared beside the ladder and removed with it. Quorum, so it
+    /// survives the loss of a cluster node as the ladder does.
+    pub async fn attempt_log_queue(&self, name: &str, routing_key: &str) -> String {
+        let name = format!("{}.accounting.{name}", self.ladder.prefix);
+        self.owns_queue(&name);
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        );
+        self.channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            )
+            .await
+            .unwrap();
+        self.channel
+            .queue_bind(
+                name.as_str().into(),
+                self.ladder.attempts_exchange().as_str().into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        name
     }
 
     pub async fn publisher(&self) -> Publisher {
@@ -239,6 +361,16 @@ pub struct Secret {
     _dir: Arc<tempfile::TempDir>,
 }
 
+impl Secret {
+    /// The reference as a subscriptions file writes it, quoted.
+    pub fn file_ref(&self) -> String {
+        match &self.reference {
+            SecretRef::File(path) => kit::file_secret(path),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 pub fn secret() -> Secret {
     let dir = tempfile::tempdir().unwrap();
     let whsec = generate_secret();
@@ -279,6 +411,15 @@ pub struct RunningWorker {
 impl RunningWorker {
     pub async fn start(t: &TestLadder, subscriptions: Vec<Subscription>) -> Self {
         Self::start_with(t, t.config.clone(), subscriptions).await
+    }
+
+    /// A worker with one subscription, `sub_a` of tenant `acme`, to `receiver`'s `/`.
+    pub async fn start_for_receiver(t: &TestLadder, receiver: &Receiver, secret: &Secret) -> Self {
+        Self::start(
+            t,
+            vec![subscription("sub_a", "acme", &receiver.url("/"), secret)],
+        )
+        .await
     }
 
     pub async fn start_with(
@@ -322,39 +463,63 @@ impl RunningWorker {
     }
 }
 
+/// Checks `done` every `poll` until it holds or `timeout` passes, blocking the thread (for
+/// `rabbitmqctl` and the like); returns whether it held.
+pub fn wait_until_blocking(
+    timeout: Duration,
+    poll: Duration,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// A ladder file for the command line, naming the test's prefix and tiers.
-pub fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBuf {
+pub fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> PathBuf {
     let path = dir.path().join("ladder.toml");
-    let list = |v: Vec<String>| {
-        v.iter()
-            .map(|d| format!("\"{d}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let tiers = t
-        .ladder
-        .tiers
-        .iter()
-        .map(|tier| hookrelay::config::fmt_duration(tier.delay))
-        .collect();
-    let schedule = t
-        .ladder
-        .schedule
-        .iter()
-        .map(|&i| hookrelay::config::fmt_duration(t.ladder.tier(i).delay))
-        .collect();
-    std::fs::write(
-        &path,
-        format!(
-            "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [{}]\nschedule = [{}]\n",
-            t.ladder.prefix,
-            t.ladder.queue_type.as_str(),
-            list(tiers),
-            list(schedule)
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, kit::ladder_toml(&t.ladder)).unwrap();
     path
+}
+
+/// A subscriptions file in a directory of its own, which a test may rewrite while a worker
+/// reads it.
+pub struct SubsFile {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SubsFile {
+    pub fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("subscriptions.toml");
+        std::fs::write(&path, text).unwrap();
+        Self { path, _dir: dir }
+    }
+
+    pub fn write(&self, text: &str) {
+        // Write-then-rename, as editors and config managers do.
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+    }
+}
+
+/// `hookrelay worker` as a process of its own (see `kit::worker_command`).
+pub fn worker_process(name: &str, ladder: &Path, subscriptions: &Path) -> tokio::process::Command {
+    kit::worker_command(
+        Path::new(env!("CARGO_BIN_EXE_hookrelay")),
+        name,
+        ladder,
+        subscriptions,
+    )
 }
 
 /// Runs the hookrelay binary with `args`; (exit code, stdout, stderr).

@@ -8,9 +8,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hookrelay::config::{Config, SecretUrl};
+
+use super::wait_until_blocking;
 
 const CONF: &str = include_str!("../../rabbitmq/rabbitmq.conf");
 const ADVANCED: &str = include_str!("../../rabbitmq/advanced.config");
@@ -119,41 +121,40 @@ impl Node {
             self.name
         );
         // `await_startup` needs the node to be reachable; right after `-detached` it may not be.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let out = self.ctl(&["await_startup", "--timeout", "60"]);
-            if out.status.success() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not start: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        let mut stderr = Vec::new();
+        let started =
+            wait_until_blocking(Duration::from_secs(120), Duration::from_millis(500), || {
+                let out = self.ctl(&["await_startup", "--timeout", "60"]);
+                stderr = out.stderr;
+                out.status.success()
+            });
+        assert!(
+            started,
+            "{} did not start: {}",
+            self.name,
+            String::from_utf8_lossy(&stderr)
+        );
         self.wait_management();
     }
 
     fn wait_management(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            let ok = Command::new("curl")
-                .args([
-                    "-fsS",
-                    "-o",
-                    "/dev/null",
-                    &format!("{}/api/overview", self.mgmt_url()),
-                ])
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("the management API of {} did not answer", self.name);
+        let answers =
+            wait_until_blocking(Duration::from_secs(60), Duration::from_millis(200), || {
+                Command::new("curl")
+                    .args([
+                        "-fsS",
+                        "-o",
+                        "/dev/null",
+                        &format!("{}/api/overview", self.mgmt_url()),
+                    ])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+        assert!(
+            answers,
+            "the management API of {} did not answer",
+            self.name
+        );
     }
 
     /// `rabbitmqctl -n <node> <args>`.

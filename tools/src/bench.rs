@@ -12,7 +12,7 @@
 //! Both consumers start on a backlog of N messages published beforehand, and deliveries per
 //! second are counted at the sink from the first delivery to the last.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +35,10 @@ use hookrelay::contract::envelope::{NewEvent, now_ms};
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
+
+use crate::kit::{
+    Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -85,31 +89,6 @@ impl Default for BenchOptions {
             isolation_events: 2_000,
             throughput_only: false,
             keep_attempt_log: false,
-        }
-    }
-}
-
-/// Percentiles of a set of durations, in milliseconds.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Percentiles {
-    pub count: usize,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-}
-
-impl Percentiles {
-    pub fn of(mut ms: Vec<f64>) -> Self {
-        if ms.is_empty() {
-            return Self::default();
-        }
-        ms.sort_by(f64::total_cmp);
-        let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
-        Self {
-            count: ms.len(),
-            p50_ms: at(0.50),
-            p99_ms: at(0.99),
-            max_ms: ms[ms.len() - 1],
         }
     }
 }
@@ -276,18 +255,14 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
 }
 
 async fn wait_count(sink: &Sink, n: u64, timeout: Duration) -> Result<(), BenchError> {
-    let deadline = Instant::now() + timeout;
-    while sink.count.load(Ordering::SeqCst) < n {
-        if Instant::now() > deadline {
-            return Err(BenchError::Other(format!(
-                "only {} of {n} deliveries arrived within {}s",
-                sink.count.load(Ordering::SeqCst),
-                timeout.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if wait_until(timeout, async || sink.count.load(Ordering::SeqCst) >= n).await {
+        return Ok(());
     }
-    Ok(())
+    Err(BenchError::Other(format!(
+        "only {} of {n} deliveries arrived within {}s",
+        sink.count.load(Ordering::SeqCst),
+        timeout.as_secs()
+    )))
 }
 
 fn say(line: &str) {
@@ -518,7 +493,7 @@ struct WorkerProcess {
 }
 
 async fn start_worker(
-    exe: &PathBuf,
+    exe: &Path,
     config: &Config,
     ladder: &Ladder,
     prefetch: u16,
@@ -527,14 +502,7 @@ async fn start_worker(
     let guard = tempfile::tempdir()?;
     let dir = guard.path();
     let ladder_file = dir.join("ladder.toml");
-    std::fs::write(
-        &ladder_file,
-        format!(
-            "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [\"1s\", \"10s\"]\nschedule = [\"1s\", \"10s\"]\n",
-            ladder.prefix,
-            ladder.queue_type.as_str()
-        ),
-    )?;
+    std::fs::write(&ladder_file, ladder_toml(ladder))?;
     let subs_file = dir.join("subscriptions.toml");
     std::fs::write(&subs_file, subscriptions)?;
     // The first-attempt lane gets `prefetch`; the retry lane its usual share on top.
@@ -543,35 +511,31 @@ async fn start_worker(
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let child = tokio::process::Command::new(exe)
-        .args(["worker", "--name", &format!("{} worker", ladder.prefix)])
-        .env("HOOKRELAY_LADDER", &ladder_file)
-        .env("HOOKRELAY_SUBSCRIPTIONS", &subs_file)
-        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
-        .env("HOOKRELAY_WORKER_IN_FLIGHT", in_flight.to_string())
-        .env(
-            "HOOKRELAY_METRICS_LISTEN",
-            format!("127.0.0.1:{metrics_port}"),
-        )
-        .env("HOOKRELAY_LOG_LEVEL", "error")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let child = worker_command(
+        exe,
+        &format!("{} worker", ladder.prefix),
+        &ladder_file,
+        &subs_file,
+    )
+    .env("HOOKRELAY_WORKER_IN_FLIGHT", in_flight.to_string())
+    .env(
+        "HOOKRELAY_METRICS_LISTEN",
+        format!("127.0.0.1:{metrics_port}"),
+    )
+    .stdout(Stdio::null())
+    .spawn()?;
     Ok(WorkerProcess { child, _dir: guard })
 }
 
 fn subscription_entry(id: &str, url: &str, secret_file: &std::path::Path) -> String {
-    format!(
-        "[[subscription]]\nid = \"{id}\"\ntenant = \"bench\"\nurl = \"{url}\"\nsecrets = [\"file:{}\"]\n",
-        secret_file.display()
-    )
+    subscription_toml(id, "bench", url, &file_secret(secret_file), "")
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn run_hookrelay(
     config: &Config,
     options: &BenchOptions,
-    exe: &PathBuf,
+    exe: &Path,
     ladder: &Ladder,
     publisher: &Arc<Publisher>,
     channel: &lapin::Channel,
@@ -607,16 +571,10 @@ async fn run_hookrelay(
         "publishing {} events through {ingress}",
         options.events
     ));
-    let pub_event = |i: usize| {
-        let e = event(i, format!("evt_{i}"), "bench_fast");
-        (
-            ingress.clone(),
-            e.tenant.clone(),
-            e.body.clone(),
-            e.properties(),
-        )
-    };
-    publish_many(publisher, options.events, pub_event).await?;
+    publish_many(publisher, options.events, |i| {
+        to_ingress(&ingress, event(i, format!("evt_{i}"), "bench_fast"))
+    })
+    .await?;
     sink.reset();
     let mut worker = start_worker(exe, config, ladder, options.prefetch, &subscriptions).await?;
     let pid = worker.child.id();
@@ -639,31 +597,14 @@ async fn run_hookrelay(
     }
 
     // Latency at a steady rate below the ceiling.
-    sink.reset();
-    sink.record.store(true, Ordering::SeqCst);
-    publish_paced(
+    report.latency = timed_deliveries(
         publisher,
+        sink,
         options.latency_events,
         options.latency_rate,
-        |i| {
-            let e = event(i, format!("lat_{i}"), "bench_fast");
-            (
-                ingress.clone(),
-                e.tenant.clone(),
-                e.body.clone(),
-                e.properties(),
-            )
-        },
+        |i| to_ingress(&ingress, event(i, format!("lat_{i}"), "bench_fast")),
     )
     .await?;
-    wait_count(
-        sink,
-        options.latency_events as u64,
-        Duration::from_secs(120),
-    )
-    .await?;
-    sink.record.store(false, Ordering::SeqCst);
-    report.latency = Percentiles::of(sink.take_latencies());
 
     // Promotion precision, on a ladder of its own, before the isolation run loads the broker.
     let precision = Ladder::build(
@@ -706,25 +647,34 @@ async fn fresh_first_attempts(
     ingress: &str,
     event: &impl Fn(usize, String, &str) -> NewEvent,
 ) -> Result<Percentiles, BenchError> {
-    sink.reset();
-    sink.record.store(true, Ordering::SeqCst);
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    publish_paced(publisher, options.isolation_events, 500, |i| {
-        let e = event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast");
-        (
-            ingress.to_owned(),
-            e.tenant.clone(),
-            e.body.clone(),
-            e.properties(),
+    timed_deliveries(publisher, sink, options.isolation_events, 500, |i| {
+        to_ingress(
+            ingress,
+            event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast"),
         )
     })
-    .await?;
-    wait_count(
-        sink,
-        options.isolation_events as u64,
-        Duration::from_secs(120),
-    )
-    .await?;
+    .await
+}
+
+/// An event as `publish_many` and `publish_paced` take it: through the ingress exchange.
+fn to_ingress(ingress: &str, e: NewEvent) -> (String, String, Vec<u8>, BasicProperties) {
+    let properties = e.properties();
+    (ingress.to_owned(), e.tenant, e.body, properties)
+}
+
+/// Publishes `n` messages at `rate` per second and measures publish to arrival at `sink`.
+async fn timed_deliveries(
+    publisher: &Arc<Publisher>,
+    sink: &Sink,
+    n: usize,
+    rate: u32,
+    make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
+) -> Result<Percentiles, BenchError> {
+    sink.reset();
+    sink.record.store(true, Ordering::SeqCst);
+    publish_paced(publisher, n, rate, make).await?;
+    wait_count(sink, n as u64, Duration::from_secs(120)).await?;
     sink.record.store(false, Ordering::SeqCst);
     Ok(Percentiles::of(sink.take_latencies()))
 }

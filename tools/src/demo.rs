@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicGetOptions;
 use lapin::{Connection, ConnectionProperties};
 
+use crate::kit::{Counters, Percentiles, wait_until};
 use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
@@ -23,6 +23,7 @@ use hookrelay::delivery::subscriptions::{
     EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
 };
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
+use hookrelay::ops::mover::depth;
 use hookrelay::ops::progress::Progress;
 
 #[derive(Debug, thiserror::Error)]
@@ -234,22 +235,12 @@ async fn run_inside(
     publisher.close().await;
 
     let dead_count = || async {
-        channel
-            .queue_declare(
-                ladder.dead().as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
+        depth(channel, &ladder.dead())
             .await
-            .map(|q| q.message_count() as usize)
-            .unwrap_or(0)
+            .map_or(0, |n| n as usize)
     };
     let progress = Progress::new(published as u64, "finished");
-    let deadline = Instant::now() + options.deadline;
-    loop {
+    wait_until(options.deadline, async || {
         let delivered = receiver.delivered_count();
         let dead = dead_count().await;
         progress.set(
@@ -259,11 +250,9 @@ async fn run_inside(
                 metrics.count("hookrelay_retries_total", &[])
             ),
         );
-        if delivered + dead >= published || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        delivered + dead >= published
+    })
+    .await;
     progress.finish();
 
     let _ = stop.send(());
@@ -286,7 +275,7 @@ async fn run_inside(
         *dead_by_reason.entry(reason).or_insert(0) += 1;
     }
 
-    let mut latencies: Vec<u64> = Vec::new();
+    let mut latencies: Vec<f64> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut unverified = 0;
     for r in receiver.records() {
@@ -298,18 +287,11 @@ async fn run_inside(
                 .ok()
                 .and_then(|v| v["sent_at_ms"].as_u64());
             if let Some(sent) = sent {
-                latencies.push(r.received_at_ms.saturating_sub(sent));
+                latencies.push(r.received_at_ms.saturating_sub(sent) as f64);
             }
         }
     }
-    latencies.sort_unstable();
-    let pct = |p: f64| -> u64 {
-        if latencies.is_empty() {
-            return 0;
-        }
-        let idx = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies[idx]
-    };
+    let latency = Percentiles::of(latencies);
     let retried_by_tier = ladder
         .tiers
         .iter()
@@ -330,8 +312,8 @@ async fn run_inside(
         dead_by_reason,
         duplicates: receiver.duplicates(),
         unverified,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
+        p50_ms: latency.p50_ms as u64,
+        p99_ms: latency.p99_ms as u64,
         elapsed: Duration::ZERO,
         unfinished: published.saturating_sub(delivered + dead),
     })

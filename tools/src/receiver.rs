@@ -167,16 +167,7 @@ impl Receiver {
 
     /// Polls until `done` holds or `timeout` passes; returns whether it held.
     pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&Self) -> bool) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if done(self) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        crate::kit::wait_until(timeout, async || done(self)).await
     }
 }
 

@@ -1,0 +1,259 @@
+//! Messages that break the contract, as a client that is not ours could publish them: one table
+//! for the test that reads each one's reason (`tests/invalid.rs`) and for the fault suite's flood
+//! (`tests/faults/hostile.rs`). Each must end in the dead sink as `invalid`, with its error.
+
+use hookrelay::contract::headers::{
+    ATTEMPTS_HEADER, DUE_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
+};
+use hookrelay::contract::ladder::Ladder;
+use hookrelay::delivery::subscriptions::{EventFilter, Subscription};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+
+use hookrelay_tools::receiver::Receiver;
+
+use super::{RunningWorker, Secret, TestLadder, subscription};
+
+/// The body limit the worker runs with for the table (one message is over it).
+pub const MAX_BODY: usize = 1024;
+/// The tenant the table publishes as.
+pub const TENANT: &str = "acme";
+/// The tenant's subscription (event types `order.*`), for the table and for good traffic.
+pub const SUBSCRIPTION: &str = "sub_orders";
+/// A subscription of another tenant.
+pub const OTHER_TENANTS: &str = "sub_other";
+
+/// The subscriptions the table is written against, both to `url`.
+pub fn subscriptions(url: &str, secret: &Secret) -> Vec<Subscription> {
+    let mut orders = subscription(SUBSCRIPTION, TENANT, url, secret);
+    orders.event_types = Some(vec![EventFilter::Prefix("order.".into())]);
+    vec![orders, subscription(OTHER_TENANTS, "globex", url, secret)]
+}
+
+/// A worker set up for the table: its body limit and its subscriptions, to `receiver`.
+pub async fn start_worker(t: &TestLadder, receiver: &Receiver, secret: &Secret) -> RunningWorker {
+    let mut config = t.config.clone();
+    config.limits.max_body_bytes = MAX_BODY;
+    RunningWorker::start_with(t, config, subscriptions(&receiver.url("/"), secret)).await
+}
+
+/// One hostile message, ready to publish.
+pub struct Hostile {
+    pub label: &'static str,
+    /// Its `message_id`, when it has one.
+    pub id: Option<String>,
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub properties: BasicProperties,
+    /// What the dead letter's last error contains.
+    pub error: String,
+}
+
+/// What varies from one hostile message to the next; [`table`] starts each from a good one.
+struct Draft {
+    id: Option<String>,
+    kind: Option<&'static str>,
+    headers: Vec<(&'static str, AMQPValue)>,
+    /// Exchange and routing key.
+    target: (String, String),
+    body: Vec<u8>,
+}
+
+/// Every kind of hostile message, each with an id made from `id` (a valid envelope id), aimed
+/// at `ladder`.
+pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    let bad_header = |header: &str, expected: &str| format!("header {header} must be {expected}");
+    // Through the default exchange, straight onto a queue: the routing key is the queue's name.
+    let onto = |queue: String| (String::new(), queue);
+    // A good message of the tenant's subscription, with an id naming its kind.
+    let good = |label: &str| Draft {
+        id: Some(format!("{id}_{label}")),
+        kind: Some("order.paid"),
+        headers: vec![],
+        target: (ladder.ingress(), TENANT.to_owned()),
+        body: br#"{"ok":true}"#.to_vec(),
+    };
+    let padded = |label: &str, len: usize| {
+        Some(format!("{id}_{label}_{}", "x".repeat(len))[..len].to_owned())
+    };
+    let cases: Vec<(&'static str, Draft, String)> = vec![
+        (
+            "no_id",
+            Draft {
+                id: None,
+                ..good("no_id")
+            },
+            "message_id is missing".into(),
+        ),
+        (
+            "dotted_id",
+            Draft {
+                id: Some(format!("{id}.dotted")),
+                ..good("dotted_id")
+            },
+            "is not an envelope id".into(),
+        ),
+        (
+            "long_id",
+            Draft {
+                id: padded("long_id", 129),
+                ..good("long_id")
+            },
+            "is not an envelope id".into(),
+        ),
+        (
+            "longest_id",
+            Draft {
+                id: padded("longest_id", 255),
+                ..good("longest_id")
+            },
+            "is not an envelope id".into(),
+        ),
+        (
+            "no_type",
+            Draft {
+                kind: None,
+                ..good("no_type")
+            },
+            "type (the event type) is missing".into(),
+        ),
+        (
+            "integer_subscription",
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, AMQPValue::LongLongInt(7))],
+                ..good("integer_subscription")
+            },
+            bad_header(SUBSCRIPTION_HEADER, "a string"),
+        ),
+        (
+            "array_subscription",
+            Draft {
+                headers: vec![(
+                    SUBSCRIPTION_HEADER,
+                    AMQPValue::FieldArray(vec![AMQPValue::Boolean(true)].into()),
+                )],
+                ..good("array_subscription")
+            },
+            bad_header(SUBSCRIPTION_HEADER, "a string"),
+        ),
+        (
+            "unknown_subscription",
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, text("sub_nope"))],
+                ..good("unknown_subscription")
+            },
+            "unknown subscription \"sub_nope\"".into(),
+        ),
+        (
+            "other_tenant",
+            Draft {
+                headers: vec![(SUBSCRIPTION_HEADER, text(OTHER_TENANTS))],
+                ..good("other_tenant")
+            },
+            "belongs to tenant \"globex\"".into(),
+        ),
+        (
+            "not_json",
+            Draft {
+                body: b"{oops".to_vec(),
+                ..good("not_json")
+            },
+            "body is not JSON".into(),
+        ),
+        (
+            "not_utf8",
+            Draft {
+                body: vec![0xff, 0xfe, 0x00],
+                ..good("not_utf8")
+            },
+            "body is not JSON".into(),
+        ),
+        (
+            "too_big",
+            Draft {
+                body: format!("\"{}\"", "a".repeat(2 * MAX_BODY)).into_bytes(),
+                ..good("too_big")
+            },
+            format!("over the {MAX_BODY}-byte limit"),
+        ),
+        (
+            "absurd_attempts",
+            Draft {
+                headers: vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(1 << 40))],
+                ..good("absurd_attempts")
+            },
+            bad_header(ATTEMPTS_HEADER, "an attempt count hookrelay wrote"),
+        ),
+        (
+            "forged_tenant",
+            Draft {
+                headers: vec![
+                    (TENANT_HEADER, AMQPValue::LongLongInt(7)),
+                    (REASON_HEADER, text("forged")),
+                ],
+                ..good("forged_tenant")
+            },
+            bad_header(TENANT_HEADER, "a string"),
+        ),
+        (
+            "onto_the_lane",
+            Draft {
+                target: onto(ladder.first_lane()),
+                ..good("onto_the_lane")
+            },
+            "is not a tenant id".into(),
+        ),
+        (
+            "forged_retry",
+            Draft {
+                headers: vec![(ATTEMPTS_HEADER, AMQPValue::LongLongInt(i64::MAX))],
+                target: onto(ladder.retry_lane()),
+                ..good("forged_retry")
+            },
+            "is not a tenant id".into(),
+        ),
+        (
+            "forged_due",
+            Draft {
+                headers: vec![
+                    (DUE_HEADER, text("yesterday")),
+                    ("x-death", text("forged")),
+                    (TENANT_HEADER, text(TENANT)),
+                ],
+                target: onto(ladder.retry_lane()),
+                ..good("forged_due")
+            },
+            bad_header(DUE_HEADER, "an integer"),
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(label, draft, error)| {
+            let mut headers = FieldTable::default();
+            headers.insert(SUBSCRIPTION_HEADER.into(), text(SUBSCRIPTION));
+            for (name, value) in draft.headers {
+                headers.insert(name.into(), value);
+            }
+            let mut properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_headers(headers);
+            if let Some(id) = &draft.id {
+                properties = properties.with_message_id(id.as_str().into());
+            }
+            if let Some(kind) = draft.kind {
+                properties = properties.with_type(kind.into());
+            }
+            Hostile {
+                label,
+                id: draft.id,
+                exchange: draft.target.0,
+                routing_key: draft.target.1,
+                body: draft.body,
+                properties,
+                error,
+            }
+        })
+        .collect()
+}

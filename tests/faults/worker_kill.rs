@@ -1,0 +1,37 @@
+//! The worker process is killed mid-load and started again.
+
+use crate::common;
+use crate::harness::{N, Scenario};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_load_loses_nothing() {
+    // The worker is a process of its own, killed with SIGKILL; the shared broker is untouched.
+    let sc = Scenario::setup(common::config(), "kill").await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = common::ladder_file(&sc.t, &dir);
+    let subs = sc.subscriptions_file();
+    const IN_FLIGHT: &str = "200";
+    let name = format!("{} worker", sc.t.ladder.prefix);
+    let spawn = || {
+        common::worker_process(&name, &ladder, &subs.path)
+            .env("HOOKRELAY_WORKER_IN_FLIGHT", IN_FLIGHT)
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn();
+    let load = sc.start_load();
+    sc.wait_delivered(N / 3).await;
+    first.start_kill().unwrap();
+    let _ = first.wait().await;
+    let mut second = spawn();
+    let published = load.await.unwrap();
+    let a = sc.account(&sc.t, &published).await;
+    second.start_kill().unwrap();
+    let _ = second.wait().await;
+    // Only what the killed worker had in flight (its prefetch) can be delivered twice, and the
+    // endpoint saw each duplicate with its envelope's own webhook-id.
+    a.check("worker kill -9 and restart", IN_FLIGHT.parse().unwrap());
+    for r in sc.receiver.records() {
+        assert_eq!(r.id, r.idempotency_key);
+    }
+}

@@ -1,0 +1,131 @@
+//! What the tests, the demo and the bench share: waiting on a condition, reading a worker's
+//! counters, percentiles, and the files and the process a `hookrelay worker` runs from.
+
+use std::path::Path;
+use std::time::Duration;
+
+use hookrelay::config::fmt_duration;
+use hookrelay::contract::ladder::Ladder;
+use hookrelay::observe::metrics::Metrics;
+use serde::Serialize;
+
+/// How often [`wait_until`] looks again.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Checks `done` until it holds or `timeout` passes; returns whether it held. `done` may take
+/// what it finds as it goes (drain a queue, read a log) between checks.
+pub async fn wait_until(timeout: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if done().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Reading a worker's counters, as the tests and the demo do.
+pub trait Counters {
+    /// The sum of a counter over every label set whose labels include `matching`.
+    fn count(&self, name: &str, matching: &[(&str, &str)]) -> u64;
+}
+
+impl Counters for Metrics {
+    fn count(&self, name: &str, matching: &[(&str, &str)]) -> u64 {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric().iter())
+            .filter(|m| {
+                matching.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| m.get_counter().value() as u64)
+            .sum()
+    }
+}
+
+/// Percentiles of a set of durations, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    /// Nearest rank: the value at `(n - 1) * p`, rounded.
+    pub fn of(mut ms: Vec<f64>) -> Self {
+        if ms.is_empty() {
+            return Self::default();
+        }
+        ms.sort_by(f64::total_cmp);
+        let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+        Self {
+            count: ms.len(),
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            max_ms: ms[ms.len() - 1],
+        }
+    }
+}
+
+/// `ladder` as a ladder file says it: prefix, queue type, tiers and schedule. Dedicated tenants
+/// are left out.
+pub fn ladder_toml(ladder: &Ladder) -> String {
+    let list = |delays: &mut dyn Iterator<Item = Duration>| {
+        delays
+            .map(|d| format!("\"{}\"", fmt_duration(d)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [{}]\nschedule = [{}]\n",
+        ladder.prefix,
+        ladder.queue_type.as_str(),
+        list(&mut ladder.tiers.iter().map(|t| t.delay)),
+        list(&mut ladder.schedule.iter().map(|&i| ladder.tier(i).delay)),
+    )
+}
+
+/// One `[[subscription]]` table of a subscriptions file. `secrets` is what goes between the
+/// brackets (see [`file_secret`]); `extra` adds lines (`enabled = false`).
+pub fn subscription_toml(id: &str, tenant: &str, url: &str, secrets: &str, extra: &str) -> String {
+    format!(
+        "[[subscription]]\nid = \"{id}\"\ntenant = \"{tenant}\"\nurl = \"{url}\"\nsecrets = [{secrets}]\n{extra}\n"
+    )
+}
+
+/// A secret reference to a file, quoted for a subscriptions file.
+pub fn file_secret(path: &Path) -> String {
+    format!("\"file:{}\"", path.display())
+}
+
+/// `hookrelay worker` as a process of its own: `exe` is the hookrelay binary, `ladder` and
+/// `subscriptions` its files. Endpoints on loopback are allowed, the metrics listener is off and
+/// only errors are logged, unless the caller sets these again. Killed when dropped.
+pub fn worker_command(
+    exe: &Path,
+    name: &str,
+    ladder: &Path,
+    subscriptions: &Path,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args(["worker", "--name", name])
+        .env("HOOKRELAY_LADDER", ladder)
+        .env("HOOKRELAY_SUBSCRIPTIONS", subscriptions)
+        .env("HOOKRELAY_EGRESS_ALLOW", "127.0.0.0/8")
+        .env("HOOKRELAY_METRICS_LISTEN", "")
+        .env("HOOKRELAY_LOG_LEVEL", "error")
+        .kill_on_drop(true);
+    command
+}
