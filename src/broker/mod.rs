@@ -1,6 +1,8 @@
-//! The broker edge: confirmed publishing, the ladder's objects, and the management API.
+//! The broker edge: confirmed publishing, the ladder's objects, the management API, and what
+//! the broker's refusals mean.
 
 pub mod drift;
+pub mod error;
 pub mod management;
 pub mod publish;
 pub mod topology;

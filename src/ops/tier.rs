@@ -19,6 +19,7 @@ use lapin::{BasicProperties, Channel};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::broker::error::{Refusal, refused};
 use crate::broker::management::{Management, ManagementError};
 use crate::broker::publish::Publisher;
 use crate::contract::headers;
@@ -165,7 +166,10 @@ pub async fn release(
     let parking = ladder.held_queue(tier);
     let parked = match crate::ops::mover::depth(channel, &parking).await {
         Ok(n) => n,
-        Err(_) => return Err(TierError::NotHeld(ladder.tier_queue(tier))),
+        Err(e) if refused(&e) == Some(Refusal::NotFound) => {
+            return Err(TierError::NotHeld(ladder.tier_queue(tier)));
+        }
+        Err(e) => return Err(e.into()),
     };
     let promote = ladder.promote_exchange();
     let plan = |props: &BasicProperties, _: &[u8]| Plan::Move {
