@@ -194,16 +194,13 @@ async fn account(
     // not yet accepted by the retry lane (the broker keeps them until it is).
     let mut stranded = 0;
     if let Ok(api) = hookrelay::broker::management::Management::new(&t.config.management.url, "/")
-        && let Ok(serde_json::Value::Array(queues)) = api.get(&["queues", "/"]).await
+        && let Ok(queues) = api.queues().await
     {
-        for q in queues.iter().filter(|q| {
-            q["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with(&format!("{}.retry-", t.ladder.prefix)))
-        }) {
-            let held = q["messages"].as_i64().unwrap_or(0)
-                - q["messages_ready"].as_i64().unwrap_or(0)
-                - q["messages_unacknowledged"].as_i64().unwrap_or(0);
+        for q in queues
+            .iter()
+            .filter(|q| q.name.starts_with(&format!("{}.retry-", t.ladder.prefix)))
+        {
+            let held = q.messages.unwrap_or(0) - q.messages_ready - q.messages_unacknowledged;
             stranded += held.max(0) as usize;
         }
     }
@@ -461,8 +458,8 @@ async fn losing_the_queue_leaders_node_in_a_cluster_loses_nothing() {
         hookrelay::broker::management::Management::new(&nodes[1].config().management.url, "/")
             .unwrap();
     let lane = api.queue(&t.ladder.first_lane()).await.unwrap().unwrap();
-    let leader = lane["leader"].as_str().unwrap_or_default().to_owned();
-    let members = lane["members"].as_array().map_or(0, Vec::len);
+    let leader = lane.leader.unwrap_or_default();
+    let members = lane.members.len();
     assert_eq!(members, 3, "quorum queues have a member on each node");
     let victim = nodes.iter().position(|n| n.name == leader).unwrap();
     let survivor = (victim + 1) % 3;

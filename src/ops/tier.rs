@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::broker::error::{Refusal, refused};
-use crate::broker::management::{Management, ManagementError};
+use crate::broker::management::{Management, ManagementError, Policy};
 use crate::broker::publish::Publisher;
 use crate::contract::headers;
 use crate::contract::headers::TENANT_HEADER;
@@ -113,14 +113,19 @@ pub async fn hold(
             FieldTable::default(),
         )
         .await?;
-    api.put(
-        &["policies", api.vhost(), &ladder.hold_policy(tier)],
-        &json!({
-            "pattern": exact_pattern(&ladder.tier_queue(tier)),
-            "apply-to": "queues",
-            "priority": HOLD_PRIORITY,
-            "definition": { "dead-letter-routing-key": ladder.held_routing_key(tier) },
-        }),
+    api.put_policy(
+        &ladder.hold_policy(tier),
+        &Policy {
+            pattern: exact_pattern(&ladder.tier_queue(tier)),
+            apply_to: "queues".to_owned(),
+            priority: HOLD_PRIORITY,
+            definition: [(
+                "dead-letter-routing-key".to_owned(),
+                json!(ladder.held_routing_key(tier)),
+            )]
+            .into_iter()
+            .collect(),
+        },
     )
     .await?;
     Ok(())
@@ -188,8 +193,7 @@ pub async fn release(
         plan,
     )
     .await?;
-    api.delete(&["policies", api.vhost(), &ladder.hold_policy(tier)])
-        .await?;
+    api.delete_policy(&ladder.hold_policy(tier)).await?;
     // Policy changes reach queues asynchronously; once it is gone nothing new parks, and
     // unbinding the parking queue makes sure of it.
     wait_applied(api, ladder, tier, false, Duration::from_secs(10)).await?;
@@ -243,17 +247,15 @@ pub struct TierState {
 pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>, TierError> {
     let mut out = Vec::new();
     for (i, tier) in ladder.tiers.iter().enumerate() {
-        let policy = api
-            .get_optional(&["policies", api.vhost(), &ladder.hold_policy(i)])
-            .await?;
+        let policy = api.policy(&ladder.hold_policy(i)).await?;
         let waiting = api
             .queue(&ladder.tier_queue(i))
             .await?
-            .and_then(|q| q["messages"].as_i64());
+            .and_then(|q| q.messages);
         let parked = api
             .queue(&ladder.held_queue(i))
             .await?
-            .and_then(|q| q["messages"].as_i64().or(Some(0)));
+            .map(|q| q.messages.unwrap_or(0));
         out.push(TierState {
             tier: tier.name.clone(),
             delay: crate::config::fmt_duration(tier.delay),
@@ -278,7 +280,7 @@ pub async fn wait_applied(
     let policy = ladder.hold_policy(tier);
     loop {
         let q = api.queue(&ladder.tier_queue(tier)).await?;
-        let applied = q.as_ref().and_then(|q| q["policy"].as_str()) == Some(policy.as_str());
+        let applied = q.and_then(|q| q.policy).as_deref() == Some(policy.as_str());
         if applied == held {
             return Ok(true);
         }
