@@ -138,12 +138,6 @@ pub struct Released {
     pub stragglers: MoveReport,
 }
 
-impl Released {
-    pub fn moved(&self) -> usize {
-        self.first_pass.moved + self.stragglers.moved
-    }
-}
-
 /// The routing key a parked message was promoted with before the hold: the broker records it in
 /// `x-death`; hookrelay's tenant header rebuilds it otherwise.
 fn original_key(ladder: &Ladder, tier: usize, properties: &BasicProperties) -> String {
