@@ -6,7 +6,8 @@
 //!
 //! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
 //! - [`contract`]: the envelope producers publish and the headers hookrelay adds.
-//! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, the management API.
+//! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
+//!   refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,
 //!   endpoint limits, the HTTP edge, subscriptions.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.

@@ -122,6 +122,29 @@ async fn the_cli_publishes_per_the_contract_and_prints_the_id() {
     );
 }
 
+#[test]
+fn the_cli_says_how_to_retry_what_the_broker_did_not_take() {
+    // A ladder nobody applied: the event is valid, its ingress exchange does not exist.
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = dir.path().join("ladder.toml");
+    std::fs::write(
+        &ladder,
+        format!(
+            "prefix = \"{}\"\ntiers = [\"1s\"]\nschedule = []\n",
+            common::unique("unapplied")
+        ),
+    )
+    .unwrap();
+    let out = publish(&ladder, &["--id", "evt_again", "--data", "{}"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not published (the broker may take it later: retry with --id evt_again)"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
 #[tokio::test]
 async fn publishing_without_the_topology_fails_loudly_and_the_publisher_recovers() {
     let t = TestLadder::apply("missing", &["1s"], &["1s"]).await;

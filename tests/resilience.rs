@@ -28,14 +28,16 @@ async fn the_worker_reconnects_after_the_broker_closes_its_connections() {
     let api = management(&t.config);
     let consume = format!("{} consume", worker.name);
     let publish = format!("{} publish", worker.name);
-    // The management API lists a connection a moment after it opens.
-    let mut closed = 0;
-    wait_until(Duration::from_secs(5), async || {
-        closed = api.close_connections_named(&consume).await.unwrap()
-            + api.close_connections_named(&publish).await.unwrap();
-        closed == 2
+    // The management API lists a connection a moment after it opens (seconds on a loaded
+    // machine): wait until it lists both, then close both at once.
+    let listed = wait_until(Duration::from_secs(30), async || {
+        common::connections_named(&api, &consume).await >= 1
+            && common::connections_named(&api, &publish).await >= 1
     })
     .await;
+    assert!(listed, "the management API lists both worker connections");
+    let closed = api.close_connections_named(&consume).await.unwrap()
+        + api.close_connections_named(&publish).await.unwrap();
     assert_eq!(closed, 2, "both worker connections were found and closed");
 
     t.publish(&event("evt_after", "acme", "sub_a")).await;

@@ -31,13 +31,13 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(tier["arguments"]["x-message-ttl"], 1000);
+    assert_eq!(tier.arguments["x-message-ttl"], 1000);
     assert_eq!(
-        tier["arguments"]["x-dead-letter-exchange"],
+        tier.arguments["x-dead-letter-exchange"],
         t.ladder.promote_exchange()
     );
-    assert_eq!(tier["arguments"]["x-dead-letter-strategy"], "at-least-once");
-    assert_eq!(tier["type"], "quorum");
+    assert_eq!(tier.arguments["x-dead-letter-strategy"], "at-least-once");
+    assert_eq!(tier.queue_type, "quorum");
 }
 
 #[tokio::test]
@@ -120,18 +120,16 @@ async fn exported_definitions_import_into_a_vhost() {
     let t = TestLadder::apply_typed("export", QueueType::Classic, &["1s"], &["1s"]).await;
     let api = management(&t.config);
     let vhost = common::unique("vhost");
-    api.put(&["vhosts", &vhost], &serde_json::json!({}))
-        .await
-        .unwrap();
+    api.create_vhost(&vhost).await.unwrap();
     let result = async {
         let definitions = t.ladder.objects().export(&vhost);
-        api.post(&["definitions", &vhost], &definitions).await?;
         let scoped =
             hookrelay::broker::management::Management::new(&t.config.management.url, &vhost)?;
+        scoped.import_definitions(&definitions).await?;
         scoped.objects().await
     }
     .await;
-    api.delete(&["vhosts", &vhost]).await.unwrap();
+    api.delete_vhost(&vhost).await.unwrap();
     let objects = result.unwrap();
     assert_eq!(t.ladder.objects().diff(&objects), vec![]);
 }

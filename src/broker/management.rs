@@ -1,9 +1,12 @@
-//! The RabbitMQ management HTTP API: what `topology plan` compares against, and what tools and
-//! tests use to look at queues and connections.
+//! The RabbitMQ management HTTP API, read into typed answers: what `topology plan` compares
+//! against, what `status`, `tier` and the worker's depth metrics read, and what tools and tests
+//! use to look at queues and connections.
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
 
 use crate::broker::drift::{BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
@@ -118,7 +121,7 @@ impl Management {
         }
     }
 
-    pub async fn get(&self, segments: &[&str]) -> Result<Value, ManagementError> {
+    async fn get<T: DeserializeOwned>(&self, segments: &[&str]) -> Result<T, ManagementError> {
         let what = format!("/api/{}", segments.join("/"));
         self.request(reqwest::Method::GET, segments, None)
             .await?
@@ -131,7 +134,10 @@ impl Management {
     }
 
     /// `GET`, with `None` for 404.
-    pub async fn get_optional(&self, segments: &[&str]) -> Result<Option<Value>, ManagementError> {
+    async fn get_optional<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+    ) -> Result<Option<T>, ManagementError> {
         match self.get(segments).await {
             Ok(v) => Ok(Some(v)),
             Err(ManagementError::Status { status: 404, .. }) => Ok(None),
@@ -139,20 +145,14 @@ impl Management {
         }
     }
 
-    pub async fn put(&self, segments: &[&str], body: &Value) -> Result<(), ManagementError> {
+    async fn put(&self, segments: &[&str], body: &Value) -> Result<(), ManagementError> {
         self.request(reqwest::Method::PUT, segments, Some(body))
             .await
             .map(|_| ())
     }
 
-    pub async fn post(&self, segments: &[&str], body: &Value) -> Result<Value, ManagementError> {
-        let resp = self
-            .request(reqwest::Method::POST, segments, Some(body))
-            .await?;
-        Ok(resp.json().await.unwrap_or(Value::Null))
-    }
-
-    pub async fn delete(&self, segments: &[&str]) -> Result<(), ManagementError> {
+    /// `DELETE`; what is already gone (404) counts as deleted.
+    async fn delete(&self, segments: &[&str]) -> Result<(), ManagementError> {
         match self.request(reqwest::Method::DELETE, segments, None).await {
             Ok(_) | Err(ManagementError::Status { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
@@ -161,85 +161,117 @@ impl Management {
 
     /// The broker version, to show in messages and to check the API answers at all.
     pub async fn broker_version(&self) -> Result<String, ManagementError> {
-        let overview = self.get(&["overview"]).await?;
-        Ok(overview["rabbitmq_version"]
-            .as_str()
-            .unwrap_or("unknown")
-            .to_owned())
+        let overview: Overview = self.get(&["overview"]).await?;
+        Ok(overview
+            .rabbitmq_version
+            .unwrap_or_else(|| "unknown".to_owned()))
     }
 
     /// The state of a feature flag (`enabled`, `disabled`), or `None` if the broker lacks it.
     pub async fn feature_flag(&self, name: &str) -> Result<Option<String>, ManagementError> {
-        let flags = self.get(&["feature-flags"]).await?;
-        Ok(flags.as_array().and_then(|list| {
-            list.iter()
-                .find(|f| f["name"] == name)
-                .and_then(|f| f["state"].as_str().map(str::to_owned))
-        }))
+        let flags: Vec<FeatureFlag> = self.get(&["feature-flags"]).await?;
+        Ok(flags.into_iter().find(|f| f.name == name).map(|f| f.state))
+    }
+
+    /// Every queue of the vhost.
+    pub async fn queues(&self) -> Result<Vec<QueueInfo>, ManagementError> {
+        self.get(&["queues", &self.vhost]).await
+    }
+
+    /// One queue, or `None` if it does not exist.
+    pub async fn queue(&self, name: &str) -> Result<Option<QueueInfo>, ManagementError> {
+        self.get_optional(&["queues", &self.vhost, name]).await
     }
 
     /// Exchanges, queues and bindings of the vhost, as `topology plan` compares them.
     pub async fn objects(&self) -> Result<BrokerObjects, ManagementError> {
         let vhost = self.vhost.as_str();
         let mut objects = BrokerObjects::default();
-        let list = |v: Value, what: &str| -> Result<Vec<Value>, ManagementError> {
-            match v {
-                Value::Array(items) => Ok(items),
-                other => Err(ManagementError::Unexpected {
-                    what: what.to_owned(),
-                    message: format!("expected a list, got {other}"),
-                }),
-            }
-        };
-        for x in list(self.get(&["exchanges", vhost]).await?, "exchanges")? {
-            let name = x["name"].as_str().unwrap_or_default().to_owned();
+        let exchanges: Vec<ExchangeInfo> = self.get(&["exchanges", vhost]).await?;
+        for x in exchanges {
             objects.exchanges.insert(
-                name,
+                x.name,
                 BrokerExchange {
-                    kind: x["type"].as_str().unwrap_or_default().to_owned(),
-                    durable: x["durable"].as_bool().unwrap_or(false),
-                    arguments: x["arguments"].as_object().cloned().unwrap_or_default(),
+                    kind: x.kind,
+                    durable: x.durable,
+                    arguments: x.arguments,
                 },
             );
         }
-        for q in list(self.get(&["queues", vhost]).await?, "queues")? {
-            let name = q["name"].as_str().unwrap_or_default().to_owned();
+        for q in self.queues().await? {
             objects.queues.insert(
-                name,
+                q.name,
                 BrokerQueue {
-                    durable: q["durable"].as_bool().unwrap_or(false),
-                    arguments: q["arguments"].as_object().cloned().unwrap_or_default(),
+                    durable: q.durable,
+                    arguments: q.arguments,
                 },
             );
         }
-        for b in list(self.get(&["bindings", vhost]).await?, "bindings")? {
-            if b["destination_type"] == "queue" {
-                objects.bindings.push((
-                    b["source"].as_str().unwrap_or_default().to_owned(),
-                    b["destination"].as_str().unwrap_or_default().to_owned(),
-                    b["routing_key"].as_str().unwrap_or_default().to_owned(),
-                ));
+        let bindings: Vec<BindingInfo> = self.get(&["bindings", vhost]).await?;
+        for b in bindings {
+            if b.destination_type == "queue" {
+                objects
+                    .bindings
+                    .push((b.source, b.destination, b.routing_key));
             }
         }
         Ok(objects)
     }
 
-    /// One queue's details (`messages_ready`, `messages_unacknowledged`, `consumers`, rates...).
-    pub async fn queue(&self, name: &str) -> Result<Option<Value>, ManagementError> {
-        self.get_optional(&["queues", &self.vhost, name]).await
+    /// The policy `name` of the vhost, or `None` if there is none.
+    pub async fn policy(&self, name: &str) -> Result<Option<Policy>, ManagementError> {
+        self.get_optional(&["policies", &self.vhost, name]).await
+    }
+
+    /// Creates or replaces the policy `name` of the vhost.
+    pub async fn put_policy(&self, name: &str, policy: &Policy) -> Result<(), ManagementError> {
+        let body = serde_json::to_value(policy).map_err(|e| ManagementError::Unexpected {
+            what: format!("policy {name}"),
+            message: e.to_string(),
+        })?;
+        self.put(&["policies", &self.vhost, name], &body).await
+    }
+
+    /// Removes the policy `name` of the vhost; one that does not exist counts as removed.
+    pub async fn delete_policy(&self, name: &str) -> Result<(), ManagementError> {
+        self.delete(&["policies", &self.vhost, name]).await
+    }
+
+    /// Creates the vhost `name` (a no-op if it exists).
+    pub async fn create_vhost(&self, name: &str) -> Result<(), ManagementError> {
+        self.put(&["vhosts", name], &Value::Object(Map::new()))
+            .await
+    }
+
+    /// Deletes the vhost `name` and everything in it; one that does not exist counts as deleted.
+    pub async fn delete_vhost(&self, name: &str) -> Result<(), ManagementError> {
+        self.delete(&["vhosts", name]).await
+    }
+
+    /// Imports definitions (as [`crate::broker::topology::Topology::export`] writes them) into
+    /// the vhost.
+    pub async fn import_definitions(&self, definitions: &Value) -> Result<(), ManagementError> {
+        self.request(
+            reqwest::Method::POST,
+            &["definitions", &self.vhost],
+            Some(definitions),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Every connection the broker has, with the name its client gave it.
+    pub async fn connections(&self) -> Result<Vec<ConnectionInfo>, ManagementError> {
+        self.get(&["connections"]).await
     }
 
     /// Closes (server side) every connection whose client-given name is `name`. Returns how
     /// many were closed.
     pub async fn close_connections_named(&self, name: &str) -> Result<usize, ManagementError> {
-        let conns = self.get(&["connections"]).await?;
         let mut closed = 0;
-        for c in conns.as_array().into_iter().flatten() {
-            let client_name = c["client_properties"]["connection_name"].as_str();
-            if client_name == Some(name)
-                && let Some(id) = c["name"].as_str()
-            {
-                self.delete(&["connections", id]).await?;
+        for c in self.connections().await? {
+            if c.client_name() == Some(name) {
+                self.delete(&["connections", &c.name]).await?;
                 closed += 1;
             }
         }
@@ -247,8 +279,248 @@ impl Management {
     }
 }
 
+/// One queue as the management API shows it. The broker leaves out the counts and rates of a
+/// queue it has not sampled yet, and writes `null` (or, for an empty map, `[]` on some versions)
+/// where it knows nothing: a field it leaves out or writes in another shape reads as its default,
+/// so one odd field never hides a queue.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct QueueInfo {
+    pub name: String,
+    /// `classic`, `quorum` or `stream`.
+    #[serde(rename = "type", deserialize_with = "or_default")]
+    pub queue_type: String,
+    #[serde(deserialize_with = "or_default")]
+    pub durable: bool,
+    /// The arguments it was declared with, as JSON.
+    #[serde(deserialize_with = "or_default")]
+    pub arguments: Map<String, Value>,
+    /// Ready and unacknowledged together; `None` until the broker has sampled the queue.
+    #[serde(deserialize_with = "or_default")]
+    pub messages: Option<i64>,
+    #[serde(deserialize_with = "or_default")]
+    pub messages_ready: i64,
+    #[serde(deserialize_with = "or_default")]
+    pub messages_unacknowledged: i64,
+    #[serde(deserialize_with = "or_default")]
+    pub consumers: i64,
+    /// The name of the policy that applies to the queue.
+    #[serde(deserialize_with = "or_default")]
+    pub policy: Option<String>,
+    /// What the policies that apply set (`dead-letter-routing-key`, ...).
+    #[serde(deserialize_with = "or_default")]
+    pub effective_policy_definition: Map<String, Value>,
+    #[serde(deserialize_with = "or_default")]
+    pub message_stats: MessageStats,
+    /// The `timestamp` property (seconds) of the message at the head, where the broker knows it
+    /// (classic queues).
+    #[serde(deserialize_with = "or_default")]
+    pub head_message_timestamp: Option<f64>,
+    /// The node leading a quorum queue.
+    #[serde(deserialize_with = "or_default")]
+    pub leader: Option<String>,
+    /// The nodes a quorum queue has a member on.
+    #[serde(deserialize_with = "or_default")]
+    pub members: Vec<String>,
+}
+
+/// A queue's message rates, per second, as the broker last sampled them.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct MessageStats {
+    /// Published into the queue (dead-lettered into it included).
+    #[serde(deserialize_with = "or_default")]
+    pub publish_details: Rate,
+    /// Acknowledged by consumers.
+    #[serde(deserialize_with = "or_default")]
+    pub ack_details: Rate,
+    /// Delivered to consumers or fetched with `basic.get`.
+    #[serde(deserialize_with = "or_default")]
+    pub deliver_get_details: Rate,
+}
+
+/// One rate; `None` while the broker has none (nothing of that kind happened yet).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+pub struct Rate {
+    #[serde(deserialize_with = "or_default")]
+    pub rate: Option<f64>,
+}
+
+/// A policy, as set with [`Management::put_policy`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Policy {
+    /// A regular expression for the names it applies to.
+    pub pattern: String,
+    /// `queues`, `exchanges` or `all`.
+    #[serde(rename = "apply-to")]
+    pub apply_to: String,
+    /// Only the policy of highest priority applies to an object.
+    pub priority: i64,
+    pub definition: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Overview {
+    #[serde(deserialize_with = "or_default")]
+    rabbitmq_version: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FeatureFlag {
+    name: String,
+    #[serde(deserialize_with = "or_default")]
+    state: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ExchangeInfo {
+    name: String,
+    #[serde(rename = "type", deserialize_with = "or_default")]
+    kind: String,
+    #[serde(deserialize_with = "or_default")]
+    durable: bool,
+    #[serde(deserialize_with = "or_default")]
+    arguments: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct BindingInfo {
+    source: String,
+    destination: String,
+    destination_type: String,
+    routing_key: String,
+}
+
+/// One connection as the management API shows it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ConnectionInfo {
+    /// The broker's name for the connection, which deleting it takes.
+    pub name: String,
+    #[serde(deserialize_with = "or_default")]
+    client_properties: ClientProperties,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ClientProperties {
+    /// The name the client gave the connection.
+    #[serde(deserialize_with = "or_default")]
+    connection_name: Option<String>,
+}
+
+impl ConnectionInfo {
+    /// The name the client gave the connection (hookrelay's: `<worker> consume`, ...).
+    pub fn client_name(&self) -> Option<&str> {
+        self.client_properties.connection_name.as_deref()
+    }
+}
+
+/// The value, or its default where the broker writes `null` or another shape.
+fn or_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned + Default,
+{
+    let value = Value::deserialize(deserializer)?;
+    Ok(T::deserialize(value).unwrap_or_default())
+}
+
 fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_reads_as_the_broker_writes_it() {
+        // A classic queue: nulls where the broker knows nothing, a policy definition written as
+        // an empty list (as some versions do), rates only for what happened.
+        let classic: QueueInfo = serde_json::from_value(serde_json::json!({
+            "name": "hookrelay.retry-10s", "type": "classic", "durable": true,
+            "arguments": {"x-message-ttl": 10000}, "messages": 7, "messages_ready": 5,
+            "messages_unacknowledged": 2, "consumers": 1, "policy": null,
+            "effective_policy_definition": [], "head_message_timestamp": null,
+            "message_stats": {"publish_details": {"rate": 2.5}, "ack": 3},
+        }))
+        .unwrap();
+        assert_eq!(classic.name, "hookrelay.retry-10s");
+        assert_eq!(classic.queue_type, "classic");
+        assert!(classic.durable);
+        assert_eq!(classic.arguments["x-message-ttl"], 10000);
+        assert_eq!(
+            (
+                classic.messages,
+                classic.messages_ready,
+                classic.messages_unacknowledged,
+                classic.consumers
+            ),
+            (Some(7), 5, 2, 1)
+        );
+        assert_eq!(classic.policy, None);
+        assert!(classic.effective_policy_definition.is_empty());
+        assert_eq!(classic.head_message_timestamp, None);
+        assert_eq!(classic.message_stats.publish_details.rate, Some(2.5));
+        assert_eq!(classic.message_stats.ack_details.rate, None);
+
+        // A quorum queue the broker has not sampled yet: no counts at all.
+        let quorum: QueueInfo = serde_json::from_value(serde_json::json!({
+            "name": "hookrelay.ready", "type": "quorum", "durable": true,
+            "arguments": {"x-queue-type": "quorum"}, "leader": "rabbit@a",
+            "members": ["rabbit@a", "rabbit@b", "rabbit@c"], "policy": "hookrelay.hold.retry-1h",
+            "effective_policy_definition": {"dead-letter-routing-key": "held.retry-1h"},
+        }))
+        .unwrap();
+        assert_eq!(quorum.messages, None);
+        assert_eq!((quorum.messages_ready, quorum.consumers), (0, 0));
+        assert_eq!(quorum.leader.as_deref(), Some("rabbit@a"));
+        assert_eq!(quorum.members.len(), 3);
+        assert_eq!(quorum.policy.as_deref(), Some("hookrelay.hold.retry-1h"));
+        assert!(
+            quorum
+                .effective_policy_definition
+                .contains_key("dead-letter-routing-key")
+        );
+    }
+
+    #[test]
+    fn a_hold_policy_is_sent_in_the_brokers_words() {
+        let mut definition = Map::new();
+        definition.insert("dead-letter-routing-key".into(), "held.retry-1h".into());
+        let policy = Policy {
+            pattern: "^hookrelay\\.retry-1h$".into(),
+            apply_to: "queues".into(),
+            priority: 100,
+            definition,
+        };
+        assert_eq!(
+            serde_json::to_value(&policy).unwrap(),
+            serde_json::json!({
+                "pattern": "^hookrelay\\.retry-1h$", "apply-to": "queues", "priority": 100,
+                "definition": {"dead-letter-routing-key": "held.retry-1h"},
+            })
+        );
+    }
+
+    #[test]
+    fn connections_are_found_by_the_name_their_client_gave() {
+        let listed: Vec<ConnectionInfo> = serde_json::from_value(serde_json::json!([
+            {"name": "127.0.0.1:50000 -> 127.0.0.1:5672",
+             "client_properties": {"connection_name": "w1 consume"}},
+            {"name": "127.0.0.1:50001 -> 127.0.0.1:5672", "client_properties": {}},
+        ]))
+        .unwrap();
+        let names: Vec<Option<&str>> = listed.iter().map(ConnectionInfo::client_name).collect();
+        assert_eq!(names, vec![Some("w1 consume"), None]);
+    }
 }

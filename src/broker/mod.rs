@@ -3,9 +3,11 @@
 //! - [`publish`]: confirmed, mandatory publishing, for producers and every republish.
 //! - [`topology`]: the broker objects a ladder stands for: declared, retired, exported.
 //! - [`drift`]: `topology plan`, the ladder compared with what the broker has.
-//! - [`management`]: the management HTTP API.
+//! - [`management`]: the management HTTP API, with typed answers.
+//! - [`error`]: what the broker's refusals mean, by reply code.
 
 pub mod drift;
+pub mod error;
 pub mod management;
 pub mod publish;
 pub mod topology;

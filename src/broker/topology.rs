@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
+use crate::broker::error::{Refusal, refused};
 use crate::contract::ladder::{Ladder, QueueType};
 
 /// Why declaring the topology failed.
@@ -382,11 +383,12 @@ impl Topology {
 }
 
 fn declare_error(object: String, e: lapin::Error) -> TopologyError {
-    let message = e.to_string();
-    if message.contains("PRECONDITION_FAILED") || message.contains("inequivalent") {
-        TopologyError::Conflict { object, message }
-    } else {
-        TopologyError::Broker { object, source: e }
+    match refused(&e) {
+        Some(Refusal::PreconditionFailed) => TopologyError::Conflict {
+            object,
+            message: e.to_string(),
+        },
+        _ => TopologyError::Broker { object, source: e },
     }
 }
 

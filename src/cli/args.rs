@@ -149,9 +149,10 @@ pub struct RedriveArgs {
     pub tenant: Option<String>,
     #[arg(long)]
     pub subscription: Option<String>,
-    /// rejected, exhausted, invalid, gone, egress_denied, or the broker's expired.
+    /// hookrelay's rejected, exhausted, invalid, gone, egress_denied; or, for what a lane
+    /// dead-lettered, the broker's expired, rejected, maxlen, delivery_limit.
     #[arg(long)]
-    pub reason: Option<String>,
+    pub reason: Option<crate::ops::redrive::SinkReason>,
     /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (2h).
     #[arg(long, value_parser = parse_when)]
     pub since: Option<SystemTime>,

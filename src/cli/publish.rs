@@ -40,16 +40,33 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
     event
         .validate(config.limits.max_body_bytes)
         .context("not published")?;
-    let publisher = Publisher::connect(
-        &config.amqp.url,
-        "hookrelay publish",
-        config.amqp.confirm_timeout,
-    )
-    .await?;
-    let id = publisher
-        .publish_event(&ladder.ingress(), &event, config.limits.max_body_bytes)
-        .await;
-    publisher.close().await;
-    println!("{}", id.context("not published")?);
+    let published = async {
+        let publisher = Publisher::connect(
+            &config.amqp.url,
+            "hookrelay publish",
+            config.amqp.confirm_timeout,
+        )
+        .await?;
+        let id = publisher
+            .publish_event(&ladder.ingress(), &event, config.limits.max_body_bytes)
+            .await;
+        publisher.close().await;
+        id
+    }
+    .await;
+    let id = published.map_err(|e| {
+        let context = if e.is_transient() {
+            // It may even have arrived (a confirm that timed out): the same id lets receivers
+            // drop the duplicate.
+            format!(
+                "not published (the broker may take it later: retry with --id {})",
+                event.id
+            )
+        } else {
+            "not published".to_owned()
+        };
+        anyhow::Error::new(e).context(context)
+    })?;
+    println!("{id}");
     Ok(ExitCode::SUCCESS)
 }

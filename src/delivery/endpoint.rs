@@ -125,7 +125,9 @@ impl Breaker {
         };
     }
 
-    pub fn is_open(&self) -> bool {
+    /// Only tests look at the state: deliveries ask [`Breaker::admit`].
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         !matches!(self.state, State::Closed { .. })
     }
 }
@@ -326,14 +328,6 @@ impl Endpoints {
             at
         };
         tokio::time::sleep_until(at).await;
-    }
-
-    /// Whether `url`'s breaker is open now (for tests and status).
-    pub fn is_open(&self, url: &reqwest::Url) -> bool {
-        self.0
-            .lock_breakers()
-            .get(&endpoint_key(url))
-            .is_some_and(Breaker::is_open)
     }
 }
 

@@ -68,6 +68,15 @@ pub enum DeadReason {
 }
 
 impl DeadReason {
+    /// Every reason, for those who parse or list them (`redrive --reason`).
+    pub const ALL: [DeadReason; 5] = [
+        DeadReason::Rejected,
+        DeadReason::Exhausted,
+        DeadReason::Invalid,
+        DeadReason::Gone,
+        DeadReason::EgressDenied,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DeadReason::Rejected => "rejected",

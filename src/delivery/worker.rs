@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::broker::error::{Refusal, refused};
 use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::Config;
@@ -342,7 +343,12 @@ impl Worker {
                 Ok::<_, lapin::Error>((ch, consumer))
             };
             let consumer = match tokio::time::timeout(BROKER_ANSWER, consumer).await {
-                Ok(result) => result.map_err(|e| e.to_string()),
+                Ok(result) => result.map_err(|e| match refused(&e) {
+                    Some(Refusal::NotFound) => {
+                        format!("{e}; the topology is missing: run `hookrelay topology apply`")
+                    }
+                    _ => e.to_string(),
+                }),
                 Err(_) => Err(format!("no answer within {BROKER_ANSWER:?}")),
             };
             match consumer {
@@ -363,12 +369,7 @@ impl Worker {
                         conn.close(200, "cannot consume".into()),
                     )
                     .await;
-                    let hint = if e.contains("NOT_FOUND") {
-                        "; the topology is missing: run `hookrelay topology apply`"
-                    } else {
-                        ""
-                    };
-                    return failed(format!("consuming {}: {e}{hint}", lane.queue), false);
+                    return failed(format!("consuming {}: {e}", lane.queue), false);
                 }
             }
         }

@@ -83,13 +83,8 @@ pub async fn poll_queues(
         metrics
             .publisher_blocked
             .set(i64::from(publisher.is_blocked()));
-        let queues = match api.get(&["queues", api.vhost()]).await {
-            Ok(serde_json::Value::Array(list)) => list,
-            Ok(other) => {
-                warn!(answer = %other, "Unexpected queue list from the management API");
-                metrics.broker_stats_up.set(0);
-                continue;
-            }
+        let queues = match api.queues().await {
+            Ok(list) => list,
             Err(e) => {
                 if !warned {
                     warn!(error = %e, "Cannot read queue depths; depth metrics stay stale until it answers");
@@ -103,13 +98,14 @@ pub async fn poll_queues(
         metrics.broker_stats_up.set(1);
         let mut ready_by_queue = HashMap::new();
         for q in &queues {
-            let Some(name) = q["name"].as_str().filter(|n| ladder.names(n)) else {
+            let name = q.name.as_str();
+            if !ladder.names(name) {
                 continue;
-            };
+            }
             // A queue under the prefix that the ladder no longer names is an old tier still
             // promoting what it holds (README, Topology commands).
             let role = ladder.role_of(name).map_or("tier", |r| r.label());
-            let ready = q["messages_ready"].as_i64().unwrap_or(0);
+            let ready = q.messages_ready;
             metrics
                 .queue_ready
                 .with_label_values(&[name, role])
@@ -117,11 +113,11 @@ pub async fn poll_queues(
             metrics
                 .queue_unacked
                 .with_label_values(&[name, role])
-                .set(q["messages_unacknowledged"].as_i64().unwrap_or(0));
+                .set(q.messages_unacknowledged);
             metrics
                 .queue_consumers
                 .with_label_values(&[name, role])
-                .set(q["consumers"].as_i64().unwrap_or(0));
+                .set(q.consumers);
             ready_by_queue.insert(name.to_owned(), ready);
         }
         for lane in &lanes {

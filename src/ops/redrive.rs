@@ -3,6 +3,7 @@
 //! subscription, reason and time. A redriven envelope keeps its `message_id` (its idempotency
 //! key) and body, starts a fresh attempt budget, and carries `x-hookrelay-redrives`.
 
+use std::str::FromStr;
 use std::time::SystemTime;
 
 use lapin::BasicProperties;
@@ -10,16 +11,85 @@ use lapin::BasicProperties;
 use crate::contract::headers;
 use crate::contract::headers::{DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER};
 use crate::contract::ladder::Ladder;
+use crate::delivery::route::DeadReason;
 use crate::ops::mover::Plan;
+
+/// Why a message is in the dead sink, as `redrive --reason` names it: hookrelay's reason for
+/// what it dead-lettered, or the broker's for a message a lane dead-lettered by itself.
+///
+/// Matched by name against the message's `x-hookrelay-reason` header when it has one, and
+/// otherwise against the broker's `x-first-death-reason`. `rejected` is a name in both, so it
+/// selects either: a 4xx hookrelay gave up on, or a message a consumer rejected without requeue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkReason {
+    Hookrelay(DeadReason),
+    Broker(BrokerReason),
+}
+
+/// The broker's reasons for dead-lettering out of a lane, besides `rejected` (which
+/// [`DeadReason::Rejected`] names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerReason {
+    /// The message's own `expiration` passed while it waited.
+    Expired,
+    /// The queue was over its length limit.
+    Maxlen,
+    /// A quorum queue's delivery limit was reached.
+    DeliveryLimit,
+}
+
+impl BrokerReason {
+    pub const ALL: [BrokerReason; 3] = [
+        BrokerReason::Expired,
+        BrokerReason::Maxlen,
+        BrokerReason::DeliveryLimit,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerReason::Expired => "expired",
+            BrokerReason::Maxlen => "maxlen",
+            BrokerReason::DeliveryLimit => "delivery_limit",
+        }
+    }
+}
+
+impl SinkReason {
+    /// Every reason, hookrelay's first.
+    pub fn all() -> impl Iterator<Item = SinkReason> {
+        DeadReason::ALL
+            .into_iter()
+            .map(SinkReason::Hookrelay)
+            .chain(BrokerReason::ALL.into_iter().map(SinkReason::Broker))
+    }
+
+    /// The name in the header it is matched against.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkReason::Hookrelay(r) => r.as_str(),
+            SinkReason::Broker(r) => r.as_str(),
+        }
+    }
+}
+
+impl FromStr for SinkReason {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::all().find(|r| r.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::all().map(Self::as_str).collect();
+            format!("no dead reason {s:?}; one of {}", names.join(", "))
+        })
+    }
+}
 
 /// Which dead envelopes to move. Every field that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     pub tenant: Option<String>,
     pub subscription: Option<String>,
-    /// `rejected`, `exhausted`, `invalid`, `gone`, `egress_denied`, or the broker's own
-    /// (`expired`) for messages a lane dead-lettered.
-    pub reason: Option<String>,
+    /// Matched as [`SinkReason`] says: hookrelay's header first, then the broker's.
+    pub reason: Option<SinkReason>,
     /// Dead-lettered at or after.
     pub since: Option<SystemTime>,
     /// Dead-lettered before.
@@ -53,8 +123,8 @@ impl Filter {
         {
             return Err("other subscription");
         }
-        if let Some(r) = &self.reason
-            && reason_of(properties).as_ref() != Some(r)
+        if let Some(r) = self.reason
+            && reason_of(properties).as_deref() != Some(r.as_str())
         {
             return Err("other reason");
         }
@@ -120,14 +190,14 @@ mod tests {
         assert_eq!(Filter::default().check(&p), Ok(()));
         let f = Filter {
             tenant: Some("acme".into()),
-            reason: Some("exhausted".into()),
+            reason: Some(SinkReason::Hookrelay(DeadReason::Exhausted)),
             subscription: Some("sub_a".into()),
             ..Filter::default()
         };
         assert_eq!(f.check(&p), Ok(()));
         assert_eq!(
             Filter {
-                reason: Some("rejected".into()),
+                reason: Some(SinkReason::Hookrelay(DeadReason::Rejected)),
                 ..f.clone()
             }
             .check(&p),
@@ -204,6 +274,84 @@ mod tests {
         assert_eq!(
             headers::read_u64_header(&properties, headers::REDRIVES_HEADER),
             Some(2)
+        );
+    }
+
+    #[test]
+    fn reasons_parse_by_the_names_their_headers_carry() {
+        for reason in SinkReason::all() {
+            assert_eq!(reason.as_str().parse::<SinkReason>(), Ok(reason));
+        }
+        assert_eq!(
+            "egress_denied".parse(),
+            Ok(SinkReason::Hookrelay(DeadReason::EgressDenied))
+        );
+        assert_eq!(
+            "delivery_limit".parse(),
+            Ok(SinkReason::Broker(BrokerReason::DeliveryLimit))
+        );
+        assert_eq!(
+            "expird".parse::<SinkReason>(),
+            Err(
+                "no dead reason \"expird\"; one of rejected, exhausted, invalid, gone, \
+                 egress_denied, expired, maxlen, delivery_limit"
+                    .to_owned()
+            )
+        );
+    }
+
+    /// A message a lane dead-lettered by itself: no hookrelay header, only the broker's.
+    fn dead_by_the_broker(reason: &str) -> BasicProperties {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            "x-first-death-reason".into(),
+            lapin::types::AMQPValue::LongString(reason.into()),
+        );
+        BasicProperties::default().with_headers(headers)
+    }
+
+    #[test]
+    fn hookrelays_reason_is_matched_first_then_the_brokers() {
+        let only = |reason| Filter {
+            reason: Some(reason),
+            ..Filter::default()
+        };
+        let rejected = only(SinkReason::Hookrelay(DeadReason::Rejected));
+        let expired = only(SinkReason::Broker(BrokerReason::Expired));
+        // `rejected` selects hookrelay's rejections and the broker's alike.
+        assert_eq!(rejected.check(&dead("acme", "rejected")), Ok(()));
+        assert_eq!(rejected.check(&dead_by_the_broker("rejected")), Ok(()));
+        assert_eq!(expired.check(&dead_by_the_broker("expired")), Ok(()));
+        assert_eq!(
+            expired.check(&dead_by_the_broker("maxlen")),
+            Err("other reason")
+        );
+        // Where hookrelay wrote its reason, the broker's is not looked at.
+        let mut both = dead("acme", "exhausted");
+        let mut headers = both.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-first-death-reason".into(),
+            lapin::types::AMQPValue::LongString("expired".into()),
+        );
+        both = both.with_headers(headers);
+        assert_eq!(expired.check(&both), Err("other reason"));
+        assert_eq!(
+            only(SinkReason::Hookrelay(DeadReason::Exhausted)).check(&both),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_command_line_refuses_an_unknown_reason_and_names_the_valid_ones() {
+        use clap::Parser;
+        let parse = |reason: &str| {
+            crate::cli::Cli::try_parse_from(["hookrelay", "redrive", "--reason", reason])
+        };
+        assert!(parse("delivery_limit").is_ok());
+        let err = parse("timeout").unwrap_err().to_string();
+        assert!(
+            err.contains("no dead reason \"timeout\"; one of rejected, exhausted, invalid"),
+            "{err}"
         );
     }
 }

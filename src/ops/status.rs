@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::broker::management::{Management, ManagementError};
+use crate::broker::management::{Management, ManagementError, QueueInfo};
 use crate::config::fmt_duration;
 use crate::contract::ladder::{Ladder, QueueRole};
 
@@ -56,13 +56,8 @@ pub async fn collect(
     ladder: &Ladder,
     previous: Option<&(Instant, Vec<QueueStatus>)>,
 ) -> Result<Vec<QueueStatus>, StatusError> {
-    let listed = api.get(&["queues", api.vhost()]).await?;
-    let by_name: HashMap<&str, &Value> = listed
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|q| q["name"].as_str().map(|n| (n, q)))
-        .collect();
+    let listed = api.queues().await?;
+    let by_name: HashMap<&str, &QueueInfo> = listed.iter().map(|q| (q.name.as_str(), q)).collect();
     let mut names: Vec<(String, QueueRole)> = vec![
         (ladder.first_lane(), QueueRole::FirstLane { tenant: None }),
         (ladder.retry_lane(), QueueRole::RetryLane { tenant: None }),
@@ -84,7 +79,6 @@ pub async fn collect(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
-    let rate = |q: &Value, stat: &str| q["message_stats"][stat]["rate"].as_f64();
     let mut rows = Vec::new();
     for (name, kind) in names {
         let role = kind.label();
@@ -105,21 +99,24 @@ pub async fn collect(
             });
             continue;
         };
-        let ready = q["messages_ready"].as_i64().unwrap_or(0);
-        let in_per_s = rate(q, "publish_details").unwrap_or(0.0);
-        let policy = q["effective_policy_definition"].as_object();
+        let ready = q.messages_ready;
+        let stats = &q.message_stats;
+        let in_per_s = stats.publish_details.rate.unwrap_or(0.0);
         let held = matches!(kind, QueueRole::Tier(_))
-            && policy.is_some_and(|p| p.contains_key("dead-letter-routing-key"));
+            && q.effective_policy_definition
+                .contains_key("dead-letter-routing-key");
         let out_per_s = match kind {
             QueueRole::Tier(_) | QueueRole::Parked(_) => previous.and_then(|(at, rows)| {
                 let before = rows.iter().find(|r| r.queue == name)?;
                 let dt = at.elapsed().as_secs_f64();
                 (dt > 0.5).then(|| (in_per_s - (ready - before.ready) as f64 / dt).max(0.0))
             }),
-            _ => rate(q, "ack_details").or(rate(q, "deliver_get_details")),
+            _ => stats.ack_details.rate.or(stats.deliver_get_details.rate),
         };
-        let ttl = q["arguments"]["x-message-ttl"]
-            .as_u64()
+        let ttl = q
+            .arguments
+            .get("x-message-ttl")
+            .and_then(Value::as_u64)
             .map(|ms| fmt_duration(Duration::from_millis(ms)));
         let next = match kind {
             QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => {
@@ -130,8 +127,9 @@ pub async fn collect(
             }
             QueueRole::Tier(_) => format!(
                 "on expiry -> {} -> retry lane",
-                q["arguments"]["x-dead-letter-exchange"]
-                    .as_str()
+                q.arguments
+                    .get("x-dead-letter-exchange")
+                    .and_then(Value::as_str)
                     .unwrap_or("(no dead-letter exchange!)")
             ),
             QueueRole::Parked(_) => "waits for `hookrelay tier release`".to_owned(),
@@ -142,13 +140,11 @@ pub async fn collect(
             role,
             exists: true,
             ready,
-            unacked: q["messages_unacknowledged"].as_i64().unwrap_or(0),
-            consumers: q["consumers"].as_i64().unwrap_or(0),
+            unacked: q.messages_unacknowledged,
+            consumers: q.consumers,
             in_per_s,
             out_per_s,
-            oldest_age_s: q["head_message_timestamp"]
-                .as_f64()
-                .map(|ts| (now - ts).max(0.0)),
+            oldest_age_s: q.head_message_timestamp.map(|ts| (now - ts).max(0.0)),
             ttl,
             next,
             held,

@@ -19,7 +19,8 @@ use lapin::{BasicProperties, Channel};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::broker::management::{Management, ManagementError};
+use crate::broker::error::{Refusal, refused};
+use crate::broker::management::{Management, ManagementError, Policy};
 use crate::broker::publish::Publisher;
 use crate::contract::headers;
 use crate::contract::headers::TENANT_HEADER;
@@ -112,14 +113,19 @@ pub async fn hold(
             FieldTable::default(),
         )
         .await?;
-    api.put(
-        &["policies", api.vhost(), &ladder.hold_policy(tier)],
-        &json!({
-            "pattern": exact_pattern(&ladder.tier_queue(tier)),
-            "apply-to": "queues",
-            "priority": HOLD_PRIORITY,
-            "definition": { "dead-letter-routing-key": ladder.held_routing_key(tier) },
-        }),
+    api.put_policy(
+        &ladder.hold_policy(tier),
+        &Policy {
+            pattern: exact_pattern(&ladder.tier_queue(tier)),
+            apply_to: "queues".to_owned(),
+            priority: HOLD_PRIORITY,
+            definition: [(
+                "dead-letter-routing-key".to_owned(),
+                json!(ladder.held_routing_key(tier)),
+            )]
+            .into_iter()
+            .collect(),
+        },
     )
     .await?;
     Ok(())
@@ -130,12 +136,6 @@ pub async fn hold(
 pub struct Released {
     pub first_pass: MoveReport,
     pub stragglers: MoveReport,
-}
-
-impl Released {
-    pub fn moved(&self) -> usize {
-        self.first_pass.moved + self.stragglers.moved
-    }
 }
 
 /// The routing key a parked message was promoted with before the hold: the broker records it in
@@ -165,7 +165,10 @@ pub async fn release(
     let parking = ladder.held_queue(tier);
     let parked = match crate::ops::mover::depth(channel, &parking).await {
         Ok(n) => n,
-        Err(_) => return Err(TierError::NotHeld(ladder.tier_queue(tier))),
+        Err(e) if refused(&e) == Some(Refusal::NotFound) => {
+            return Err(TierError::NotHeld(ladder.tier_queue(tier)));
+        }
+        Err(e) => return Err(e.into()),
     };
     let promote = ladder.promote_exchange();
     let plan = |props: &BasicProperties, _: &[u8]| Plan::Move {
@@ -184,8 +187,7 @@ pub async fn release(
         plan,
     )
     .await?;
-    api.delete(&["policies", api.vhost(), &ladder.hold_policy(tier)])
-        .await?;
+    api.delete_policy(&ladder.hold_policy(tier)).await?;
     // Policy changes reach queues asynchronously; once it is gone nothing new parks, and
     // unbinding the parking queue makes sure of it.
     wait_applied(api, ladder, tier, false, Duration::from_secs(10)).await?;
@@ -240,17 +242,15 @@ pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>,
     let mut out = Vec::new();
     for i in ladder.tier_ids() {
         let tier = ladder.tier(i);
-        let policy = api
-            .get_optional(&["policies", api.vhost(), &ladder.hold_policy(i)])
-            .await?;
+        let policy = api.policy(&ladder.hold_policy(i)).await?;
         let waiting = api
             .queue(&ladder.tier_queue(i))
             .await?
-            .and_then(|q| q["messages"].as_i64());
+            .and_then(|q| q.messages);
         let parked = api
             .queue(&ladder.held_queue(i))
             .await?
-            .and_then(|q| q["messages"].as_i64().or(Some(0)));
+            .map(|q| q.messages.unwrap_or(0));
         out.push(TierState {
             tier: tier.name.clone(),
             delay: crate::config::fmt_duration(tier.delay),
@@ -275,7 +275,7 @@ pub async fn wait_applied(
     let policy = ladder.hold_policy(tier);
     loop {
         let q = api.queue(&ladder.tier_queue(tier)).await?;
-        let applied = q.as_ref().and_then(|q| q["policy"].as_str()) == Some(policy.as_str());
+        let applied = q.and_then(|q| q.policy).as_deref() == Some(policy.as_str());
         if applied == held {
             return Ok(true);
         }

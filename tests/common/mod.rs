@@ -84,12 +84,11 @@ pub fn management(config: &Config) -> Management {
 
 /// The connections whose client-given name is `name` (they appear a moment after connecting).
 pub async fn connections_named(api: &Management, name: &str) -> usize {
-    let conns = api.get(&["connections"]).await.unwrap();
-    conns
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["client_properties"]["connection_name"].as_str() == Some(name))
+    api.connections()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.client_name() == Some(name))
         .count()
 }
 
@@ -205,14 +204,12 @@ impl TestLadder {
     pub async fn wait_bound(&self, exchange: &str, routing_key: &str) -> bool {
         let api = management(&self.config);
         wait_until(Duration::from_secs(10), async || {
-            api.get(&["exchanges", "/", exchange, "bindings", "source"])
-                .await
-                .is_ok_and(|bindings| {
-                    bindings.as_array().is_some_and(|b| {
-                        b.iter()
-                            .any(|binding| binding["routing_key"] == routing_key)
-                    })
-                })
+            api.objects().await.is_ok_and(|objects| {
+                objects
+                    .bindings
+                    .iter()
+                    .any(|(source, _, key)| source == exchange && key == routing_key)
+            })
         })
         .await
     }

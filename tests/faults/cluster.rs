@@ -12,8 +12,8 @@ async fn losing_the_queue_leaders_node_in_a_cluster_loses_nothing() {
     let mut sc = Scenario::setup(nodes[0].config(), "cluster").await;
     let api = management(&nodes[1].config());
     let lane = api.queue(&sc.t.ladder.first_lane()).await.unwrap().unwrap();
-    let leader = lane["leader"].as_str().unwrap_or_default().to_owned();
-    let members = lane["members"].as_array().map_or(0, Vec::len);
+    let leader = lane.leader.unwrap_or_default();
+    let members = lane.members.len();
     assert_eq!(members, 3, "quorum queues have a member on each node");
     let victim = nodes.iter().position(|n| n.name == leader).unwrap();
     let survivor = (victim + 1) % 3;

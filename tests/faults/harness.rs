@@ -184,15 +184,12 @@ impl HeldInTiers {
         );
         let mut held = 0;
         let api = common::management(&view.config);
-        if let Ok(serde_json::Value::Array(queues)) = api.get(&["queues", "/"]).await {
+        if let Ok(queues) = api.queues().await {
             for q in queues.iter().filter(|q| {
-                q["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(&format!("{}.retry-", view.ladder.prefix)))
+                q.name
+                    .starts_with(&format!("{}.retry-", view.ladder.prefix))
             }) {
-                let n = q["messages"].as_i64().unwrap_or(0)
-                    - q["messages_ready"].as_i64().unwrap_or(0)
-                    - q["messages_unacknowledged"].as_i64().unwrap_or(0);
+                let n = q.messages.unwrap_or(0) - q.messages_ready - q.messages_unacknowledged;
                 held += n.max(0) as usize;
             }
         }
