@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::units::fmt_duration;
+
 /// Variables with a meaning of their own rather than `<SECTION>_<KEY>`.
 const CONFIG_VAR: &str = "HOOKRELAY_CONFIG";
 const ENV_PREFIX: &str = "HOOKRELAY_";
@@ -575,11 +577,6 @@ impl Config {
         }
         names
     }
-}
-
-/// Formats a duration the way config files write it (`10s`, `1m30s`, `500ms`).
-pub fn fmt_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string().replace(' ', "")
 }
 
 fn merge(base: &mut toml::Table, overlay: toml::Table) {

@@ -39,7 +39,7 @@ async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
             &e.properties(),
             "acme",
             1,
-            envelope::now_ms(),
+            hookrelay::units::now_ms(),
             "HTTP 503",
             None,
         );

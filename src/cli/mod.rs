@@ -693,7 +693,7 @@ async fn worker(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
         subscriptions = subscriptions.current().len(),
         file = %path.display(),
         ladder = %ladder.prefix,
-        lease_window = %crate::config::fmt_duration(config.lease_window()),
+        lease_window = %crate::units::fmt_duration(config.lease_window()),
         "Starting worker"
     );
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);

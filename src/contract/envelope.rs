@@ -7,10 +7,10 @@
 //! ([`NewEvent::validate`]) and when a delivery is read ([`Envelope::from_delivery`]), so a
 //! message that could not have been published by us is refused the same way in both places.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use crate::units::{cut, now_ms, shorten};
 
 /// Header naming the subscription to deliver to (set by the producer). Without it the event
 /// fans out to every matching subscription of its tenant.
@@ -57,6 +57,8 @@ pub const MAX_TENANT_LEN: usize = 64;
 pub const MAX_TYPE_LEN: usize = 128;
 /// Error text kept in headers is cut to this many bytes.
 const MAX_ERROR_LEN: usize = 512;
+/// A refused id, tenant or type is shown up to this many bytes.
+const MAX_SHOWN_LEN: usize = 80;
 /// An attempts header above this is not something hookrelay wrote.
 const MAX_PLAUSIBLE_ATTEMPTS: u64 = 10_000;
 
@@ -97,7 +99,7 @@ pub fn check_id(id: &str) -> Result<(), InvalidEnvelope> {
     if is_token(id, MAX_ID_LEN, &['_', '-']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadId(shorten(id)))
+        Err(InvalidEnvelope::BadId(shorten(id, MAX_SHOWN_LEN)))
     }
 }
 
@@ -106,7 +108,7 @@ pub fn check_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
     if is_token(tenant, MAX_TENANT_LEN, &['_', '-']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadTenant(shorten(tenant)))
+        Err(InvalidEnvelope::BadTenant(shorten(tenant, MAX_SHOWN_LEN)))
     }
 }
 
@@ -114,7 +116,7 @@ pub fn check_event_type(kind: &str) -> Result<(), InvalidEnvelope> {
     if is_token(kind, MAX_TYPE_LEN, &['.', '_', '-', ':']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadType(shorten(kind)))
+        Err(InvalidEnvelope::BadType(shorten(kind, MAX_SHOWN_LEN)))
     }
 }
 
@@ -136,17 +138,6 @@ fn is_token(s: &str, max: usize, extra: &[char]) -> bool {
         && s.len() <= max
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
-}
-
-fn shorten(s: &str) -> String {
-    if s.len() <= 80 {
-        return s.to_owned();
-    }
-    let mut end = 80;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
 /// An event as a producer hands it to [`crate::broker::publish::Publisher::publish_event`].
@@ -389,25 +380,6 @@ fn header_u64(
     }
 }
 
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
-fn cut(text: &str) -> &str {
-    if text.len() <= MAX_ERROR_LEN {
-        return text;
-    }
-    let mut end = MAX_ERROR_LEN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// The original properties, persistent, ready to have hookrelay's headers added. Left behind:
 /// the broker's dead-letter headers, `expiration` (a republished message must not expire
 /// out of a lane) and `user_id` (the broker checks it against the publishing connection).
@@ -479,7 +451,11 @@ pub fn retry_properties(
     }
     put_u64(&mut headers, ATTEMPTS_HEADER, attempts_made.into());
     put_u64(&mut headers, DUE_HEADER, due_ms);
-    put_str(&mut headers, LAST_ERROR_HEADER, cut(last_error));
+    put_str(
+        &mut headers,
+        LAST_ERROR_HEADER,
+        cut(last_error, MAX_ERROR_LEN),
+    );
     props.with_headers(headers)
 }
 
@@ -498,7 +474,11 @@ pub struct DeadLetter<'a> {
 pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> BasicProperties {
     let (props, mut headers) = carried(original);
     put_str(&mut headers, REASON_HEADER, dead.reason);
-    put_str(&mut headers, LAST_ERROR_HEADER, cut(dead.error));
+    put_str(
+        &mut headers,
+        LAST_ERROR_HEADER,
+        cut(dead.error, MAX_ERROR_LEN),
+    );
     put_u64(&mut headers, ATTEMPTS_HEADER, dead.attempts_made.into());
     put_u64(&mut headers, DEAD_AT_HEADER, now_ms());
     if let Some(status) = dead.status {

@@ -16,14 +16,15 @@ use tracing::{debug, error, info, warn};
 use crate::broker::publish::{PublishError, Publisher};
 use crate::broker::topology::Ladder;
 use crate::config::Config;
-use crate::contract::envelope::{self, DeadLetter, Envelope, InvalidEnvelope, now_ms};
+use crate::contract::envelope::{self, DeadLetter, Envelope, InvalidEnvelope};
 use crate::delivery::endpoint::Endpoints;
 use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::route::{AttemptResult, CancelReason, DeadReason, Outcome, decide};
 use crate::delivery::signing::signature_header;
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
-use crate::observe::events::{AttemptRecord, Notices, OperationalEvent, now_rfc3339};
+use crate::observe::events::{AttemptRecord, Notices, OperationalEvent};
 use crate::observe::metrics::Metrics;
+use crate::units::{now_ms, now_rfc3339};
 
 /// Which kind of lane a delivery came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

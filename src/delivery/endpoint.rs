@@ -223,7 +223,7 @@ impl std::fmt::Display for Deferral {
             Deferral::BreakerOpen { endpoint, retry_in } => write!(
                 f,
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
-                crate::config::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
+                crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
             ),
             Deferral::OverCap {
                 endpoint,
@@ -232,7 +232,7 @@ impl std::fmt::Display for Deferral {
             } => write!(
                 f,
                 "deferred: {endpoint} had {cap} attempts in flight for {}",
-                crate::config::fmt_duration(*waited)
+                crate::units::fmt_duration(*waited)
             ),
         }
     }

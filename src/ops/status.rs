@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::broker::management::{Management, ManagementError};
 use crate::broker::topology::Ladder;
-use crate::config::fmt_duration;
+use crate::units::fmt_duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {

@@ -268,7 +268,7 @@ pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>,
             .and_then(|q| q["messages"].as_i64().or(Some(0)));
         out.push(TierState {
             tier: tier.name.clone(),
-            delay: crate::config::fmt_duration(tier.delay),
+            delay: crate::units::fmt_duration(tier.delay),
             waiting,
             held: policy.is_some(),
             parked,

@@ -335,13 +335,13 @@ pub fn ladder_file(t: &TestLadder, dir: &tempfile::TempDir) -> std::path::PathBu
         .ladder
         .tiers
         .iter()
-        .map(|tier| hookrelay::config::fmt_duration(tier.delay))
+        .map(|tier| hookrelay::units::fmt_duration(tier.delay))
         .collect();
     let schedule = t
         .ladder
         .schedule
         .iter()
-        .map(|&i| hookrelay::config::fmt_duration(t.ladder.tiers[i].delay))
+        .map(|&i| hookrelay::units::fmt_duration(t.ladder.tiers[i].delay))
         .collect();
     std::fs::write(
         &path,

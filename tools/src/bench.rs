@@ -32,8 +32,9 @@ use serde::Serialize;
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::contract::envelope::{self, NewEvent};
 use hookrelay::delivery::signing::generate_secret;
+use hookrelay::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -16,13 +16,14 @@ use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::broker::topology::{Ladder, QueueType};
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{self, NewEvent, now_ms};
+use hookrelay::contract::envelope::{self, NewEvent};
 use hookrelay::delivery::signing::generate_secret;
 use hookrelay::delivery::subscriptions::{
     EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
 };
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
 use hookrelay::ops::progress::Progress;
+use hookrelay::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
