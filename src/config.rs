@@ -146,8 +146,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
     pub reload: ReloadConfig,
-    pub egress: crate::delivery::egress::EgressConfig,
-    pub endpoints: crate::delivery::endpoint::EndpointConfig,
+    pub egress: EgressConfig,
+    pub endpoints: EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
@@ -165,8 +165,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
             reload: ReloadConfig::default(),
-            egress: crate::delivery::egress::EgressConfig::default(),
-            endpoints: crate::delivery::endpoint::EndpointConfig::default(),
+            egress: EgressConfig::default(),
+            endpoints: EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
         }
@@ -343,6 +343,55 @@ impl Default for ReloadConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The egress section of the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// CIDRs allowed even though they are in a blocked class, e.g. `["127.0.0.0/8"]` for a local
+    /// test endpoint or `["10.20.0.0/16"]` for an internal partner network.
+    pub allow: Vec<String>,
+    /// Refuse `http://` endpoints.
+    pub https_only: bool,
+    /// Ports endpoints may use; empty allows any.
+    pub allowed_ports: Vec<u16>,
+    /// An outbound HTTP(S) proxy for every delivery, e.g. `http://proxy.internal:3128`; empty for
+    /// none. The proxy's own address is exempt from the policy; the target's addresses are
+    /// checked by hookrelay before the request, and the proxy must enforce the rest.
+    pub proxy: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Attempts at once per endpoint (host and port); a subscription may set its own.
+    pub max_concurrent: u32,
+    /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
+    /// the attempt budget the lease rule checks.
+    #[serde(with = "humantime_serde")]
+    pub wait: Duration,
+    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker refuses attempts before it lets one probe through.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cooldown: Duration,
+    /// Deferrals moved to their tier per second at most, per worker (0: no limit). A dead
+    /// endpoint's backlog then drains into the tiers at this pace instead of as fast as the
+    /// broker allows, which would load the broker and the worker at other tenants' expense.
+    pub defer_rate: u32,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 64,
+            wait: Duration::from_secs(5),
+            breaker_failures: 20,
+            breaker_cooldown: Duration::from_secs(30),
+            defer_rate: 500,
         }
     }
 }

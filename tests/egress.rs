@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hookrelay::config::EgressConfig;
 use hookrelay::config::HttpConfig;
-use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, StaticLookup};
+use hookrelay::delivery::egress::{EgressPolicy, StaticLookup};
 use hookrelay::delivery::http::{HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
 use hookrelay_tools::receiver::{Receiver, Reply};

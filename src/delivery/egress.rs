@@ -17,24 +17,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
-/// The egress section of the configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EgressConfig {
-    /// CIDRs allowed even though they are in a blocked class, e.g. `["127.0.0.0/8"]` for a local
-    /// test endpoint or `["10.20.0.0/16"]` for an internal partner network.
-    pub allow: Vec<String>,
-    /// Refuse `http://` endpoints.
-    pub https_only: bool,
-    /// Ports endpoints may use; empty allows any.
-    pub allowed_ports: Vec<u16>,
-    /// An outbound HTTP(S) proxy for every delivery, e.g. `http://proxy.internal:3128`; empty for
-    /// none. The proxy's own address is exempt from the policy; the target's addresses are
-    /// checked by hookrelay before the request, and the proxy must enforce the rest.
-    pub proxy: String,
-}
+use crate::config::EgressConfig;
 
 /// Why an address is not a place to send webhooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
