@@ -113,6 +113,8 @@ impl SecretUrl {
                 let user = userinfo.split(':').next().unwrap_or_default();
                 format!("{}{user}:***{}", &self.0[..scheme_end + 3], &self.0[at..])
             }
+            // No scheme (`user:pass@host:port`): whatever precedes the `@` may be a password.
+            (_, Some(at)) => format!("***{}", &self.0[at..]),
             _ => self.0.clone(),
         }
     }
@@ -474,9 +476,19 @@ impl Config {
             .expose()
             .parse::<lapin::uri::AMQPUri>()
             .map_err(|e| ConfigError::invalid("amqp.url", format!("not an AMQP URI: {e}")))?;
-        reqwest::Url::parse(self.management.url.expose()).map_err(|e| {
+        let management = reqwest::Url::parse(self.management.url.expose()).map_err(|e| {
             ConfigError::invalid("management.url", format!("not an http(s) URL: {e}"))
         })?;
+        if !matches!(management.scheme(), "http" | "https") || !management.has_host() {
+            return Err(ConfigError::invalid(
+                "management.url",
+                format!(
+                    "expected an http(s) URL with a host, like http://user:pass@host:15672; \
+                     found {}",
+                    self.management.url
+                ),
+            ));
+        }
         for (field, value) in [
             ("amqp.confirm_timeout", self.amqp.confirm_timeout),
             ("amqp.reconnect_min", self.amqp.reconnect_min),
@@ -678,10 +690,16 @@ fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> 
         };
         let Some(raw) = env.var(&var) else { continue };
         let target = match section {
-            Some(s) => table
-                .get_mut(s)
-                .and_then(toml::Value::as_table_mut)
-                .expect("env slots come from this table"),
+            Some(s) => match table.get_mut(s).and_then(toml::Value::as_table_mut) {
+                Some(section) => section,
+                // The slots come from this very table; an error, not a panic, should that change.
+                None => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("the config file sets {s} to a value, not a section"),
+                    });
+                }
+            },
             None => &mut *table,
         };
         let typed = match target.get(key.as_str()) {
@@ -826,6 +844,23 @@ mod tests {
         std::fs::write(&path, "[http]\nrequest_timout = \"20s\"\n").unwrap();
         let err = Config::load(Some(&path), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("request_timout"), "{err}");
+    }
+
+    #[test]
+    fn a_management_url_must_be_http_with_a_host() {
+        for bad in [
+            "localhost:15672",
+            "ftp://h:21",
+            "guest:guest@localhost:15672",
+        ] {
+            let err = Config::load(None, &env(&[("HOOKRELAY_MANAGEMENT_URL", bad)])).unwrap_err();
+            let shown = err.to_string();
+            assert!(
+                shown.starts_with("invalid setting management.url"),
+                "{bad}: {shown}"
+            );
+            assert!(!shown.contains("guest:guest"), "{shown}");
+        }
     }
 
     #[test]

@@ -44,6 +44,12 @@ impl Management {
     pub fn new(url: &SecretUrl, vhost: &str) -> Result<Self, ManagementError> {
         let mut base = reqwest::Url::parse(url.expose())
             .map_err(|e| ManagementError::BadUrl(format!("{url}: {e}")))?;
+        // A URL without `scheme://` (`localhost:15672`) parses, but has no path to add to.
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(ManagementError::BadUrl(format!(
+                "{url}: expected http(s)://user:pass@host:15672"
+            )));
+        }
         let user = percent_decode(base.username());
         let password = percent_decode(base.password().unwrap_or_default());
         let _ = base.set_username("");
@@ -77,18 +83,18 @@ impl Management {
     }
 
     /// `/api/<segments...>` with each segment percent-encoded (so vhost `/` becomes `%2F`).
-    fn url(&self, segments: &[&str]) -> reqwest::Url {
+    fn url(&self, segments: &[&str]) -> Result<reqwest::Url, ManagementError> {
         let mut url = self.base.clone();
         {
             let mut path = url
                 .path_segments_mut()
-                .expect("http URLs have path segments");
+                .map_err(|()| ManagementError::BadUrl(self.shown.clone()))?;
             path.pop_if_empty().push("api");
             for s in segments {
                 path.push(s);
             }
         }
-        url
+        Ok(url)
     }
 
     async fn request(
@@ -100,7 +106,7 @@ impl Management {
         let what = format!("{method} /api/{}", segments.join("/"));
         let mut req = self
             .client
-            .request(method, self.url(segments))
+            .request(method, self.url(segments)?)
             .basic_auth(&self.user, Some(&self.password));
         if let Some(body) = body {
             req = req.json(body);
@@ -262,4 +268,27 @@ fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_without_a_scheme_is_refused_when_the_client_is_built() {
+        for bad in [
+            "localhost:15672",
+            "guest:guest@localhost:15672",
+            "ftp://h:21/",
+        ] {
+            let err = Management::new(&SecretUrl::new(bad), "/").unwrap_err();
+            assert!(matches!(err, ManagementError::BadUrl(_)), "{bad}: {err}");
+            assert!(!err.to_string().contains("guest:guest"), "{err}");
+        }
+        let api = Management::new(&SecretUrl::new("http://u:p@h:15672"), "/").unwrap();
+        assert_eq!(
+            api.url(&["queues", "/"]).unwrap().as_str(),
+            "http://h:15672/api/queues/%2F"
+        );
+    }
 }
