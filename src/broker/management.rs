@@ -1,6 +1,7 @@
 //! The RabbitMQ management HTTP API: what `topology plan` compares against, and what tools and
 //! tests use to look at queues and connections.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -27,8 +28,8 @@ pub enum ManagementError {
     Unexpected { what: String, message: String },
 }
 
-/// A client for one broker's management API, scoped to one vhost.
-#[derive(Debug, Clone)]
+/// A client for one broker's management API, scoped to one vhost. `Debug` leaves the password out.
+#[derive(Clone)]
 pub struct Management {
     client: reqwest::Client,
     base: reqwest::Url,
@@ -36,6 +37,17 @@ pub struct Management {
     password: String,
     shown: String,
     vhost: String,
+}
+
+impl fmt::Debug for Management {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Management")
+            .field("base", &self.shown)
+            .field("user", &self.user)
+            .field("password", &"***")
+            .field("vhost", &self.vhost)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Management {
@@ -290,5 +302,13 @@ mod tests {
             api.url(&["queues", "/"]).unwrap().as_str(),
             "http://h:15672/api/queues/%2F"
         );
+    }
+
+    #[test]
+    fn debug_output_leaves_the_password_out() {
+        let api = Management::new(&SecretUrl::new("http://ops:s3cret@h:15672"), "/").unwrap();
+        let shown = format!("{api:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("ops"), "{shown}");
     }
 }
