@@ -196,8 +196,7 @@ async fn scheme_and_port_rules() {
         https_only: true,
         allowed_ports: vec![443],
         ..EgressConfig::default()
-    })
-    .unwrap();
+    });
     let lookup = StaticLookup::default().with("public.test", &["93.184.216.34"]);
     let sender = sender(policy, lookup);
     assert!(denied(&post(&sender, "http://public.test/").await).contains("not https"));
@@ -267,10 +266,9 @@ async fn through_a_proxy_targets_are_still_checked() {
     let s = common::secret();
     let proxy = common::ok_receiver(&s).await;
     let policy = EgressPolicy::from_config(&EgressConfig {
-        proxy: proxy.url(""),
+        proxy: Some(proxy.url("").parse().unwrap()),
         ..EgressConfig::default()
-    })
-    .unwrap();
+    });
     let lookup = StaticLookup::default()
         .with("public.test", &["93.184.216.34"])
         .with("internal.test", &["10.0.0.1"]);
