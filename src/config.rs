@@ -8,10 +8,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use ipnet::IpNet;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use url::Url;
+
+use crate::units::fmt_duration;
 
 /// Variables with a meaning of their own rather than `<SECTION>_<KEY>`.
 const CONFIG_VAR: &str = "HOOKRELAY_CONFIG";
@@ -81,38 +88,68 @@ impl Env for HashMap<String, String> {
 }
 
 /// A URL that may carry credentials: `Debug` and `Display` never show the password.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SecretUrl(String);
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(Url);
 
 impl SecretUrl {
-    pub fn new(url: impl Into<String>) -> Self {
-        Self(url.into())
+    pub fn parse(text: &str) -> Result<Self, url::ParseError> {
+        Url::parse(text).map(Self)
     }
+
+    /// A URL this file writes as a default; the defaults are parsed by every test that loads a
+    /// configuration.
+    fn shipped(text: &'static str) -> Self {
+        Self::parse(text).expect("the shipped default URLs parse")
+    }
+
     /// The full URL, credentials included. Only for handing to a client library.
     pub fn expose(&self) -> &str {
+        self.0.as_str()
+    }
+
+    /// The parsed URL, credentials included. Only for handing to a client library.
+    pub fn expose_url(&self) -> &Url {
         &self.0
     }
+
     /// The URL with no user information at all, for showing as a link.
     pub fn without_credentials(&self) -> String {
-        match (self.0.find("://"), self.0.rfind('@')) {
-            (Some(scheme_end), Some(at)) if at > scheme_end => {
-                format!("{}{}", &self.0[..scheme_end + 3], &self.0[at + 1..])
-            }
-            _ => self.0.clone(),
+        let mut url = self.0.clone();
+        if url.set_username("").is_err() || url.set_password(None).is_err() {
+            return self.redacted();
         }
+        url.to_string()
     }
 
     /// The URL with any password replaced by `***`.
     pub fn redacted(&self) -> String {
-        match (self.0.find("://"), self.0.rfind('@')) {
-            (Some(scheme_end), Some(at)) if at > scheme_end => {
-                let userinfo = &self.0[scheme_end + 3..at];
-                let user = userinfo.split(':').next().unwrap_or_default();
-                format!("{}{user}:***{}", &self.0[..scheme_end + 3], &self.0[at..])
-            }
-            _ => self.0.clone(),
+        let text = self.0.as_str();
+        if self.0.cannot_be_a_base() {
+            // Written without `scheme://` (`user:pass@host:port` parses as scheme `user`):
+            // whatever precedes the `@` may be a password.
+            return match text.rfind('@') {
+                Some(at) => format!("***{}", &text[at..]),
+                None => text.to_owned(),
+            };
         }
+        let mut url = self.0.clone();
+        if !url.username().is_empty() || url.password().is_some() {
+            let _ = url.set_password(Some("***"));
+        }
+        url.to_string()
+    }
+}
+
+impl FromStr for SecretUrl {
+    type Err = url::ParseError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+impl From<Url> for SecretUrl {
+    fn from(url: Url) -> Self {
+        Self(url)
     }
 }
 
@@ -125,6 +162,20 @@ impl fmt::Debug for SecretUrl {
 impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
+    }
+}
+
+impl Serialize for SecretUrl {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.expose())
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretUrl {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        // The text is not repeated: it may hold a password.
+        Self::parse(&text).map_err(|e| D::Error::custom(format!("expected a URL ({e})")))
     }
 }
 
@@ -144,8 +195,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
     pub reload: ReloadConfig,
-    pub egress: crate::delivery::egress::EgressConfig,
-    pub endpoints: crate::delivery::endpoint::EndpointConfig,
+    pub egress: EgressConfig,
+    pub endpoints: EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
 }
@@ -163,8 +214,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
             reload: ReloadConfig::default(),
-            egress: crate::delivery::egress::EgressConfig::default(),
-            endpoints: crate::delivery::endpoint::EndpointConfig::default(),
+            egress: EgressConfig::default(),
+            endpoints: EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
         }
@@ -189,7 +240,7 @@ pub struct AmqpConfig {
 impl Default for AmqpConfig {
     fn default() -> Self {
         Self {
-            url: SecretUrl::new("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            url: SecretUrl::shipped("amqp://guest:guest@127.0.0.1:5672/%2f"),
             confirm_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(200),
             reconnect_max: Duration::from_secs(10),
@@ -207,7 +258,7 @@ pub struct ManagementConfig {
 impl Default for ManagementConfig {
     fn default() -> Self {
         Self {
-            url: SecretUrl::new("http://guest:guest@127.0.0.1:15672"),
+            url: SecretUrl::shipped("http://guest:guest@127.0.0.1:15672"),
         }
     }
 }
@@ -345,11 +396,66 @@ impl Default for ReloadConfig {
     }
 }
 
+/// The egress section of the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// CIDRs allowed even though they are in a blocked class, e.g. `["127.0.0.0/8"]` for a local
+    /// test endpoint or `["10.20.0.0/16"]` for an internal partner network. A bare address is
+    /// a network of one.
+    #[serde(serialize_with = "write_nets", deserialize_with = "read_nets")]
+    pub allow: Vec<IpNet>,
+    /// Refuse `http://` endpoints.
+    pub https_only: bool,
+    /// Ports endpoints may use; empty allows any.
+    pub allowed_ports: Vec<u16>,
+    /// An outbound HTTP(S) proxy for every delivery, e.g. `http://proxy.internal:3128`; `""`
+    /// in the file or the environment for none. The proxy's own address is exempt from the
+    /// policy; the target's addresses are checked by hookrelay before the request, and the proxy
+    /// must enforce the rest. It may carry credentials, so it is kept as a [`SecretUrl`].
+    #[serde(serialize_with = "write_optional", deserialize_with = "read_proxy")]
+    pub proxy: Option<SecretUrl>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Attempts at once per endpoint (host and port); a subscription may set its own.
+    pub max_concurrent: u32,
+    /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
+    /// the attempt budget the lease rule checks.
+    #[serde(with = "humantime_serde")]
+    pub wait: Duration,
+    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker refuses attempts before it lets one probe through.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cooldown: Duration,
+    /// Deferrals moved to their tier per second at most, per worker (0: no limit). A dead
+    /// endpoint's backlog then drains into the tiers at this pace instead of as fast as the
+    /// broker allows, which would load the broker and the worker at other tenants' expense.
+    pub defer_rate: u32,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 64,
+            wait: Duration::from_secs(5),
+            breaker_failures: 20,
+            breaker_cooldown: Duration::from_secs(30),
+            defer_rate: 500,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Where the worker serves `/metrics`, `/healthz` and `/readyz`; empty turns it off.
-    pub listen: String,
+    /// Where the worker serves `/metrics`, `/healthz` and `/readyz`; `None` (`""` in the file or
+    /// the environment) turns it off.
+    #[serde(serialize_with = "write_optional", deserialize_with = "read_listen")]
+    pub listen: Option<SocketAddr>,
     /// How often queue depths are read from the management API.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -358,7 +464,7 @@ pub struct MetricsConfig {
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
-            listen: "0.0.0.0:9464".into(),
+            listen: Some(SocketAddr::from(([0, 0, 0, 0], 9464))),
             poll_interval: Duration::from_secs(15),
         }
     }
@@ -369,15 +475,25 @@ impl Default for MetricsConfig {
 pub struct LogConfig {
     /// A `tracing` filter such as `info` or `hookrelay=debug,lapin=warn`; `RUST_LOG` wins when set.
     pub level: String,
-    /// `text` or `json`.
-    pub format: String,
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         Self {
             level: "info".into(),
-            format: "text".into(),
+            format: LogFormat::Text,
         }
     }
 }
@@ -423,9 +539,17 @@ impl Config {
             .expose()
             .parse::<lapin::uri::AMQPUri>()
             .map_err(|e| ConfigError::invalid("amqp.url", format!("not an AMQP URI: {e}")))?;
-        reqwest::Url::parse(self.management.url.expose()).map_err(|e| {
-            ConfigError::invalid("management.url", format!("not an http(s) URL: {e}"))
-        })?;
+        let management = self.management.url.expose_url();
+        if !matches!(management.scheme(), "http" | "https") || !management.has_host() {
+            return Err(ConfigError::invalid(
+                "management.url",
+                format!(
+                    "expected an http(s) URL with a host, like http://user:pass@host:15672; \
+                     found {}",
+                    self.management.url
+                ),
+            ));
+        }
         for (field, value) in [
             ("amqp.confirm_timeout", self.amqp.confirm_timeout),
             ("amqp.reconnect_min", self.amqp.reconnect_min),
@@ -519,36 +643,6 @@ impl Config {
                 ),
             ));
         }
-        if !self.metrics.listen.is_empty()
-            && self.metrics.listen.parse::<std::net::SocketAddr>().is_err()
-        {
-            return Err(ConfigError::invalid(
-                "metrics.listen",
-                format!(
-                    "{:?} is not an address like \"0.0.0.0:9464\" (empty turns the endpoint off)",
-                    self.metrics.listen
-                ),
-            ));
-        }
-        crate::delivery::egress::EgressPolicy::from_config(&self.egress).map_err(|e| {
-            ConfigError::invalid(
-                if e.field == "allow" {
-                    "egress.allow"
-                } else {
-                    "egress.proxy"
-                },
-                e.message,
-            )
-        })?;
-        match self.log.format.as_str() {
-            "text" | "json" => {}
-            other => {
-                return Err(ConfigError::invalid(
-                    "log.format",
-                    format!("expected \"text\" or \"json\", found {other:?}"),
-                ));
-            }
-        }
         Ok(())
     }
 
@@ -577,9 +671,67 @@ impl Config {
     }
 }
 
-/// Formats a duration the way config files write it (`10s`, `1m30s`, `500ms`).
-pub fn fmt_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string().replace(' ', "")
+/// Writes `None` as `""`, the form files and the environment use for "off" (and so the
+/// defaults keep a key, and an environment name, for a setting that is off).
+fn write_optional<T: Serialize, S: Serializer>(
+    value: &Option<T>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => value.serialize(serializer),
+        None => serializer.serialize_str(""),
+    }
+}
+
+/// `""` is `None`; anything else must parse.
+fn read_optional<'de, D: Deserializer<'de>, T>(
+    deserializer: D,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.is_empty() {
+        return Ok(None);
+    }
+    parse(&text).map(Some).map_err(D::Error::custom)
+}
+
+fn read_listen<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<SocketAddr>, D::Error> {
+    read_optional(deserializer, |text| {
+        text.parse().map_err(|_| {
+            format!(
+                "expected an address like \"0.0.0.0:9464\" (or \"\" to turn the endpoint off), \
+                 found {text:?}"
+            )
+        })
+    })
+}
+
+fn read_proxy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<SecretUrl>, D::Error> {
+    read_optional(deserializer, |text| {
+        // The text is not repeated: it may hold a password.
+        SecretUrl::parse(text).map_err(|e| {
+            format!("expected a URL like \"http://proxy.internal:3128\" (or \"\" for none) ({e})")
+        })
+    })
+}
+
+fn write_nets<S: Serializer>(nets: &[IpNet], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(nets.iter().map(ToString::to_string))
+}
+
+fn read_nets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
+    Vec::<String>::deserialize(deserializer)?
+        .iter()
+        .map(|text| {
+            text.parse::<IpNet>()
+                .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    D::Error::custom(format!(
+                        "{text:?} is not a CIDR like \"10.20.0.0/16\" or an address"
+                    ))
+                })
+        })
+        .collect()
 }
 
 fn merge(base: &mut toml::Table, overlay: toml::Table) {
@@ -632,10 +784,16 @@ fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> 
         };
         let Some(raw) = env.var(&var) else { continue };
         let target = match section {
-            Some(s) => table
-                .get_mut(s)
-                .and_then(toml::Value::as_table_mut)
-                .expect("env slots come from this table"),
+            Some(s) => match table.get_mut(s).and_then(toml::Value::as_table_mut) {
+                Some(section) => section,
+                // The slots come from this very table; an error, not a panic, should that change.
+                None => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("the config file sets {s} to a value, not a section"),
+                    });
+                }
+            },
             None => &mut *table,
         };
         let typed = match target.get(key.as_str()) {
@@ -739,7 +897,13 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(config.egress.allow, vec!["127.0.0.0/8", "10.20.0.0/16"]);
+        assert_eq!(
+            config.egress.allow,
+            vec![
+                "127.0.0.0/8".parse::<IpNet>().unwrap(),
+                "10.20.0.0/16".parse().unwrap()
+            ]
+        );
         assert_eq!(config.egress.allowed_ports, vec![443, 8443]);
         assert!(config.egress.https_only);
         assert_eq!(config.http.request_timeout, Duration::from_secs(12));
@@ -783,6 +947,102 @@ mod tests {
     }
 
     #[test]
+    fn a_management_url_must_be_http_with_a_host() {
+        for bad in [
+            "localhost:15672",
+            "ftp://h:21",
+            "guest:guest@localhost:15672",
+        ] {
+            let err = Config::load(None, &env(&[("HOOKRELAY_MANAGEMENT_URL", bad)])).unwrap_err();
+            let shown = err.to_string();
+            assert!(
+                shown.starts_with("invalid setting management.url"),
+                "{bad}: {shown}"
+            );
+            assert!(!shown.contains("guest:guest"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn typed_settings_name_the_field_and_what_they_expect() {
+        for (var, value, expected) in [
+            ("HOOKRELAY_LOG_FORMAT", "xml", "expected `text` or `json`"),
+            ("HOOKRELAY_METRICS_LISTEN", "port 9464", "an address like"),
+            ("HOOKRELAY_EGRESS_ALLOW", "not-a-cidr", "is not a CIDR"),
+            (
+                "HOOKRELAY_EGRESS_PROXY",
+                "http://u:s3cret@[::",
+                "a URL like",
+            ),
+            (
+                "HOOKRELAY_MANAGEMENT_URL",
+                "http://u:s3cret@[::",
+                "expected a URL",
+            ),
+        ] {
+            let err = Config::load(None, &env(&[(var, value)])).unwrap_err();
+            let shown = err.to_string();
+            let field = var
+                .trim_start_matches("HOOKRELAY_")
+                .to_lowercase()
+                .replacen('_', ".", 1);
+            assert!(shown.contains(&field), "{var}: {shown}");
+            assert!(shown.contains(expected), "{var}: {shown}");
+            assert!(!shown.contains("s3cret"), "{var}: {shown}");
+        }
+    }
+
+    #[test]
+    fn empty_turns_metrics_and_the_proxy_off() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("HOOKRELAY_METRICS_LISTEN", ""),
+                ("HOOKRELAY_EGRESS_PROXY", ""),
+                ("HOOKRELAY_LOG_FORMAT", "json"),
+                ("HOOKRELAY_EGRESS_ALLOW", "10.1.2.3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.metrics.listen, None);
+        assert_eq!(config.egress.proxy, None);
+        assert_eq!(config.log.format, LogFormat::Json);
+        // A bare address is a network of one.
+        assert_eq!(
+            config.egress.allow,
+            vec!["10.1.2.3/32".parse::<IpNet>().unwrap()]
+        );
+        assert_eq!(
+            Config::default().metrics.listen,
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        // Off still has a key, so it still has an environment name.
+        assert!(
+            Config::env_names()
+                .iter()
+                .any(|n| n == "HOOKRELAY_EGRESS_PROXY")
+        );
+    }
+
+    #[test]
+    fn a_proxy_password_never_reaches_debug_output() {
+        let config = Config::load(
+            None,
+            &env(&[(
+                "HOOKRELAY_EGRESS_PROXY",
+                "http://ops:s3cret@proxy.internal:3128",
+            )]),
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("ops:***@proxy.internal:3128"), "{shown}");
+        let proxy = config.egress.proxy.unwrap();
+        assert_eq!(proxy.expose(), "http://ops:s3cret@proxy.internal:3128/");
+        assert_eq!(proxy.without_credentials(), "http://proxy.internal:3128/");
+    }
+
+    #[test]
     fn the_retry_share_splits_a_budget() {
         let w = WorkerConfig::default();
         assert_eq!(w.split(300), (210, 90));
@@ -799,6 +1059,10 @@ mod tests {
         let shown = format!("{config:?}");
         assert!(!shown.contains("guest:guest"), "{shown}");
         assert!(shown.contains("guest:***@127.0.0.1:5672"));
+        // Written without a scheme, the part before the `@` may be a password.
+        let bare = SecretUrl::parse("guest:s3cret@localhost:15672").unwrap();
+        assert_eq!(bare.to_string(), "***@localhost:15672");
+        assert_eq!(bare.without_credentials(), "***@localhost:15672");
     }
 
     #[test]

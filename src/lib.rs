@@ -13,6 +13,7 @@
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, redrive, the mover, progress.
 //! - [`cli`]: the command line.
+//! - [`units`]: durations, clocks, truncation: a leaf every module may use.
 //!
 //! The demo, the bench and the verifying receiver live in `tools/`, outside this library.
 
@@ -25,3 +26,4 @@ pub mod contract;
 pub mod delivery;
 pub mod observe;
 pub mod ops;
+pub mod units;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hookrelay::cli::{self, Cli};
-use hookrelay::config::{Config, ProcessEnv};
+use hookrelay::config::{Config, LogFormat, ProcessEnv};
 use tracing_subscriber::EnvFilter;
 
 // Many small allocations per delivery (headers, futures, buffers) across threads: mimalloc's
@@ -29,10 +29,9 @@ fn main() -> ExitCode {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if config.log.format == "json" {
-        logs.json().init();
-    } else {
-        logs.init();
+    match config.log.format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,

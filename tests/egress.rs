@@ -13,9 +13,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::Counters;
 use common::egress::{StaticLookup, allowing};
+use hookrelay::config::EgressConfig;
 use hookrelay::config::HttpConfig;
 use hookrelay::contract::envelope::EnvelopeId;
-use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, GuardedResolver, ResolveError};
+use hookrelay::delivery::egress::{EgressPolicy, GuardedResolver, ResolveError};
 use hookrelay::delivery::http::{HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -221,8 +222,7 @@ async fn scheme_and_port_rules() {
         https_only: true,
         allowed_ports: vec![443],
         ..EgressConfig::default()
-    })
-    .unwrap();
+    });
     let lookup = StaticLookup::default().with("public.test", &["93.184.216.34"]);
     let sender = sender(policy, lookup);
     assert!(denied(&post(&sender, "http://public.test/").await).contains("not https"));
@@ -285,10 +285,9 @@ async fn through_a_proxy_targets_are_still_checked() {
     let s = common::secret();
     let proxy = common::ok_receiver(&s).await;
     let policy = EgressPolicy::from_config(&EgressConfig {
-        proxy: proxy.url(""),
+        proxy: Some(proxy.url("").parse().unwrap()),
         ..EgressConfig::default()
-    })
-    .unwrap();
+    });
     let lookup = StaticLookup::default()
         .with("public.test", &["93.184.216.34"])
         .with("internal.test", &["10.0.0.1"]);

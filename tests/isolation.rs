@@ -12,7 +12,6 @@ use common::{
     Counters, RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription,
     wait_until,
 };
-use hookrelay::contract::envelope;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::QueueType;
 use hookrelay_tools::receiver::{Receiver, Reply};
@@ -28,7 +27,7 @@ async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
             &e.properties(),
             "acme",
             1,
-            envelope::now_ms(),
+            hookrelay::units::now_ms(),
             "HTTP 503",
             None,
         );

@@ -2,6 +2,7 @@
 //! against, what `status`, `tier` and the worker's depth metrics read, and what tools and tests
 //! use to look at queues and connections.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -30,8 +31,8 @@ pub enum ManagementError {
     Unexpected { what: String, message: String },
 }
 
-/// A client for one broker's management API, scoped to one vhost.
-#[derive(Debug, Clone)]
+/// A client for one broker's management API, scoped to one vhost. `Debug` leaves the password out.
+#[derive(Clone)]
 pub struct Management {
     client: reqwest::Client,
     base: reqwest::Url,
@@ -41,12 +42,28 @@ pub struct Management {
     vhost: String,
 }
 
+impl fmt::Debug for Management {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Management")
+            .field("base", &self.shown)
+            .field("user", &self.user)
+            .field("password", &"***")
+            .field("vhost", &self.vhost)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Management {
     /// `url` carries the credentials (`http://user:pass@host:15672`); `vhost` is the one the
     /// AMQP URL names.
     pub fn new(url: &SecretUrl, vhost: &str) -> Result<Self, ManagementError> {
-        let mut base = reqwest::Url::parse(url.expose())
-            .map_err(|e| ManagementError::BadUrl(format!("{url}: {e}")))?;
+        let mut base = url.expose_url().clone();
+        // A URL without `scheme://` (`localhost:15672`) parses, but has no path to add to.
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(ManagementError::BadUrl(format!(
+                "{url}: expected http(s)://user:pass@host:15672"
+            )));
+        }
         let user = percent_decode(base.username());
         let password = percent_decode(base.password().unwrap_or_default());
         let _ = base.set_username("");
@@ -80,18 +97,18 @@ impl Management {
     }
 
     /// `/api/<segments...>` with each segment percent-encoded (so vhost `/` becomes `%2F`).
-    fn url(&self, segments: &[&str]) -> reqwest::Url {
+    fn url(&self, segments: &[&str]) -> Result<reqwest::Url, ManagementError> {
         let mut url = self.base.clone();
         {
             let mut path = url
                 .path_segments_mut()
-                .expect("http URLs have path segments");
+                .map_err(|()| ManagementError::BadUrl(self.shown.clone()))?;
             path.pop_if_empty().push("api");
             for s in segments {
                 path.push(s);
             }
         }
-        url
+        Ok(url)
     }
 
     async fn request(
@@ -103,7 +120,7 @@ impl Management {
         let what = format!("{method} /api/{}", segments.join("/"));
         let mut req = self
             .client
-            .request(method, self.url(segments))
+            .request(method, self.url(segments)?)
             .basic_auth(&self.user, Some(&self.password));
         if let Some(body) = body {
             req = req.json(body);

@@ -19,7 +19,7 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
         subscriptions = subscriptions.current().len(),
         file = %path.display(),
         ladder = %ladder.prefix,
-        lease_window = %crate::config::fmt_duration(config.lease_window()),
+        lease_window = %crate::units::fmt_duration(config.lease_window()),
         "Starting worker"
     );
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);

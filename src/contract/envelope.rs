@@ -7,8 +7,6 @@
 //! ([`NewEvent::validate`]) and when a delivery is read ([`Envelope::from_delivery`]), so a
 //! message that could not have been published by us is refused the same way in both places.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
@@ -16,6 +14,7 @@ use crate::contract::headers::{
     ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER, SUBSCRIPTION_HEADER,
     TENANT_HEADER, header_str, header_u64,
 };
+use crate::units::{now_ms, shorten};
 
 /// Longest envelope id, tenant id and event type accepted.
 pub const MAX_ID_LEN: usize = 128;
@@ -23,6 +22,8 @@ pub const MAX_TENANT_LEN: usize = 64;
 pub const MAX_TYPE_LEN: usize = 128;
 /// An attempts header above this is not something hookrelay wrote.
 const MAX_PLAUSIBLE_ATTEMPTS: u64 = 10_000;
+/// A refused id, tenant or event type is quoted up to this many bytes.
+const MAX_SHOWN_LEN: usize = 80;
 
 /// Why a message is not a valid envelope. The text is what operators read in the dead sink.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,7 +62,7 @@ pub fn check_id(id: &str) -> Result<(), InvalidEnvelope> {
     if is_token(id, MAX_ID_LEN, &['_', '-']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadId(shorten(id)))
+        Err(InvalidEnvelope::BadId(shorten(id, MAX_SHOWN_LEN)))
     }
 }
 
@@ -111,7 +112,7 @@ pub fn check_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
     if is_token(tenant, MAX_TENANT_LEN, &['_', '-']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadTenant(shorten(tenant)))
+        Err(InvalidEnvelope::BadTenant(shorten(tenant, MAX_SHOWN_LEN)))
     }
 }
 
@@ -119,7 +120,7 @@ pub fn check_event_type(kind: &str) -> Result<(), InvalidEnvelope> {
     if is_token(kind, MAX_TYPE_LEN, &['.', '_', '-', ':']) {
         Ok(())
     } else {
-        Err(InvalidEnvelope::BadType(shorten(kind)))
+        Err(InvalidEnvelope::BadType(shorten(kind, MAX_SHOWN_LEN)))
     }
 }
 
@@ -141,17 +142,6 @@ fn is_token(s: &str, max: usize, extra: &[char]) -> bool {
         && s.len() <= max
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
-}
-
-fn shorten(s: &str) -> String {
-    if s.len() <= 80 {
-        return s.to_owned();
-    }
-    let mut end = 80;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
 /// An event as a producer hands it to [`crate::broker::publish::Publisher::publish_event`].
@@ -310,14 +300,6 @@ pub fn endpoint_fingerprint(url: &reqwest::Url) -> String {
         digest[2],
         digest[3]
     )
-}
-
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
-use crate::contract::envelope::{EnvelopeId, InvalidEnvelope, now_ms};
+use crate::contract::envelope::{EnvelopeId, InvalidEnvelope};
+use crate::units::{cut, now_ms};
 
 /// Header naming the subscription to deliver to (set by the producer). Without it the event
 /// fans out to every matching subscription of its tenant.
@@ -118,17 +119,6 @@ pub(crate) fn header_u64(
     }
 }
 
-fn cut(text: &str) -> &str {
-    if text.len() <= MAX_ERROR_LEN {
-        return text;
-    }
-    let mut end = MAX_ERROR_LEN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// The original properties, persistent, ready to have hookrelay's headers added. Left behind:
 /// the broker's dead-letter headers, `expiration` (a republished message must not expire
 /// out of a lane) and `user_id` (the broker checks it against the publishing connection).
@@ -200,7 +190,11 @@ pub fn retry_properties(
     }
     put_u64(&mut headers, ATTEMPTS_HEADER, attempts_made.into());
     put_u64(&mut headers, DUE_HEADER, due_ms);
-    put_str(&mut headers, LAST_ERROR_HEADER, cut(last_error));
+    put_str(
+        &mut headers,
+        LAST_ERROR_HEADER,
+        cut(last_error, MAX_ERROR_LEN),
+    );
     props.with_headers(headers)
 }
 
@@ -219,7 +213,11 @@ pub struct DeadLetter<'a> {
 pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> BasicProperties {
     let (props, mut headers) = carried(original);
     put_str(&mut headers, REASON_HEADER, dead.reason);
-    put_str(&mut headers, LAST_ERROR_HEADER, cut(dead.error));
+    put_str(
+        &mut headers,
+        LAST_ERROR_HEADER,
+        cut(dead.error, MAX_ERROR_LEN),
+    );
     put_u64(&mut headers, ATTEMPTS_HEADER, dead.attempts_made.into());
     put_u64(&mut headers, DEAD_AT_HEADER, now_ms());
     if let Some(status) = dead.status {

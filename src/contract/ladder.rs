@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::fmt_duration;
+use crate::units::fmt_duration;
 
 /// RabbitMQ's limit for `x-message-ttl` (2^32 - 1 ms, about 49 days).
 const MAX_TTL_MS: u128 = u32::MAX as u128;

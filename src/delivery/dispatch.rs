@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::broker::publish::Publisher;
 use crate::config::Config;
-use crate::contract::envelope::{self, Envelope, now_ms};
+use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
 use crate::delivery::endpoint::Endpoints;
@@ -24,6 +24,7 @@ use crate::delivery::signing::signature_header;
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
 use crate::observe::events::Notices;
 use crate::observe::metrics::Metrics;
+use crate::units::now_ms;
 
 /// Everything a delivery's task needs, shared by all of them.
 pub struct Dispatcher {

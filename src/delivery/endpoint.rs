@@ -11,42 +11,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::EndpointConfig;
 use crate::delivery::route::AttemptResult;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EndpointConfig {
-    /// Attempts at once per endpoint (host and port); a subscription may set its own.
-    pub max_concurrent: u32,
-    /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
-    /// the attempt budget the lease rule checks.
-    #[serde(with = "humantime_serde")]
-    pub wait: Duration,
-    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
-    pub breaker_failures: u32,
-    /// How long an open breaker refuses attempts before it lets one probe through.
-    #[serde(with = "humantime_serde")]
-    pub breaker_cooldown: Duration,
-    /// Deferrals moved to their tier per second at most, per worker (0: no limit). A dead
-    /// endpoint's backlog then drains into the tiers at this pace instead of as fast as the
-    /// broker allows, which would load the broker and the worker at other tenants' expense.
-    pub defer_rate: u32,
-}
-
-impl Default for EndpointConfig {
-    fn default() -> Self {
-        Self {
-            max_concurrent: 64,
-            wait: Duration::from_secs(5),
-            breaker_failures: 20,
-            breaker_cooldown: Duration::from_secs(30),
-            defer_rate: 500,
-        }
-    }
-}
 
 /// What the breaker lets through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,7 +193,7 @@ impl std::fmt::Display for Deferral {
             Deferral::BreakerOpen { endpoint, retry_in } => write!(
                 f,
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
-                crate::config::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
+                crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
             ),
             Deferral::OverCap {
                 endpoint,
@@ -234,7 +202,7 @@ impl std::fmt::Display for Deferral {
             } => write!(
                 f,
                 "deferred: {endpoint} had {cap} attempts in flight for {}",
-                crate::config::fmt_duration(*waited)
+                crate::units::fmt_duration(*waited)
             ),
         }
     }

@@ -15,7 +15,8 @@ use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::{Attempted, Dispatcher};
 use crate::delivery::lane::Lane;
 use crate::delivery::route::{AttemptResult, DeadReason, Outcome};
-use crate::observe::events::{self, AttemptRecord, OperationalEvent, now_rfc3339};
+use crate::observe::events::{self, AttemptRecord, OperationalEvent};
+use crate::units::{now_ms, now_rfc3339};
 
 /// One message to publish, confirmed, before the original is acked. Its body is the
 /// original's.
@@ -148,7 +149,7 @@ impl Dispatcher {
             properties,
             envelope,
             attempted.endpoint.as_deref(),
-            envelope::now_ms(),
+            now_ms(),
         ) {
             Ok(r) => r,
             Err(Unsettleable(why)) => {

@@ -124,7 +124,7 @@ mod tests {
             SigningKey::from_whsec(&old).unwrap(),
         ];
         let body = br#"{"a":1}"#;
-        let ts = crate::contract::envelope::now_ms() / 1000;
+        let ts = crate::units::now_ms() / 1000;
         let header = signature_header(&keys, "evt_1", ts, body);
         assert_eq!(header.split(' ').count(), 2);
         for secret in [&old, &new] {

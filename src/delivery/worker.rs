@@ -154,8 +154,7 @@ impl Worker {
                     .join("\n"),
             ));
         }
-        let policy = EgressPolicy::from_config(&config.egress)
-            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        let policy = EgressPolicy::from_config(&config.egress);
         let http = HttpSender::new(&config.http, Arc::new(policy), lookup)?;
         let publisher = Arc::new(
             Publisher::connect(
@@ -165,7 +164,7 @@ impl Worker {
             )
             .await?,
         );
-        let vitals = crate::observe::vitals::bind(&config.metrics.listen).await?;
+        let vitals = crate::observe::vitals::bind(config.metrics.listen).await?;
         let metrics = Metrics::new();
         // Notices have a connection of their own: their confirms and returns (nobody may bind
         // the events exchange) stay apart from the republishes the lanes wait on.

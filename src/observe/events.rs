@@ -20,6 +20,7 @@ use tracing::warn;
 
 use crate::broker::publish::{PublishError, Publisher};
 use crate::observe::metrics::Metrics;
+use crate::units::now_rfc3339;
 
 /// How many notices may wait for the broker before new ones are dropped.
 pub const BUFFER: usize = 10_000;
@@ -102,11 +103,6 @@ impl AttemptRecord {
 /// The attempt log's routing key for an outcome of a tenant (`unknown` when there was none).
 pub fn routing_key(outcome: &str, tenant: Option<&str>) -> String {
     format!("{outcome}.{}", tenant.unwrap_or("unknown"))
-}
-
-/// Now, as the records write it.
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// One exchange notices go to, and the routing keys it recently had no queue for.

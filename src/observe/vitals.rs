@@ -18,10 +18,10 @@ use crate::delivery::lane::Lane;
 use crate::observe::metrics::Metrics;
 
 /// Binds the vitals address; done at start so a taken port fails the start, not later.
-pub async fn bind(listen: &str) -> std::io::Result<Option<tokio::net::TcpListener>> {
-    if listen.is_empty() {
+pub async fn bind(listen: Option<SocketAddr>) -> std::io::Result<Option<tokio::net::TcpListener>> {
+    let Some(listen) = listen else {
         return Ok(None);
-    }
+    };
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::broker::management::{Management, ManagementError, QueueInfo};
-use crate::config::fmt_duration;
 use crate::contract::ladder::{Ladder, QueueRole};
+use crate::units::fmt_duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {

@@ -253,7 +253,7 @@ pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>,
             .map(|q| q.messages.unwrap_or(0));
         out.push(TierState {
             tier: tier.name.clone(),
-            delay: crate::config::fmt_duration(tier.delay),
+            delay: crate::units::fmt_duration(tier.delay),
             waiting,
             held: policy.is_some(),
             parked,

@@ -6,15 +6,15 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 
-use hookrelay::delivery::egress::{EgressConfig, EgressPolicy, Lookup};
+use hookrelay::config::EgressConfig;
+use hookrelay::delivery::egress::{EgressPolicy, Lookup};
 
 /// A policy that allows `cidrs` on top of the defaults.
 pub fn allowing(cidrs: &[&str]) -> EgressPolicy {
     EgressPolicy::from_config(&EgressConfig {
-        allow: cidrs.iter().map(|c| (*c).to_owned()).collect(),
+        allow: cidrs.iter().map(|c| c.parse().expect("a CIDR")).collect(),
         ..EgressConfig::default()
     })
-    .expect("valid CIDRs")
 }
 
 /// Fixed answers: `name -> addresses`.

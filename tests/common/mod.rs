@@ -63,10 +63,10 @@ pub fn config() -> Config {
     config.amqp.reconnect_min = Duration::from_millis(100);
     config.amqp.reconnect_max = Duration::from_secs(1);
     config.reload.interval = Duration::from_millis(100);
-    config.metrics.listen = "127.0.0.1:0".into();
+    config.metrics.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     config.metrics.poll_interval = Duration::from_millis(500);
     // Test endpoints listen on loopback, which the egress policy blocks unless allowed.
-    config.egress.allow = vec!["127.0.0.0/8".into()];
+    config.egress.allow = vec!["127.0.0.0/8".parse().unwrap()];
     config.validate().expect("test configuration is valid");
     config
 }

@@ -202,8 +202,8 @@ impl Node {
     /// The test configuration pointed at this node.
     pub fn config(&self) -> Config {
         let mut config = super::config();
-        config.amqp.url = SecretUrl::new(self.amqp_url());
-        config.management.url = SecretUrl::new(self.mgmt_url());
+        config.amqp.url = SecretUrl::parse(&self.amqp_url()).unwrap();
+        config.management.url = SecretUrl::parse(&self.mgmt_url()).unwrap();
         config
     }
 }

@@ -31,10 +31,11 @@ use serde::Serialize;
 
 use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{NewEvent, now_ms};
+use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
+use hookrelay::units::now_ms;
 
 use crate::kit::{
     Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,

@@ -3,6 +3,7 @@
 //! deliveries on purpose, a worker, about a thousand events, and a table at the end.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::kit::{Counters, Percentiles, wait_until};
 use crate::receiver::{Receiver, Reply};
 use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
-use hookrelay::contract::envelope::{NewEvent, now_ms};
+use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
@@ -25,6 +26,7 @@ use hookrelay::delivery::subscriptions::{
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
 use hookrelay::ops::mover::depth;
 use hookrelay::ops::progress::Progress;
+use hookrelay::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -172,8 +174,12 @@ async fn run_inside(
     worker_config.endpoints.wait = Duration::from_secs(1);
     worker_config.worker.shutdown_grace = Duration::from_secs(10);
     // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
-    worker_config.egress.allow.push("127.0.0.0/8".into());
-    worker_config.metrics.listen = "127.0.0.1:0".into();
+    worker_config.egress.allow.push(
+        "127.0.0.0/8"
+            .parse()
+            .map_err(|e| DemoError::Other(format!("loopback CIDR: {e}")))?,
+    );
+    worker_config.metrics.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     worker_config.metrics.poll_interval = Duration::from_secs(1);
     let mut setup = WorkerSetup::new(
         worker_config,

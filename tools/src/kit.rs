@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hookrelay::config::fmt_duration;
 use hookrelay::contract::ladder::Ladder;
 use hookrelay::observe::metrics::Metrics;
+use hookrelay::units::fmt_duration;
 use serde::Serialize;
 
 /// How often [`wait_until`] looks again.

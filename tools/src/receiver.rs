@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use hookrelay::contract::envelope::now_ms;
+use hookrelay::units::now_ms;
 
 /// How the endpoint answers one request.
 #[derive(Debug, Clone, PartialEq, Eq)]

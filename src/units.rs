@@ -1,0 +1,92 @@
+//! Durations, clocks and truncation: small helpers any module may use. A leaf: it uses nothing
+//! else of hookrelay's.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Formats a duration the way config files write it (`10s`, `1m30s`, `500ms`).
+pub fn fmt_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// Now, as the records write it.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// At most `max` bytes of `text`, cut back to a character boundary.
+pub fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// `text` as it is when at most `max` bytes long; otherwise cut to `max` bytes, with its full
+/// length, for showing a refused value without repeating all of it.
+pub fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    format!("{}... ({} bytes)", cut(text, max), text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_config_files_write_them() {
+        assert_eq!(fmt_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(fmt_duration(Duration::from_millis(500)), "500ms");
+        assert_eq!(fmt_duration(Duration::from_secs(2 * 3600)), "2h");
+        assert_eq!(
+            humantime::parse_duration(&fmt_duration(Duration::from_millis(61_250))).unwrap(),
+            Duration::from_millis(61_250)
+        );
+    }
+
+    #[test]
+    fn clocks_read_now() {
+        let before = now_ms();
+        assert!(before > 1_700_000_000_000, "{before}");
+        let at = now_rfc3339();
+        assert!(
+            at.ends_with('Z') && at.len() == "2026-01-01T00:00:00.000Z".len(),
+            "{at}"
+        );
+        assert!(humantime::parse_rfc3339(&at).is_ok(), "{at}");
+        assert!(now_ms() >= before);
+    }
+
+    #[test]
+    fn cutting_never_splits_a_character() {
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("abcdef", 3), "abc");
+        // "é" is two bytes: a cut in its middle backs off to before it.
+        assert_eq!(cut("aé", 2), "a");
+        assert_eq!(cut("ééé", 5), "éé");
+        assert_eq!(cut("€", 0), "");
+    }
+
+    #[test]
+    fn shortening_says_how_long_the_whole_was() {
+        assert_eq!(shorten("evt_1", 80), "evt_1");
+        assert_eq!(
+            shorten(&"x".repeat(81), 80),
+            format!("{}... (81 bytes)", "x".repeat(80))
+        );
+        assert_eq!(shorten("aéb", 2), "a... (4 bytes)");
+    }
+}
