@@ -5,13 +5,15 @@
 //! One message through `src/`, folder by folder:
 //!
 //! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
-//! - [`contract`]: the envelope producers publish and the headers hookrelay adds.
+//! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the ladder and
+//!   every name it gives a queue.
 //! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
 //!   refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,
 //!   endpoint limits, the HTTP edge, subscriptions.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
-//! - [`ops`]: operator tools: status, tier hold and release, redrive, the mover, progress.
+//! - [`ops`]: operator tools: status, tier hold and release, redrive, the mover, the attempt-log
+//!   tail, progress.
 //! - [`cli`]: the command line.
 //! - [`units`]: durations, clocks, truncation: a leaf every module may use.
 //!

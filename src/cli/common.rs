@@ -5,6 +5,7 @@ use lapin::{Connection, ConnectionProperties};
 
 use super::args::LadderArg;
 use crate::broker::management::Management;
+use crate::broker::publish::Publisher;
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
 
@@ -27,4 +28,9 @@ pub(super) fn management(config: &Config) -> anyhow::Result<Management> {
         &config.management.url,
         &Management::vhost_of(&config.amqp.url),
     )?)
+}
+
+/// A confirming publisher on a connection named `name`.
+pub(super) async fn publisher(config: &Config, name: &str) -> anyhow::Result<Publisher> {
+    Ok(Publisher::connect(&config.amqp.url, name, config.amqp.confirm_timeout).await?)
 }

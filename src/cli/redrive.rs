@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use super::args::RedriveArgs;
-use super::common::{connect, load_ladder};
-use crate::broker::publish::Publisher;
+use super::common::{connect, load_ladder, publisher};
 use crate::config::Config;
 
 pub(super) async fn run(args: RedriveArgs, config: &Config) -> anyhow::Result<ExitCode> {
@@ -18,12 +17,7 @@ pub(super) async fn run(args: RedriveArgs, config: &Config) -> anyhow::Result<Ex
     };
     let conn = connect(config, "hookrelay redrive").await?;
     let channel = conn.create_channel().await?;
-    let publisher = Publisher::connect(
-        &config.amqp.url,
-        "hookrelay redrive",
-        config.amqp.confirm_timeout,
-    )
-    .await?;
+    let publisher = publisher(config, "hookrelay redrive").await?;
     let dead = ladder.dead();
     let total = crate::ops::mover::depth(&channel, &dead).await?;
     let limit = args

@@ -6,8 +6,7 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::args::TierCommand;
-use super::common::{connect, load_ladder, management};
-use crate::broker::publish::Publisher;
+use super::common::{connect, load_ladder, management, publisher};
 use crate::config::Config;
 
 pub(super) async fn run(cmd: TierCommand, config: &Config) -> anyhow::Result<ExitCode> {
@@ -46,12 +45,7 @@ pub(super) async fn run(cmd: TierCommand, config: &Config) -> anyhow::Result<Exi
             let api = management(config)?;
             let conn = connect(config, "hookrelay tier").await?;
             let channel = conn.create_channel().await?;
-            let publisher = Publisher::connect(
-                &config.amqp.url,
-                "hookrelay tier",
-                config.amqp.confirm_timeout,
-            )
-            .await?;
+            let publisher = publisher(config, "hookrelay tier").await?;
             let options = crate::ops::mover::MoveOptions {
                 rate,
                 ..Default::default()

@@ -303,11 +303,12 @@ pub fn endpoint_fingerprint(url: &reqwest::Url) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::contract::headers::fanout_properties;
 
-    fn event() -> NewEvent {
+    /// The event the contract's unit tests start from.
+    pub(crate) fn event() -> NewEvent {
         NewEvent {
             id: "evt_123-abc".into(),
             tenant: "acme".into(),

@@ -340,18 +340,8 @@ pub fn fanout_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::envelope::{Envelope, NewEvent};
-
-    fn event() -> NewEvent {
-        NewEvent {
-            id: "evt_123-abc".into(),
-            tenant: "acme".into(),
-            event_type: "order.paid".into(),
-            subscription: Some("sub_orders".into()),
-            timestamp: Some(1_700_000_000),
-            body: br#"{"order":1}"#.to_vec(),
-        }
-    }
+    use crate::contract::envelope::Envelope;
+    use crate::contract::envelope::tests::event;
 
     #[test]
     fn retries_carry_our_accounting_and_drop_the_brokers() {
