@@ -104,3 +104,68 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
     assert_eq!(receiver.duplicates(), 0);
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
 }
+
+/// An invalid message keeps the producer's headers in the sink, a tenant header of any length
+/// among them; `redrive` must leave it there with a reason instead of using it as a routing key
+/// (over 255 bytes, the AMQP client panics), and move the rest.
+#[tokio::test]
+async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_rest() {
+    let t = TestLadder::apply("longtenant", &["300ms"], &["300ms"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = common::ladder_file(&t, &dir);
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = hostile::start_worker(&t, &receiver, &s).await;
+    let ch = t.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let ingress = t.ladder.ingress();
+    let good = br#"{"ok":true}"#;
+    let long = good_properties("long_tenant");
+    let mut h = long.headers().clone().unwrap();
+    h.insert(
+        headers::TENANT_HEADER.into(),
+        AMQPValue::LongString("t".repeat(300).into()),
+    );
+    raw_publish(&ch, &ingress, hostile::TENANT, good, long.with_headers(h)).await;
+    // Invalid too, but with a tenant it can be routed by.
+    let mut unknown = good_properties("unknown_sub");
+    let mut h = unknown.headers().clone().unwrap();
+    h.insert(
+        headers::SUBSCRIPTION_HEADER.into(),
+        AMQPValue::LongString("sub_nope".into()),
+    );
+    unknown = unknown.with_headers(h);
+    raw_publish(&ch, &ingress, hostile::TENANT, good, unknown).await;
+    assert!(t.wait_dead(2, Duration::from_secs(20)).await);
+    worker.stop().await;
+
+    let (code, out, err) =
+        common::hookrelay(&["redrive", "--ladder", ladder.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("moved 1"), "{out}");
+    assert!(
+        out.contains("stayed: 1 (tenant header is not a tenant id (not redrivable))"),
+        "{out}"
+    );
+    assert!(t.wait_dead(1, Duration::from_secs(20)).await);
+    let left: Vec<String> = t
+        .drain_dead()
+        .await
+        .iter()
+        .filter_map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|i| i.to_string())
+        })
+        .collect();
+    assert_eq!(left, ["long_tenant"]);
+    assert_eq!(
+        t.depth(&t.ladder.first_lane()).await,
+        1,
+        "the other was redriven"
+    );
+}

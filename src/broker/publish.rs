@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use deadpool_lapin::{Pool, PoolConfig, Runtime};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use tokio::sync::{Mutex, Semaphore};
 
@@ -40,6 +41,8 @@ pub enum PublishError {
     ConfirmTimeout(Duration),
     #[error("the broker did not answer {what} within {after:?}")]
     NoAnswer { what: &'static str, after: Duration },
+    #[error("{what} is {len} bytes, over AMQP's 255-byte limit for it")]
+    TooLong { what: &'static str, len: usize },
     #[error("cannot reach the broker: {0}")]
     Connect(String),
     #[error("broker error: {0}")]
@@ -49,7 +52,10 @@ pub enum PublishError {
 impl PublishError {
     /// Whether trying again later may succeed (the message itself is fine).
     pub fn is_transient(&self) -> bool {
-        !matches!(self, PublishError::Invalid(_))
+        !matches!(
+            self,
+            PublishError::Invalid(_) | PublishError::TooLong { .. }
+        )
     }
 }
 
@@ -280,9 +286,14 @@ impl Publisher {
             mandatory,
             ..BasicPublishOptions::default()
         };
+        // A routing key may come from a message (a tenant header, an `x-death` entry): over 255
+        // bytes it is an error for this message, not a panic in the AMQP client.
+        let short = |what, s: &str| {
+            ShortString::try_new(s).map_err(|_| PublishError::TooLong { what, len: s.len() })
+        };
         let publish = channel.basic_publish(
-            exchange.into(),
-            routing_key.into(),
+            short("the exchange name", exchange)?,
+            short("the routing key", routing_key)?,
             options,
             body,
             properties,

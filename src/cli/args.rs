@@ -177,9 +177,9 @@ pub enum AttemptsCommand {
         #[command(flatten)]
         ladder: LadderArg,
         /// Only this outcome (delivered, retried, rejected, exhausted, invalid, cancelled, ...).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_key_word)]
         outcome: Option<String>,
-        #[arg(long)]
+        #[arg(long, value_parser = parse_key_word)]
         tenant: Option<String>,
         /// Print the JSON records as they are.
         #[arg(long)]
@@ -188,6 +188,20 @@ pub enum AttemptsCommand {
         #[arg(long)]
         count: Option<usize>,
     },
+}
+
+/// One word of an attempt-log routing key (an outcome or a tenant id): checked here because it
+/// becomes part of a routing key, which AMQP caps at 255 bytes.
+fn parse_key_word(s: &str) -> Result<String, String> {
+    let word = !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if word {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?}: use 1 to 64 letters, digits, '_' or '-'"))
+    }
 }
 
 /// An RFC 3339 time, or a duration meaning that long ago.

@@ -81,6 +81,12 @@ impl EnvelopeId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id as the `message_id` property. At most 128 bytes by construction, so within a
+    /// short string's 255.
+    pub fn to_short_string(&self) -> ShortString {
+        ShortString::try_new(self.0.as_str()).unwrap_or_default()
+    }
 }
 
 impl std::fmt::Display for EnvelopeId {
@@ -170,7 +176,9 @@ impl NewEvent {
         check_body(&self.body, max_body)
     }
 
-    /// The AMQP properties the contract asks for. Call [`NewEvent::validate`] first.
+    /// The AMQP properties the contract asks for. Call [`NewEvent::validate`] first: an id or
+    /// type over a short string's 255 bytes is left out rather than panicking here, so the
+    /// message would read back as invalid.
     pub fn properties(&self) -> BasicProperties {
         let mut headers = FieldTable::default();
         if let Some(subscription) = &self.subscription {
@@ -180,8 +188,8 @@ impl NewEvent {
             );
         }
         BasicProperties::default()
-            .with_message_id(ShortString::from(self.id.as_str()))
-            .with_type(ShortString::from(self.event_type.as_str()))
+            .with_message_id(ShortString::try_new(self.id.as_str()).unwrap_or_default())
+            .with_type(ShortString::try_new(self.event_type.as_str()).unwrap_or_default())
             .with_timestamp(self.timestamp.unwrap_or_else(|| now_ms() / 1000))
             .with_content_type("application/json".into())
             .with_delivery_mode(2)

@@ -4,7 +4,7 @@
 //! trusts for its accounting.
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 
 use crate::contract::envelope::{EnvelopeId, InvalidEnvelope};
 use crate::units::{cut, now_ms};
@@ -333,7 +333,7 @@ pub fn fanout_properties(
     put_str(&mut headers, SUBSCRIPTION_HEADER, subscription);
     put_str(&mut headers, EVENT_ID_HEADER, event_id);
     props
-        .with_message_id(ShortString::from(derived.as_str()))
+        .with_message_id(derived.to_short_string())
         .with_headers(headers)
 }
 

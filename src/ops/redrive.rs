@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use lapin::BasicProperties;
 
+use crate::contract::envelope::check_tenant;
 use crate::contract::headers;
 use crate::contract::headers::{DEAD_AT_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER};
 use crate::contract::ladder::Ladder;
@@ -149,6 +150,11 @@ pub fn plan(ladder: &Ladder, filter: &Filter, properties: &BasicProperties) -> P
         // Invalid before its tenant was known: nothing to route it by.
         return Plan::Keep("no tenant header (not redrivable)".to_owned());
     };
+    // An invalid message keeps whatever tenant header its producer sent; only a tenant id is a
+    // routing key (and a short string) the ingress can take.
+    if check_tenant(&tenant).is_err() {
+        return Plan::Keep("tenant header is not a tenant id (not redrivable)".to_owned());
+    }
     Plan::Move {
         exchange: ladder.ingress(),
         routing_key: tenant,
@@ -275,6 +281,28 @@ mod tests {
             headers::read_u64_header(&properties, headers::REDRIVES_HEADER),
             Some(2)
         );
+    }
+
+    #[test]
+    fn a_tenant_header_that_is_not_a_tenant_id_stays_in_the_sink() {
+        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml")).unwrap();
+        // An invalid message keeps the producer's headers: a tenant header of any length, which
+        // a routing key cannot carry over 255 bytes.
+        for forged in ["t".repeat(300), "ac.me".to_owned(), String::new()] {
+            let mut p = dead("acme", "invalid");
+            let mut h = p.headers().clone().unwrap_or_default();
+            h.insert(
+                TENANT_HEADER.into(),
+                lapin::types::AMQPValue::LongString(forged.as_str().into()),
+            );
+            p = p.with_headers(h);
+            match plan(&ladder, &Filter::default(), &p) {
+                Plan::Keep(why) => {
+                    assert_eq!(why, "tenant header is not a tenant id (not redrivable)")
+                }
+                Plan::Move { routing_key, .. } => panic!("moved with routing key {routing_key:?}"),
+            }
+        }
     }
 
     #[test]

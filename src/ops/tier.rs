@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::broker::error::{Refusal, refused};
 use crate::broker::management::{Management, ManagementError, Policy};
 use crate::broker::publish::Publisher;
+use crate::contract::envelope::check_tenant;
 use crate::contract::headers;
 use crate::contract::headers::TENANT_HEADER;
 use crate::contract::ladder::{Ladder, TierId};
@@ -141,12 +142,18 @@ pub struct Released {
 /// The routing key a parked message was promoted with before the hold: the broker records it in
 /// `x-death`; hookrelay's tenant header rebuilds it otherwise.
 fn original_key(ladder: &Ladder, tier: TierId, properties: &BasicProperties) -> String {
+    // Both come from the message: only a tier key of a tenant id is a routing key to reuse.
     let recorded = headers::last_death(properties)
         .and_then(|death| death.routing_keys.into_iter().next())
-        .filter(|k| ladder.is_tier_routing_key(tier, k));
+        .filter(|k| {
+            ladder.is_tier_routing_key(tier, k)
+                && k.split_once('.')
+                    .is_some_and(|(_, t)| check_tenant(t).is_ok())
+        });
     recorded.unwrap_or_else(|| {
-        let tenant =
-            headers::read_str_header(properties, TENANT_HEADER).unwrap_or_else(|| "unknown".into());
+        let tenant = headers::read_str_header(properties, TENANT_HEADER)
+            .filter(|t| check_tenant(t).is_ok())
+            .unwrap_or_else(|| "unknown".into());
         ladder.tier_routing_key(tier, &tenant)
     })
 }
