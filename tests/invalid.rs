@@ -102,12 +102,20 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
         assert!(error.contains(want), "{label}: {error:?} lacks {want:?}");
     }
     assert_eq!(receiver.duplicates(), 0);
+    // Nothing hostile reached an endpoint (a forged tenant, say, to another tenant's).
+    let reached: Vec<String> = receiver
+        .records()
+        .into_iter()
+        .map(|r| r.id)
+        .filter(|id| !id.starts_with("good_"))
+        .collect();
+    assert!(reached.is_empty(), "{reached:?}");
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
 }
 
-/// An invalid message keeps the producer's headers in the sink, a tenant header of any length
-/// among them; `redrive` must leave it there with a reason instead of using it as a routing key
-/// (over 255 bytes, the AMQP client panics), and move the rest.
+/// A message with a tenant header of 300 bytes is invalid; `redrive` must leave it in the sink
+/// with a reason instead of using the header as a routing key (over 255 bytes, the AMQP client
+/// panics), and move the rest.
 #[tokio::test]
 async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_rest() {
     let t = TestLadder::apply("longtenant", &["300ms"], &["300ms"]).await;
@@ -145,10 +153,10 @@ async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_
         common::hookrelay(&["redrive", "--ladder", ladder.to_str().unwrap()], &[]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("moved 1"), "{out}");
-    assert!(
-        out.contains("stayed: 1 (tenant header is not a tenant id (not redrivable))"),
-        "{out}"
-    );
+    // The dead copy of an invalid message no longer keeps a tenant header it came with, and
+    // redrive checks the one a sink may still hold (`ops::redrive`'s unit tests): either way the
+    // message stays, with a reason.
+    assert!(out.contains("stayed: 1 ("), "{out}");
     assert!(t.wait_dead(1, Duration::from_secs(20)).await);
     let left: Vec<String> = t
         .drain_dead()

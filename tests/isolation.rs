@@ -18,9 +18,13 @@ use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Publishes retries straight into the retry lane, as tiers would promote them.
+/// Publishes retries into the retry lane as the tiers promote them: through the promote
+/// exchange, with a tier's routing key naming the tenant.
 async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
     let publisher = t.publisher().await;
+    let key = t
+        .ladder
+        .tier_routing_key(t.ladder.tier_at(0).unwrap(), "acme");
     for i in 0..n {
         let e = event(&format!("evt_backlog_{i:04}"), "acme", subscription);
         let props = headers::retry_properties(
@@ -32,7 +36,7 @@ async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
             None,
         );
         publisher
-            .publish("", &t.ladder.retry_lane(), &e.body, props)
+            .publish(&t.ladder.promote_exchange(), &key, &e.body, props)
             .await
             .unwrap();
     }

@@ -40,6 +40,7 @@ fn values() -> impl Strategy<Value = AMQPValue> {
         proptest::collection::vec(any::<u8>(), 0..40)
             .prop_map(|b| AMQPValue::LongString(LongString::from(b))),
         "[a-z_]{0,40}".prop_map(|s| AMQPValue::ShortString(ShortString::from(s))),
+        "(acme|globex)".prop_map(|s| AMQPValue::LongString(LongString::from(s))),
         Just(AMQPValue::Void),
     ];
     leaf.prop_recursive(2, 8, 4, |inner| {
@@ -70,15 +71,22 @@ proptest! {
 
     #[test]
     fn reading_a_delivery_never_panics_and_accepts_only_the_contract(
-        id in proptest::option::of(".{0,200}"),
-        kind in proptest::option::of("[ -~]{0,140}"),
+        id in proptest::option::of(prop_oneof![".{0,200}", "[A-Za-z0-9_-]{1,40}"]),
+        kind in proptest::option::of(prop_oneof!["[ -~]{0,140}", "[a-z]{1,8}\\.[a-z]{1,8}"]),
         headers in proptest::collection::vec((header_names(), values()), 0..6),
-        routing_key in "[ -~]{0,80}",
+        routing_key in prop_oneof!["[ -~]{0,80}", "(retry-10s\\.)?(acme|globex)"],
+        tenant_header in proptest::option::of(prop_oneof!["acme|globex", ".{0,300}"]),
         body in bodies(),
     ) {
         let mut table = FieldTable::default();
         for (k, v) in headers {
             table.insert(k.as_str().into(), v);
+        }
+        if let Some(tenant) = tenant_header {
+            table.insert(
+                headers::TENANT_HEADER.into(),
+                AMQPValue::LongString(LongString::from(tenant)),
+            );
         }
         let mut props = BasicProperties::default().with_headers(table);
         if let Some(id) = id.filter(|i| i.len() <= 255) {
@@ -90,6 +98,9 @@ proptest! {
         if let Ok(e) = Envelope::from_delivery(&props, &routing_key, &body, 512) {
             prop_assert!(check_id(e.id.as_str()).is_ok());
             prop_assert!(check_tenant(&e.tenant).is_ok());
+            // The tenant is the routing key's: the key itself, or after the tier in `<tier>.<tenant>`.
+            let routed = routing_key.split_once('.').map_or(routing_key.as_str(), |(_, t)| t);
+            prop_assert_eq!(e.tenant.as_str(), routed);
             prop_assert!(check_event_type(&e.event_type).is_ok());
             prop_assert!(body.len() <= 512);
             prop_assert!(serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok());

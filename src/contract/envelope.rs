@@ -51,6 +51,11 @@ pub enum InvalidEnvelope {
         expected: &'static str,
         found: String,
     },
+    #[error(
+        "header x-hookrelay-tenant {claimed:?} disagrees with the routing key {routed:?}; \
+         hookrelay sets it only beside a routing key naming the same tenant"
+    )]
+    TenantDisagrees { claimed: String, routed: String },
     #[error("body is {size} bytes, over the {max}-byte limit")]
     BodyTooLarge { size: usize, max: usize },
     #[error("body is not JSON: {0}")]
@@ -232,7 +237,18 @@ impl Envelope {
                 .as_str(),
         )?;
         let headers = properties.headers().as_ref();
-        let tenant = header_str(headers, TENANT_HEADER)?.unwrap_or(routing_key);
+        let tenant = match header_str(headers, TENANT_HEADER)? {
+            None => routing_key,
+            Some(claimed) if claimed == routed_tenant(routing_key) => claimed,
+            // Anyone can set the header; the routing key is what put the message on this
+            // tenant's lane, so a header naming someone else is a forgery, not a tenant.
+            Some(claimed) => {
+                return Err(InvalidEnvelope::TenantDisagrees {
+                    claimed: shorten(claimed, MAX_SHOWN_LEN),
+                    routed: shorten(routing_key, MAX_SHOWN_LEN),
+                });
+            }
+        };
         check_tenant(tenant)?;
         let event_type = properties
             .kind()
@@ -273,6 +289,14 @@ impl Envelope {
     pub fn subscription_existed(&self) -> bool {
         self.attempts_made > 0 || self.event_id.is_some()
     }
+}
+
+/// The tenant a routing key names: the key itself from the ingress, the part after the tier
+/// from the tiers (`retry-10s.acme`). Tenant ids have no dots, tier names neither.
+fn routed_tenant(routing_key: &str) -> &str {
+    routing_key
+        .split_once('.')
+        .map_or(routing_key, |(_, tenant)| tenant)
 }
 
 /// The id of the delivery of event `event_id` to subscription `subscription_id` made by fan-out:
@@ -431,6 +455,40 @@ pub(crate) mod tests {
             Envelope::from_delivery(&e.properties(), "acme", &[0xff, 0xfe], 1024),
             Err(InvalidEnvelope::NotJson(_))
         ));
+    }
+
+    #[test]
+    fn a_tenant_header_must_agree_with_the_routing_key() {
+        let e = event();
+        let with_tenant = |tenant: &str| {
+            let mut h = e.properties().headers().clone().unwrap();
+            h.insert(TENANT_HEADER.into(), AMQPValue::LongString(tenant.into()));
+            e.properties().with_headers(h)
+        };
+        let read = |props: &BasicProperties, key: &str| {
+            Envelope::from_delivery(props, key, &e.body, 1024).map(|env| env.tenant)
+        };
+        // Straight from the ingress the routing key is the tenant; through the tiers it is
+        // `<tier>.<tenant>`, with hookrelay's header beside it.
+        assert_eq!(read(&with_tenant("acme"), "acme").unwrap(), "acme");
+        assert_eq!(
+            read(&with_tenant("acme"), "retry-10s.acme").unwrap(),
+            "acme"
+        );
+        for (claimed, key) in [
+            ("globex", "acme"),
+            ("globex", "retry-10s.acme"),
+            ("acme", "hookrelay.ready.first"),
+            ("acme", "retry-10s.acme.x"),
+        ] {
+            match read(&with_tenant(claimed), key) {
+                Err(err) => assert!(
+                    err.to_string().starts_with("header x-hookrelay-tenant"),
+                    "{claimed} on {key}: {err}"
+                ),
+                Ok(tenant) => panic!("{claimed:?} on {key:?} read as tenant {tenant:?}"),
+            }
+        }
     }
 
     #[test]

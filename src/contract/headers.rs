@@ -205,7 +205,7 @@ pub struct DeadLetter<'a> {
     pub error: &'a str,
     pub status: Option<u16>,
     pub attempts_made: u32,
-    /// Known for valid envelopes; an invalid one keeps whatever headers it came with.
+    /// Known for valid envelopes; an invalid one keeps its other headers, but no tenant header.
     pub tenant: Option<&'a str>,
 }
 
@@ -223,8 +223,15 @@ pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> Bas
     if let Some(status) = dead.status {
         put_u64(&mut headers, STATUS_HEADER, status.into());
     }
-    if let Some(tenant) = dead.tenant {
-        put_str(&mut headers, TENANT_HEADER, tenant);
+    match dead.tenant {
+        Some(tenant) => put_str(&mut headers, TENANT_HEADER, tenant),
+        // Not a valid envelope: a tenant header it came with is the producer's claim, which
+        // redrive must not route by.
+        None => {
+            let mut kept = headers.inner().clone();
+            kept.remove(TENANT_HEADER);
+            headers = kept.into();
+        }
     }
     props.with_headers(headers)
 }

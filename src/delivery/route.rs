@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::contract::envelope::{Envelope, InvalidEnvelope};
+use crate::contract::envelope::{self, Envelope, InvalidEnvelope};
+use crate::contract::headers::{ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER};
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
 use crate::delivery::subscriptions::{Subscription, Subscriptions};
@@ -177,6 +178,9 @@ pub fn route(
     subscriptions: &Subscriptions,
     ladder: &Ladder,
 ) -> Route {
+    if let Err(forged) = check_provenance(envelope, lane) {
+        return Route::Settle(Outcome::invalid(forged, envelope.attempts_made));
+    }
     let Some(sub_id) = &envelope.subscription else {
         return Route::Settle(fan_out(envelope, lane, subscriptions));
     };
@@ -229,6 +233,36 @@ pub fn route(
         });
     }
     Route::Attempt(Arc::clone(sub))
+}
+
+/// Headers only hookrelay writes are believed only where hookrelay put them. The accounting
+/// headers travel only through the tiers, so a first-attempt lane never sees them from us; the
+/// event id goes only on fan-out deliveries, whose id derives from it and the subscription.
+/// (The tenant header is checked against the routing key when the envelope is read.)
+fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
+    if lane == LaneKind::First
+        && (envelope.attempts_made > 0
+            || envelope.due_ms.is_some()
+            || envelope.last_endpoint.is_some())
+    {
+        return Err(format!(
+            "headers {ATTEMPTS_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are hookrelay's own \
+             and never on a first attempt"
+        ));
+    }
+    if let Some(event_id) = &envelope.event_id {
+        let derived = envelope
+            .subscription
+            .as_deref()
+            .map(|sub| envelope::derived_id(event_id, sub));
+        if derived.as_ref() != Some(&envelope.id) {
+            return Err(format!(
+                "header {EVENT_ID_HEADER} is hookrelay's own, set only on fan-out deliveries, \
+                 whose message_id derives from it and x-subscription"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An event without a subscription, fresh from a first-attempt lane, becomes one delivery per
@@ -602,14 +636,83 @@ mod tests {
                     ..
                 }
             ));
+            // A delivery fan-out made: its id derives from the event's and the subscription's.
             let mut fanned = envelope(Some("gone"));
             fanned.event_id = Some("evt_0".into());
+            fanned.id = crate::contract::envelope::derived_id("evt_0", "gone");
             assert!(matches!(
                 settled(route(&fanned, LaneKind::First, &none, &ladder())),
                 Outcome::Cancelled {
                     reason: CancelReason::Deleted,
                     ..
                 }
+            ));
+        }
+
+        fn is_invalid_with(route: Route, expected: &str) -> bool {
+            matches!(
+                settled(route),
+                Outcome::Dead { reason: DeadReason::Invalid, ref error, .. } if error.contains(expected)
+            )
+        }
+
+        #[test]
+        fn a_forged_event_id_does_not_make_an_unknown_subscription_deleted() {
+            let none = subs(vec![]);
+            let all = subs(vec![sub("s1", "acme")]);
+            // The producer's own id with an event id: not a delivery fan-out made.
+            let mut forged = envelope(Some("gone"));
+            forged.event_id = Some("evt_0".into());
+            for lane in [LaneKind::First, LaneKind::Retry] {
+                assert!(is_invalid_with(
+                    route(&forged, lane, &none, &ladder()),
+                    "header x-hookrelay-event-id"
+                ));
+            }
+            // Not even to a subscription that exists.
+            let mut to_known = envelope(Some("s1"));
+            to_known.event_id = Some("evt_0".into());
+            assert!(is_invalid_with(
+                route(&to_known, LaneKind::First, &all, &ladder()),
+                "header x-hookrelay-event-id"
+            ));
+            // Derived for another subscription.
+            let mut other = envelope(Some("gone"));
+            other.event_id = Some("evt_0".into());
+            other.id = crate::contract::envelope::derived_id("evt_0", "s1");
+            assert!(is_invalid_with(
+                route(&other, LaneKind::First, &none, &ladder()),
+                "header x-hookrelay-event-id"
+            ));
+        }
+
+        #[test]
+        fn accounting_headers_are_not_believed_on_a_first_attempt() {
+            let none = subs(vec![]);
+            let all = subs(vec![sub("s1", "acme")]);
+            let forgeries: [fn(&mut Envelope); 3] = [
+                |e| e.attempts_made = 3,
+                |e| e.due_ms = Some(1),
+                |e| e.last_endpoint = Some("h#00000000".into()),
+            ];
+            for forge in forgeries {
+                for subs in [&none, &all] {
+                    let mut e = envelope(Some("s1"));
+                    forge(&mut e);
+                    // Not "deleted", not an attempt with a forged count: invalid.
+                    assert!(is_invalid_with(
+                        route(&e, LaneKind::First, subs, &ladder()),
+                        "never on a first attempt"
+                    ));
+                }
+            }
+            // On the retry lane hookrelay wrote them: believed.
+            let mut retried = envelope(Some("s1"));
+            retried.attempts_made = 3;
+            retried.due_ms = Some(1);
+            assert!(matches!(
+                route(&retried, LaneKind::Retry, &all, &ladder()),
+                Route::Attempt(_)
             ));
         }
 

@@ -3,7 +3,7 @@
 //! (`tests/faults/hostile.rs`). Each must end in the dead sink as `invalid`, with its error.
 
 use hookrelay::contract::headers::{
-    ATTEMPTS_HEADER, DUE_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
+    ATTEMPTS_HEADER, DUE_HEADER, EVENT_ID_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
 };
 use hookrelay::contract::ladder::Ladder;
 use hookrelay::delivery::subscriptions::{EventFilter, Subscription};
@@ -198,6 +198,56 @@ pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
             bad_header(TENANT_HEADER, "a string"),
         ),
         (
+            // On acme's lane, claiming to be globex's, to globex's subscription.
+            "forged_tenant_name",
+            Draft {
+                headers: vec![
+                    (TENANT_HEADER, text("globex")),
+                    (SUBSCRIPTION_HEADER, text(OTHER_TENANTS)),
+                ],
+                ..good("forged_tenant_name")
+            },
+            "header x-hookrelay-tenant \"globex\" disagrees with the routing key \"acme\"".into(),
+        ),
+        (
+            // Straight onto the retry lane, naming a tenant its routing key (the lane's name)
+            // does not.
+            "tenant_onto_the_retry_lane",
+            Draft {
+                headers: vec![
+                    (TENANT_HEADER, text(TENANT)),
+                    (ATTEMPTS_HEADER, AMQPValue::LongLongInt(1)),
+                ],
+                target: onto(ladder.retry_lane()),
+                ..good("tenant_onto_the_retry_lane")
+            },
+            "disagrees with the routing key".into(),
+        ),
+        (
+            // An unknown subscription on a first attempt, dressed as a fan-out delivery.
+            "forged_event_id",
+            Draft {
+                headers: vec![
+                    (SUBSCRIPTION_HEADER, text("sub_nope")),
+                    (EVENT_ID_HEADER, text("evt_forged")),
+                ],
+                ..good("forged_event_id")
+            },
+            format!("header {EVENT_ID_HEADER}"),
+        ),
+        (
+            // The same, dressed as a retry.
+            "forged_attempts",
+            Draft {
+                headers: vec![
+                    (SUBSCRIPTION_HEADER, text("sub_nope")),
+                    (ATTEMPTS_HEADER, AMQPValue::LongLongInt(3)),
+                ],
+                ..good("forged_attempts")
+            },
+            "never on a first attempt".into(),
+        ),
+        (
             "onto_the_lane",
             Draft {
                 target: onto(ladder.first_lane()),
@@ -222,7 +272,11 @@ pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
                     ("x-death", text("forged")),
                     (TENANT_HEADER, text(TENANT)),
                 ],
-                target: onto(ladder.retry_lane()),
+                // As a promotion comes: the tenant agrees with the routing key.
+                target: (
+                    ladder.promote_exchange(),
+                    ladder.tier_routing_key(ladder.tier_at(0).expect("a tier"), TENANT),
+                ),
                 ..good("forged_due")
             },
             bad_header(DUE_HEADER, "an integer"),

@@ -626,12 +626,19 @@ async fn run_hookrelay(
         "publishing {} due retries for a slow, failing endpoint",
         options.isolation_backlog
     ));
-    let retry_lane = ladder.retry_lane();
+    // As the tiers promote them: through the promote exchange with a tier's key naming the
+    // tenant (the worker refuses a tenant header its routing key does not name).
+    let promote = ladder.promote_exchange();
+    let key = ladder
+        .tier_ids()
+        .next()
+        .map(|tier| ladder.tier_routing_key(tier, "bench"))
+        .ok_or_else(|| BenchError::Other("the bench ladder has no tier".into()))?;
     publish_many(publisher, options.isolation_backlog, |i| {
         let e = event(i, format!("backlog_{i}"), "bench_slow");
         let props =
             headers::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
-        (String::new(), retry_lane.clone(), e.body, props)
+        (promote.clone(), key.clone(), e.body, props)
     })
     .await?;
     report.first_attempt_with_backlog =
