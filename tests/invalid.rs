@@ -83,7 +83,19 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
         t.wait_dead(expected.len() as u32, Duration::from_secs(20))
             .await
     );
+    let metrics = worker.metrics.clone();
     worker.stop().await;
+    // A queue name found in a message is never a metric label.
+    let rendered = metrics.render();
+    assert!(
+        !rendered.contains(hostile::FORGED_QUEUE),
+        "{}",
+        rendered
+            .lines()
+            .filter(|l| l.contains(hostile::FORGED_QUEUE))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 
     let dead = t.drain_dead().await;
     assert_eq!(dead.len(), expected.len());

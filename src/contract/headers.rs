@@ -7,6 +7,7 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
 use crate::contract::envelope::{EnvelopeId, InvalidEnvelope};
+use crate::contract::ladder::{Ladder, QueueRole, TierId};
 use crate::units::{cut, now_ms};
 
 /// Header naming the subscription to deliver to (set by the producer). Without it the event
@@ -280,9 +281,14 @@ pub fn first_death_reason(properties: &BasicProperties) -> Option<String> {
     header(properties.headers().as_ref(), "x-first-death-reason").and_then(amqp_str)
 }
 
-/// The queue a message was last dead-lettered from, i.e. the tier that promoted it.
-pub fn promoted_from(properties: &BasicProperties) -> Option<String> {
-    last_death(properties)?.queue
+/// The tier of `ladder` that promoted the message: the queue it was last dead-lettered from,
+/// when that is one of the ladder's tiers. Anything else in `x-death` (which a producer can
+/// write) names nothing, so it can never become a metric label of its own.
+pub fn promoting_tier(ladder: &Ladder, properties: &BasicProperties) -> Option<TierId> {
+    match ladder.role_of(&last_death(properties)?.queue?)? {
+        QueueRole::Tier(tier) => Some(tier),
+        _ => None,
+    }
 }
 
 /// Properties for a message redriven out of the dead sink: the original message with a fresh
@@ -347,6 +353,42 @@ pub fn fanout_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn died_in(queue: &str) -> BasicProperties {
+        let mut death = FieldTable::default();
+        death.insert("queue".into(), AMQPValue::LongString(queue.into()));
+        let mut h = FieldTable::default();
+        h.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+        );
+        BasicProperties::default().with_headers(h)
+    }
+
+    #[test]
+    fn only_the_ladders_tiers_name_a_promotion() {
+        let ladder =
+            crate::contract::ladder::Ladder::parse(include_str!("../../topology/ladder.toml"))
+                .unwrap();
+        let tier = ladder.tier_at(1).unwrap();
+        assert_eq!(
+            promoting_tier(&ladder, &died_in(&ladder.tier_queue(tier))),
+            Some(tier)
+        );
+        // `x-death` is the producer's to forge: random names, other roles, other prefixes.
+        for forged in [
+            "forged-0f3a".to_owned(),
+            "retry-1m".to_owned(),
+            ladder.retry_lane(),
+            ladder.dead(),
+            ladder.held_queue(tier),
+            "other.retry-1m".to_owned(),
+            "x".repeat(5000),
+        ] {
+            assert_eq!(promoting_tier(&ladder, &died_in(&forged)), None, "{forged}");
+        }
+        assert_eq!(promoting_tier(&ladder, &BasicProperties::default()), None);
+    }
     use crate::contract::envelope::Envelope;
     use crate::contract::envelope::tests::event;
 

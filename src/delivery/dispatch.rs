@@ -146,15 +146,17 @@ impl Dispatcher {
             lane.saw_head(age);
             lane.metrics.oldest_ready_age.set(age as f64 / 1000.0);
         }
+        // Labelled only with the ladder's own tier names: a retired tier's promotions (and a
+        // forged `x-death`) go uncounted rather than adding series without bound.
         if lane.kind == LaneKind::Retry
-            && let Some(queue) = headers::promoted_from(properties)
+            && let Some(tier) = headers::promoting_tier(&self.ladder, properties)
         {
-            let tier = self.ladder.local_name(&queue).to_owned();
-            self.metrics.promotions.with_label_values(&[&tier]).inc();
+            let tier = self.ladder.tier(tier).name.as_str();
+            self.metrics.promotions.with_label_values(&[tier]).inc();
             if let Some(due) = envelope.due_ms {
                 self.metrics
                     .promotion_lag
-                    .with_label_values(&[&tier])
+                    .with_label_values(&[tier])
                     .observe(now.saturating_sub(due) as f64 / 1000.0);
             }
         }

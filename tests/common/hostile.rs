@@ -37,6 +37,18 @@ pub async fn start_worker(t: &TestLadder, receiver: &Receiver, secret: &Secret) 
     RunningWorker::start_with(t, config, subscriptions(&receiver.url("/"), secret)).await
 }
 
+/// The start of the queue name the table's forged `x-death` names.
+pub const FORGED_QUEUE: &str = "forged_queue";
+
+/// An `x-death` header of the broker's shape whose latest entry names `queue`.
+fn forged_death(queue: &str) -> AMQPValue {
+    let mut entry = FieldTable::default();
+    entry.insert("queue".into(), AMQPValue::LongString(queue.into()));
+    entry.insert("reason".into(), AMQPValue::LongString("expired".into()));
+    entry.insert("count".into(), AMQPValue::LongLongInt(1));
+    AMQPValue::FieldArray(vec![AMQPValue::FieldTable(entry)].into())
+}
+
 /// One hostile message, ready to publish.
 pub struct Hostile {
     pub label: &'static str,
@@ -246,6 +258,25 @@ pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
                 ..good("forged_attempts")
             },
             "never on a first attempt".into(),
+        ),
+        (
+            // Onto the retry lane through the promote exchange, as a promotion would come, with
+            // an `x-death` naming a queue no ladder has (a metric label, if believed).
+            "forged_death",
+            Draft {
+                headers: vec![
+                    (TENANT_HEADER, text(TENANT)),
+                    (ATTEMPTS_HEADER, AMQPValue::LongLongInt(1)),
+                    (SUBSCRIPTION_HEADER, text(OTHER_TENANTS)),
+                    ("x-death", forged_death(&format!("{FORGED_QUEUE}_{id}"))),
+                ],
+                target: (
+                    ladder.promote_exchange(),
+                    ladder.tier_routing_key(ladder.tier_at(0).expect("a tier"), TENANT),
+                ),
+                ..good("forged_death")
+            },
+            "belongs to tenant \"globex\"".into(),
         ),
         (
             "onto_the_lane",
