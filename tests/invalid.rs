@@ -189,3 +189,132 @@ async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_
         "the other was redriven"
     );
 }
+
+/// A producer's headers may fill a frame almost to the broker's `frame_max`; what hookrelay
+/// republishes adds its own headers, and a content header over `frame_max` makes the broker
+/// close the publishing connection. Such a message is `invalid` (its header table is over the
+/// read limit), its dead copy leaves the producer's headers out and says so, and a message just
+/// under the read limit is carried whole into its dead copy: no republish fails, nothing loops,
+/// and the traffic around them is delivered.
+#[tokio::test]
+async fn headers_near_the_frame_limit_are_dead_lettered_and_every_republish_fits() {
+    let t = TestLadder::apply("frames", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver =
+        hookrelay_tools::receiver::Receiver::start(std::slice::from_ref(&s.whsec), |req| {
+            hookrelay_tools::receiver::Reply::Status(if req.id.starts_with("good_") {
+                204
+            } else {
+                400
+            })
+        })
+        .await
+        .unwrap();
+    let worker = hostile::start_worker(&t, &receiver, &s).await;
+    let ch = t.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let ingress = t.ladder.ingress();
+    let good = br#"{"ok":true}"#;
+    // Just under the broker's limit: the broker takes it; as it is, no copy of it with more
+    // headers could be published.
+    let huge = hostile::padded_to(
+        &good_properties("huge_headers"),
+        hostile::content_header_frame_len,
+        hostile::FRAME_MAX - 16,
+    );
+    // Just under the read limit (64 KiB of encoded header table): a valid envelope, rejected by
+    // its endpoint (400), whose dead copy carries every header it came with.
+    let limit = 65_536;
+    assert_eq!(limit, headers::MAX_HEADER_TABLE_BYTES);
+    let near = hostile::padded_to(
+        &good_properties("near_limit"),
+        hostile::headers_len,
+        limit - 16,
+    );
+    for i in 0..10 {
+        raw_publish(
+            &ch,
+            &ingress,
+            hostile::TENANT,
+            good,
+            good_properties(&format!("good_{i}")),
+        )
+        .await;
+        if i == 3 {
+            raw_publish(&ch, &ingress, hostile::TENANT, good, huge.clone()).await;
+        }
+        if i == 6 {
+            raw_publish(&ch, &ingress, hostile::TENANT, good, near.clone()).await;
+        }
+    }
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(30), |r| r.delivered_count() == 10)
+            .await
+    );
+    assert!(t.wait_dead(2, Duration::from_secs(30)).await);
+    // And traffic after them.
+    for i in 10..20 {
+        raw_publish(
+            &ch,
+            &ingress,
+            hostile::TENANT,
+            good,
+            good_properties(&format!("good_{i}")),
+        )
+        .await;
+    }
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(30), |r| r.delivered_count() == 20)
+            .await
+    );
+    let metrics = worker.metrics.clone();
+    worker.stop().await;
+    // Each republish confirmed at its first try: none failed, none was returned to its lane.
+    let failures = metrics.render();
+    assert!(
+        !failures.contains("hookrelay_republish_failures_total{"),
+        "{failures}"
+    );
+    let dead = t.drain_dead().await;
+    assert_eq!(dead.len(), 2);
+    for m in &dead {
+        let p = &m.delivery.properties;
+        assert!(hostile::content_header_frame_len(p) <= hostile::FRAME_MAX);
+        let id = p.message_id().as_ref().unwrap().as_str();
+        let reason = headers::read_str_header(p, REASON_HEADER).unwrap();
+        let error = headers::read_str_header(p, LAST_ERROR_HEADER).unwrap();
+        let has_padding = p
+            .headers()
+            .as_ref()
+            .is_some_and(|h| h.inner().contains_key("x-padding"));
+        let dropped = headers::read_str_header(p, "x-hookrelay-headers-dropped");
+        match id {
+            "huge_headers" => {
+                assert_eq!(reason, "invalid");
+                assert!(
+                    error.contains(&format!("over the {limit}-byte limit")),
+                    "{error}"
+                );
+                assert!(!has_padding);
+                let dropped = dropped.unwrap();
+                assert!(dropped.contains("x-padding"), "{dropped}");
+                // What it was sent to is still readable.
+                assert_eq!(
+                    headers::read_str_header(p, headers::SUBSCRIPTION_HEADER).as_deref(),
+                    Some(hostile::SUBSCRIPTION)
+                );
+            }
+            "near_limit" => {
+                assert_eq!(reason, "rejected", "{error}");
+                assert!(has_padding);
+                assert_eq!(dropped, None);
+            }
+            other => panic!("unexpected dead message {other}"),
+        }
+    }
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
+}

@@ -160,3 +160,94 @@ proptest! {
         }
     }
 }
+
+/// The content-header frame `properties` travel in, as the AMQP client encodes it; encoding
+/// fails on a short string over 255 bytes, so `Some` also means every short string is valid.
+fn frame_len(properties: &BasicProperties) -> Option<usize> {
+    let (encoded, _) = lapin::protocol::basic::gen_properties(properties)(Vec::new().into())
+        .ok()?
+        .into_inner();
+    // Frame type, channel and size; class, weight and body size; the frame-end octet.
+    Some(encoded.len() + 7 + 12 + 1)
+}
+
+/// RabbitMQ's default `frame_max`, which the test broker keeps.
+const FRAME_MAX: usize = 131_072;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Whatever headers a message the broker accepted came with, every copy hookrelay makes of
+    /// it (a retry, a dead letter, a redrive, a fan-out delivery) can be published: its
+    /// properties fit one frame, with room for the `x-delivery-count` a quorum queue adds.
+    #[test]
+    fn every_copy_hookrelay_republishes_fits_a_frame(
+        long in proptest::collection::vec((header_names(), 0usize..140_000), 0..4),
+        others in proptest::collection::vec((header_names(), values()), 0..6),
+        tenant in proptest::option::of("[a-z]{1,64}"),
+        error in ".{0,3000}",
+        endpoint in proptest::option::of(".{0,300}"),
+        // Where most trouble is: properties just under the frame limit.
+        fill_to in proptest::option::of(FRAME_MAX - 4000..=FRAME_MAX),
+    ) {
+        let mut table = FieldTable::default();
+        for (k, v) in others {
+            table.insert(k.as_str().into(), v);
+        }
+        for (k, n) in long {
+            table.insert(k.as_str().into(), AMQPValue::LongString("x".repeat(n).into()));
+        }
+        let with = |table: &FieldTable, fill: usize| {
+            let mut table = table.clone();
+            if fill > 0 {
+                table.insert("x-fill".into(), AMQPValue::LongString("f".repeat(fill).into()));
+            }
+            BasicProperties::default()
+                .with_message_id("evt_1".into())
+                .with_type("order.paid".into())
+                .with_headers(table)
+        };
+        let mut original = with(&table, 0);
+        if let (Some(target), Some(now)) = (fill_to, frame_len(&with(&table, 1))) {
+            // Each byte of the filler weighs one.
+            if now <= target {
+                original = with(&table, target - now + 1);
+            }
+        }
+        // Only what the broker took can arrive.
+        prop_assume!(frame_len(&original).is_some_and(|n| n <= FRAME_MAX));
+        let dead = headers::dead_properties(
+            &original,
+            &headers::DeadLetter {
+                reason: "invalid",
+                error: &error,
+                status: Some(400),
+                attempts_made: 3,
+                tenant: tenant.as_deref(),
+            },
+        );
+        let copies = [
+            headers::retry_properties(
+                &original,
+                tenant.as_deref().unwrap_or("acme"),
+                3,
+                u64::MAX,
+                &error,
+                endpoint.as_deref(),
+            ),
+            headers::redrive_properties(&dead),
+            headers::fanout_properties(
+                &original,
+                &hookrelay::contract::envelope::derived_id("evt_1", "sub_a"),
+                "sub_a",
+                "evt_1",
+            ),
+            dead,
+        ];
+        for copy in &copies {
+            let len = frame_len(copy);
+            prop_assert!(len.is_some(), "a copy does not encode");
+            prop_assert!(len.is_some_and(|n| n + 64 <= FRAME_MAX), "{:?} bytes", len);
+        }
+    }
+}

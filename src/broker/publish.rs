@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -19,6 +19,7 @@ use tokio::sync::{Mutex, Semaphore};
 
 use crate::config::SecretUrl;
 use crate::contract::envelope::{InvalidEnvelope, NewEvent};
+use crate::contract::headers::{FRAME_MAX, content_header_frame_len};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -41,6 +42,11 @@ pub enum PublishError {
     ConfirmTimeout(Duration),
     #[error("the broker did not answer {what} within {after:?}")]
     NoAnswer { what: &'static str, after: Duration },
+    #[error(
+        "the message's properties take a {len}-byte frame, over the connection's frame_max of \
+         {frame_max}; the broker would close the connection"
+    )]
+    TooLarge { len: usize, frame_max: usize },
     #[error("{what} is {len} bytes, over AMQP's 255-byte limit for it")]
     TooLong { what: &'static str, len: usize },
     #[error("cannot reach the broker: {0}")]
@@ -54,7 +60,7 @@ impl PublishError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self,
-            PublishError::Invalid(_) | PublishError::TooLong { .. }
+            PublishError::Invalid(_) | PublishError::TooLong { .. } | PublishError::TooLarge { .. }
         )
     }
 }
@@ -88,6 +94,8 @@ pub struct Publisher {
     confirm_timeout: Duration,
     /// Set while the broker blocks the connection (a memory or disk alarm).
     blocked: Arc<AtomicBool>,
+    /// The frame size the current connection negotiated.
+    frame_max: AtomicUsize,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -124,6 +132,7 @@ impl Publisher {
             pipelined: Mutex::new(None),
             confirm_timeout,
             blocked: Arc::new(AtomicBool::new(false)),
+            frame_max: AtomicUsize::new(FRAME_MAX),
         };
         let channel = publisher.new_channel().await?;
         publisher.give_back(channel);
@@ -167,6 +176,8 @@ impl Publisher {
             .await
             .map_err(|e| PublishError::Connect(e.to_string()))?;
         self.watch(conn.events_listener());
+        self.frame_max
+            .store(conn.configuration().frame_max() as usize, Ordering::SeqCst);
         let conn = Arc::new(conn);
         *slot = Some(Arc::clone(&conn));
         Ok(conn)
@@ -291,6 +302,13 @@ impl Publisher {
         let short = |what, s: &str| {
             ShortString::try_new(s).map_err(|_| PublishError::TooLong { what, len: s.len() })
         };
+        // lapin sends the properties as one frame without looking at its size, and the broker
+        // closes the whole connection on one over frame_max: refuse this message alone instead.
+        let len = content_header_frame_len(&properties);
+        let frame_max = self.frame_max.load(Ordering::SeqCst);
+        if len > frame_max {
+            return Err(PublishError::TooLarge { len, frame_max });
+        }
         let publish = channel.basic_publish(
             short("the exchange name", exchange)?,
             short("the routing key", routing_key)?,

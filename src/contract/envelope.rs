@@ -12,7 +12,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::contract::headers::{
     ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER, SUBSCRIPTION_HEADER,
-    TENANT_HEADER, header_str, header_u64,
+    TENANT_HEADER, check_header_sizes, header_str, header_u64,
 };
 use crate::units::{now_ms, shorten};
 
@@ -56,6 +56,17 @@ pub enum InvalidEnvelope {
          hookrelay sets it only beside a routing key naming the same tenant"
     )]
     TenantDisagrees { claimed: String, routed: String },
+    #[error(
+        "headers take {size} bytes, over the {max}-byte limit (hookrelay's copies must fit the \
+         broker's frame size)"
+    )]
+    HeadersTooLarge { size: usize, max: usize },
+    #[error("header {header} takes {size} bytes, over the {max} bytes it ever needs")]
+    HeaderTooLong {
+        header: &'static str,
+        size: usize,
+        max: usize,
+    },
     #[error("body is {size} bytes, over the {max}-byte limit")]
     BodyTooLarge { size: usize, max: usize },
     #[error("body is not JSON: {0}")]
@@ -229,6 +240,7 @@ impl Envelope {
         body: &[u8],
         max_body: usize,
     ) -> Result<Self, InvalidEnvelope> {
+        check_header_sizes(properties.headers().as_ref())?;
         let id = EnvelopeId::parse(
             properties
                 .message_id()

@@ -4,6 +4,8 @@
 //! trusts for its accounting.
 
 use lapin::BasicProperties;
+use lapin::protocol::basic::gen_properties;
+use lapin::types::generation::gen_value;
 use lapin::types::{AMQPValue, FieldTable};
 
 use crate::contract::envelope::{EnvelopeId, InvalidEnvelope};
@@ -36,6 +38,48 @@ pub const REDRIVES_HEADER: &str = "x-hookrelay-redrives";
 /// When it was last redriven, in milliseconds since the epoch.
 pub const REDRIVEN_AT_HEADER: &str = "x-hookrelay-redriven-at-ms";
 
+/// On a copy that left producer headers out to fit the broker's frame size: which, and how big.
+pub const HEADERS_DROPPED_HEADER: &str = "x-hookrelay-headers-dropped";
+
+/// RabbitMQ's default `frame_max` (128 KiB; `rabbitmq/rabbitmq.conf` keeps it). A message's
+/// properties, headers included, travel in one content-header frame that must fit it: the
+/// broker closes a connection that publishes a bigger one, and lapin closes one that receives
+/// one, without checking either beforehand.
+pub const FRAME_MAX: usize = 131_072;
+
+/// The most the producer's headers (all but hookrelay's own, `x-subscription` and the broker's
+/// dead-letter headers) may weigh, encoded: half of [`FRAME_MAX`]. Every copy hookrelay
+/// republishes carries them with at most `SMALL_HEADERS` of [`MAX_SMALL_HEADER_BYTES`] each
+/// (in practice about 1.5 KiB) and the other properties (short strings, at most about 2.3 KiB),
+/// so it stays far under the frame size: under a quorum queue's `x-delivery-count` on
+/// redelivery, and on a broker whose `frame_max` was lowered to about 84 KiB. A limit on the
+/// producer's part alone means a copy never grows out of it: a retry, a redrive or a fan-out
+/// delivery reads back as valid as the message it came from.
+pub const MAX_HEADER_TABLE_BYTES: usize = 64 * 1024;
+
+/// The most one of `SMALL_HEADERS` may weigh, encoded. hookrelay's own are short by
+/// construction (an error is cut to 512 bytes, a tenant is 64, an id 128).
+pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
+
+/// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
+/// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
+/// rewrite.
+const SMALL_HEADERS: [&str; 13] = [
+    SUBSCRIPTION_HEADER,
+    EVENT_ID_HEADER,
+    ENDPOINT_HEADER,
+    TENANT_HEADER,
+    ATTEMPTS_HEADER,
+    DUE_HEADER,
+    LAST_ERROR_HEADER,
+    REASON_HEADER,
+    STATUS_HEADER,
+    DEAD_AT_HEADER,
+    REDRIVES_HEADER,
+    REDRIVEN_AT_HEADER,
+    HEADERS_DROPPED_HEADER,
+];
+
 /// Headers the broker adds while dead-lettering; dropped on every republish so they neither
 /// grow without bound nor get mistaken for our own accounting.
 const BROKER_HEADERS: [&str; 8] = [
@@ -51,6 +95,70 @@ const BROKER_HEADERS: [&str; 8] = [
 
 /// Error text kept in headers is cut to this many bytes.
 const MAX_ERROR_LEN: usize = 512;
+
+/// Bytes a header table's entries take beyond the entries: its length.
+const TABLE_PREFIX: usize = 4;
+
+/// The encoded size of one header table entry: its name and its typed value.
+fn entry_len(name: &str, value: &AMQPValue) -> usize {
+    let value =
+        gen_value(value)(Vec::new().into()).map_or(usize::MAX / 4, |c| c.into_inner().0.len());
+    1 + name.len() + value
+}
+
+/// The encoded size of a header table, its length included.
+pub fn table_len(table: &FieldTable) -> usize {
+    table
+        .into_iter()
+        .map(|(k, v)| entry_len(k.as_str(), v))
+        .sum::<usize>()
+        + TABLE_PREFIX
+}
+
+/// The size of the content-header frame `properties` travel in, which must fit the
+/// connection's `frame_max`.
+pub fn content_header_frame_len(properties: &BasicProperties) -> usize {
+    // Frame type, channel and size; class, weight and body size; the frame-end octet.
+    const FRAMING: usize = 7 + 12 + 1;
+    gen_properties(properties)(Vec::new().into())
+        .map_or(usize::MAX, |c| c.into_inner().0.len() + FRAMING)
+}
+
+/// Checks a delivery's headers against the limits every copy of it must keep: the producer's
+/// share within [`MAX_HEADER_TABLE_BYTES`], each of [`SMALL_HEADERS`] within
+/// [`MAX_SMALL_HEADER_BYTES`]. The broker's dead-letter headers are not counted: no copy keeps
+/// them.
+pub(crate) fn check_header_sizes(headers: Option<&FieldTable>) -> Result<(), InvalidEnvelope> {
+    let Some(headers) = headers else {
+        return Ok(());
+    };
+    let mut producers = TABLE_PREFIX;
+    for (name, value) in headers {
+        let name = name.as_str();
+        if BROKER_HEADERS.contains(&name) {
+            continue;
+        }
+        let len = entry_len(name, value);
+        match SMALL_HEADERS.iter().find(|small| **small == name) {
+            Some(small) if len > MAX_SMALL_HEADER_BYTES => {
+                return Err(InvalidEnvelope::HeaderTooLong {
+                    header: small,
+                    size: len,
+                    max: MAX_SMALL_HEADER_BYTES,
+                });
+            }
+            Some(_) => {}
+            None => producers += len,
+        }
+    }
+    if producers > MAX_HEADER_TABLE_BYTES {
+        return Err(InvalidEnvelope::HeadersTooLarge {
+            size: producers,
+            max: MAX_HEADER_TABLE_BYTES,
+        });
+    }
+    Ok(())
+}
 
 fn header<'a>(headers: Option<&'a FieldTable>, name: &str) -> Option<&'a AMQPValue> {
     headers?.inner().get(name)
@@ -123,14 +231,58 @@ pub(crate) fn header_u64(
 /// The original properties, persistent, ready to have hookrelay's headers added. Left behind:
 /// the broker's dead-letter headers, `expiration` (a republished message must not expire
 /// out of a lane) and `user_id` (the broker checks it against the publishing connection).
+///
+/// A copy must fit the broker's frame size whatever the original carried (an invalid message
+/// is dead-lettered because its headers are too big), so headers over the limits
+/// [`check_header_sizes`] reads with are left out, the biggest first, and
+/// [`HEADERS_DROPPED_HEADER`] says which. A valid envelope's headers are within them and kept
+/// whole.
 fn carried(original: &BasicProperties) -> (BasicProperties, FieldTable) {
     let mut headers = FieldTable::default();
-    if let Some(h) = original.headers() {
-        for (k, v) in h {
-            if !BROKER_HEADERS.contains(&k.as_str()) {
-                headers.insert(k.clone(), v.clone());
-            }
+    let mut producers = Vec::new();
+    let mut dropped: Vec<(&str, usize)> = Vec::new();
+    for (k, v) in original.headers().iter().flatten() {
+        let name = k.as_str();
+        if BROKER_HEADERS.contains(&name) {
+            continue;
         }
+        let len = entry_len(name, v);
+        if !SMALL_HEADERS.contains(&name) {
+            producers.push((k, v, len));
+        } else if len <= MAX_SMALL_HEADER_BYTES {
+            headers.insert(k.clone(), v.clone());
+        } else {
+            dropped.push((name, len));
+        }
+    }
+    // Smallest first, so as many as fit are kept.
+    producers.sort_by(|a, b| (a.2, a.0).cmp(&(b.2, b.0)));
+    // Room for the note is kept too: a redriven copy reads back within the limit.
+    let mut room = MAX_HEADER_TABLE_BYTES - TABLE_PREFIX - MAX_SMALL_HEADER_BYTES;
+    if producers.iter().map(|p| p.2).sum::<usize>() + TABLE_PREFIX <= MAX_HEADER_TABLE_BYTES {
+        room = MAX_HEADER_TABLE_BYTES;
+    }
+    for (k, v, len) in producers {
+        if len <= room {
+            room -= len;
+            headers.insert(k.clone(), v.clone());
+        } else {
+            dropped.push((k.as_str(), len));
+        }
+    }
+    if !dropped.is_empty() {
+        let names: Vec<&str> = dropped.iter().map(|d| d.0).collect();
+        let note = format!(
+            "{} header(s) of {} bytes left out to fit the broker's frame size: {}",
+            dropped.len(),
+            dropped.iter().map(|d| d.1).sum::<usize>(),
+            names.join(", ")
+        );
+        put_str(
+            &mut headers,
+            HEADERS_DROPPED_HEADER,
+            cut(&note, MAX_ERROR_LEN),
+        );
     }
     let mut props = BasicProperties::default().with_delivery_mode(2);
     if let Some(v) = original.content_type() {

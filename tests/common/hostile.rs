@@ -3,7 +3,8 @@
 //! (`tests/faults/hostile.rs`). Each must end in the dead sink as `invalid`, with its error.
 
 use hookrelay::contract::headers::{
-    ATTEMPTS_HEADER, DUE_HEADER, EVENT_ID_HEADER, REASON_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER,
+    ATTEMPTS_HEADER, DUE_HEADER, EVENT_ID_HEADER, LAST_ERROR_HEADER, REASON_HEADER,
+    SUBSCRIPTION_HEADER, TENANT_HEADER,
 };
 use hookrelay::contract::ladder::Ladder;
 use hookrelay::delivery::subscriptions::{EventFilter, Subscription};
@@ -35,6 +36,53 @@ pub async fn start_worker(t: &TestLadder, receiver: &Receiver, secret: &Secret) 
     let mut config = t.config.clone();
     config.limits.max_body_bytes = MAX_BODY;
     RunningWorker::start_with(t, config, subscriptions(&receiver.url("/"), secret)).await
+}
+
+/// RabbitMQ's default `frame_max`, which the test broker keeps: the largest frame it takes, the
+/// content header (every property, headers included) among them.
+pub const FRAME_MAX: usize = 131_072;
+
+/// The size of the content-header frame `properties` travel in, encoded as the AMQP client
+/// encodes them; counted here independently of hookrelay's own arithmetic.
+pub fn content_header_frame_len(properties: &BasicProperties) -> usize {
+    let (encoded, _) = lapin::protocol::basic::gen_properties(properties)(Vec::new().into())
+        .expect("properties encode")
+        .into_inner();
+    // Frame type, channel and size; class, weight and body size; the frame-end octet.
+    encoded.len() + 7 + 12 + 1
+}
+
+/// The encoded size of a header table, its length prefix included.
+pub fn table_len(table: &FieldTable) -> usize {
+    let (encoded, _) = lapin::types::generation::gen_field_table(table)(Vec::new().into())
+        .expect("the table encodes")
+        .into_inner();
+    encoded.len()
+}
+
+/// The size of the header table of `properties`.
+pub fn headers_len(properties: &BasicProperties) -> usize {
+    table_len(&properties.headers().clone().unwrap_or_default())
+}
+
+/// `properties` with a header `x-padding` sized so that `measure` of them is `len` bytes (each
+/// byte of padding weighs one).
+pub fn padded_to(
+    properties: &BasicProperties,
+    measure: fn(&BasicProperties) -> usize,
+    len: usize,
+) -> BasicProperties {
+    let with = |n: usize| {
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-padding".into(),
+            AMQPValue::LongString("p".repeat(n).into()),
+        );
+        properties.clone().with_headers(headers)
+    };
+    let padded = with(len - measure(&with(0)));
+    assert_eq!(measure(&padded), len);
+    padded
 }
 
 /// The start of the queue name the table's forged `x-death` names.
@@ -277,6 +325,24 @@ pub fn table(id: &str, ladder: &Ladder) -> Vec<Hostile> {
                 ..good("forged_death")
             },
             "belongs to tenant \"globex\"".into(),
+        ),
+        (
+            // A header table over the read limit (64 KiB), well within the broker's frame.
+            "oversized_headers",
+            Draft {
+                headers: vec![("x-padding", text(&"p".repeat(70_000)))],
+                ..good("oversized_headers")
+            },
+            "over the 65536-byte limit".into(),
+        ),
+        (
+            // One of hookrelay's own headers, far longer than hookrelay ever writes it.
+            "long_own_header",
+            Draft {
+                headers: vec![(LAST_ERROR_HEADER, text(&"e".repeat(5_000)))],
+                ..good("long_own_header")
+            },
+            format!("header {LAST_ERROR_HEADER} takes"),
         ),
         (
             "onto_the_lane",
