@@ -101,6 +101,8 @@ const TABLE_PREFIX: usize = 4;
 
 /// The encoded size of one header table entry: its name and its typed value.
 fn entry_len(name: &str, value: &AMQPValue) -> usize {
+    // Encoding into memory fails only on a value no client could have sent; it counts as too
+    // big.
     let value =
         gen_value(value)(Vec::new().into()).map_or(usize::MAX / 4, |c| c.into_inner().0.len());
     1 + name.len() + value
@@ -255,13 +257,9 @@ fn carried(original: &BasicProperties) -> (BasicProperties, FieldTable) {
             dropped.push((name, len));
         }
     }
-    // Smallest first, so as many as fit are kept.
+    // Smallest first, so as many as fit are kept (all of them when they do).
     producers.sort_by(|a, b| (a.2, a.0).cmp(&(b.2, b.0)));
-    // Room for the note is kept too: a redriven copy reads back within the limit.
-    let mut room = MAX_HEADER_TABLE_BYTES - TABLE_PREFIX - MAX_SMALL_HEADER_BYTES;
-    if producers.iter().map(|p| p.2).sum::<usize>() + TABLE_PREFIX <= MAX_HEADER_TABLE_BYTES {
-        room = MAX_HEADER_TABLE_BYTES;
-    }
+    let mut room = MAX_HEADER_TABLE_BYTES - TABLE_PREFIX;
     for (k, v, len) in producers {
         if len <= room {
             room -= len;
@@ -505,6 +503,8 @@ pub fn fanout_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::envelope::Envelope;
+    use crate::contract::envelope::tests::event;
 
     fn died_in(queue: &str) -> BasicProperties {
         let mut death = FieldTable::default();
@@ -515,6 +515,53 @@ mod tests {
             AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
         );
         BasicProperties::default().with_headers(h)
+    }
+
+    #[test]
+    fn a_copy_leaves_out_what_is_over_the_limits_and_says_so() {
+        let e = event();
+        let text = |s: String| AMQPValue::LongString(s.into());
+        let mut h = e.properties().headers().clone().unwrap();
+        h.insert("x-small".into(), text("s".into()));
+        let valid = e.properties().with_headers(h.clone());
+        h.insert("x-big".into(), text("b".repeat(100_000)));
+        h.insert(LAST_ERROR_HEADER.into(), text("e".repeat(5_000)));
+        let oversized = e.properties().with_headers(h);
+        assert!(matches!(
+            check_header_sizes(oversized.headers().as_ref()),
+            Err(InvalidEnvelope::HeaderTooLong { .. } | InvalidEnvelope::HeadersTooLarge { .. })
+        ));
+        let dead = dead_properties(
+            &oversized,
+            &DeadLetter {
+                reason: "invalid",
+                error: "too big",
+                status: None,
+                attempts_made: 0,
+                tenant: None,
+            },
+        );
+        // The copy reads back within the limits and fits a frame.
+        check_header_sizes(dead.headers().as_ref()).unwrap();
+        assert!(content_header_frame_len(&dead) < FRAME_MAX / 2 + 4096);
+        let kept = dead.headers().clone().unwrap();
+        assert!(kept.contains_key("x-small") && kept.contains_key(SUBSCRIPTION_HEADER));
+        assert!(!kept.contains_key("x-big"));
+        assert_eq!(
+            read_str_header(&dead, LAST_ERROR_HEADER).as_deref(),
+            Some("too big")
+        );
+        assert_eq!(
+            read_str_header(&dead, HEADERS_DROPPED_HEADER).as_deref(),
+            Some(
+                "2 header(s) of 105039 bytes left out to fit the broker's frame size: \
+                 x-hookrelay-last-error, x-big"
+            )
+        );
+        // A valid envelope's copies keep every header.
+        let retry = retry_properties(&valid, "acme", 1, 0, "HTTP 503", None);
+        assert!(retry.headers().as_ref().unwrap().contains_key("x-small"));
+        assert_eq!(read_str_header(&retry, HEADERS_DROPPED_HEADER), None);
     }
 
     #[test]
@@ -541,8 +588,6 @@ mod tests {
         }
         assert_eq!(promoting_tier(&ladder, &BasicProperties::default()), None);
     }
-    use crate::contract::envelope::Envelope;
-    use crate::contract::envelope::tests::event;
 
     #[test]
     fn retries_carry_our_accounting_and_drop_the_brokers() {
