@@ -45,6 +45,21 @@ async fn raw_publish(ch: &Channel, exchange: &str, key: &str, body: &[u8], p: Ba
     assert!(confirm.is_ack() && confirm.take_message().is_none());
 }
 
+/// A channel in confirm mode, for [`raw_publish`].
+async fn confirming(t: &TestLadder) -> Channel {
+    let ch = t.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    ch
+}
+
+/// Publishes `properties` with a good body to the ingress as the table's tenant.
+async fn to_ingress(ch: &Channel, t: &TestLadder, properties: BasicProperties) {
+    let good = br#"{"ok":true}"#;
+    raw_publish(ch, &t.ladder.ingress(), hostile::TENANT, good, properties).await;
+}
+
 #[tokio::test]
 async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
     let t = TestLadder::apply("invalid", &["300ms"], &["300ms"]).await;
@@ -52,25 +67,13 @@ async fn every_kind_of_invalid_message_is_dead_lettered_while_good_ones_flow() {
     let receiver = ok_receiver(&s).await;
     let worker = hostile::start_worker(&t, &receiver, &s).await;
 
-    let ch = t.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let ingress = t.ladder.ingress();
-    let good = br#"{"ok":true}"#;
+    let ch = confirming(&t).await;
     // Each hostile message's id ("" for none) and the error its dead letter must carry.
     let mut expected = std::collections::HashMap::new();
     for (i, m) in hostile::table("bad", &t.ladder).into_iter().enumerate() {
         raw_publish(&ch, &m.exchange, &m.routing_key, &m.body, m.properties).await;
         expected.insert(m.id.unwrap_or_default(), (m.label, m.error));
-        raw_publish(
-            &ch,
-            &ingress,
-            hostile::TENANT,
-            good,
-            good_properties(&format!("good_{i}")),
-        )
-        .await;
+        to_ingress(&ch, &t, good_properties(&format!("good_{i}"))).await;
     }
 
     assert!(
@@ -136,19 +139,14 @@ async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_
     let s = secret();
     let receiver = ok_receiver(&s).await;
     let worker = hostile::start_worker(&t, &receiver, &s).await;
-    let ch = t.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let ingress = t.ladder.ingress();
-    let good = br#"{"ok":true}"#;
+    let ch = confirming(&t).await;
     let long = good_properties("long_tenant");
     let mut h = long.headers().clone().unwrap();
     h.insert(
         headers::TENANT_HEADER.into(),
         AMQPValue::LongString("t".repeat(300).into()),
     );
-    raw_publish(&ch, &ingress, hostile::TENANT, good, long.with_headers(h)).await;
+    to_ingress(&ch, &t, long.with_headers(h)).await;
     // Invalid too, but with a tenant it can be routed by.
     let mut unknown = good_properties("unknown_sub");
     let mut h = unknown.headers().clone().unwrap();
@@ -157,7 +155,7 @@ async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_
         AMQPValue::LongString("sub_nope".into()),
     );
     unknown = unknown.with_headers(h);
-    raw_publish(&ch, &ingress, hostile::TENANT, good, unknown).await;
+    to_ingress(&ch, &t, unknown).await;
     assert!(t.wait_dead(2, Duration::from_secs(20)).await);
     worker.stop().await;
 
@@ -211,12 +209,7 @@ async fn headers_near_the_frame_limit_are_dead_lettered_and_every_republish_fits
         .await
         .unwrap();
     let worker = hostile::start_worker(&t, &receiver, &s).await;
-    let ch = t.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let ingress = t.ladder.ingress();
-    let good = br#"{"ok":true}"#;
+    let ch = confirming(&t).await;
     // Just under the broker's limit: the broker takes it; as it is, no copy of it with more
     // headers could be published.
     let huge = hostile::padded_to(
@@ -234,19 +227,12 @@ async fn headers_near_the_frame_limit_are_dead_lettered_and_every_republish_fits
         limit - 16,
     );
     for i in 0..10 {
-        raw_publish(
-            &ch,
-            &ingress,
-            hostile::TENANT,
-            good,
-            good_properties(&format!("good_{i}")),
-        )
-        .await;
+        to_ingress(&ch, &t, good_properties(&format!("good_{i}"))).await;
         if i == 3 {
-            raw_publish(&ch, &ingress, hostile::TENANT, good, huge.clone()).await;
+            to_ingress(&ch, &t, huge.clone()).await;
         }
         if i == 6 {
-            raw_publish(&ch, &ingress, hostile::TENANT, good, near.clone()).await;
+            to_ingress(&ch, &t, near.clone()).await;
         }
     }
     assert!(
@@ -257,14 +243,7 @@ async fn headers_near_the_frame_limit_are_dead_lettered_and_every_republish_fits
     assert!(t.wait_dead(2, Duration::from_secs(30)).await);
     // And traffic after them.
     for i in 10..20 {
-        raw_publish(
-            &ch,
-            &ingress,
-            hostile::TENANT,
-            good,
-            good_properties(&format!("good_{i}")),
-        )
-        .await;
+        to_ingress(&ch, &t, good_properties(&format!("good_{i}"))).await;
     }
     assert!(
         receiver
