@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::config::{EgressConfig, SecretUrl};
+use crate::config::{EgressConfig, SecretUrl, shown_url};
 
 /// Why an address is not a place to send webhooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +154,8 @@ pub fn classify(ip: IpAddr) -> Option<BlockedClass> {
     }
 }
 
-/// Why the policy refused an endpoint. Its text is the dead-letter's error.
+/// Why the policy refused an endpoint. Its text is the dead-letter's error, so a URL in it is
+/// the [`shown_url`] form: never its user information or query.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EgressDenied {
     #[error("egress denied: {host} resolves to {addr} ({})", class.as_str())]
@@ -223,11 +224,11 @@ impl EgressPolicy {
     /// the client connects to without asking the resolver).
     pub fn check_url(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
         if self.https_only && url.scheme() != "https" {
-            return Err(EgressDenied::NotHttps(url.to_string()));
+            return Err(EgressDenied::NotHttps(shown_url(url)));
         }
         let host = url
             .host()
-            .ok_or_else(|| EgressDenied::NoHost(url.to_string()))?;
+            .ok_or_else(|| EgressDenied::NoHost(shown_url(url)))?;
         let port = url.port_or_known_default().unwrap_or(0);
         if !self.allowed_ports.is_empty() && !self.allowed_ports.contains(&port) {
             return Err(EgressDenied::Port {
@@ -441,10 +442,14 @@ mod tests {
         });
         let url = |s: &str| reqwest::Url::parse(s).unwrap();
         assert!(policy.check_url(&url("https://hooks.example/x")).is_ok());
-        assert!(matches!(
-            policy.check_url(&url("http://hooks.example/x")),
-            Err(EgressDenied::NotHttps(_))
-        ));
+        // The refusal is a dead letter's error: no user information, no query.
+        assert_eq!(
+            policy
+                .check_url(&url("http://u:pw@hooks.example:8080/x?token=t#f"))
+                .unwrap_err()
+                .to_string(),
+            "egress denied: http://hooks.example:8080/x is not https and egress.https_only is set"
+        );
         assert!(matches!(
             policy.check_url(&url("https://hooks.example:8443/x")),
             Err(EgressDenied::Port { port: 8443, .. })
