@@ -307,3 +307,50 @@ async fn through_a_proxy_targets_are_still_checked() {
     assert_eq!(proxy.request_count(), 1);
     assert_eq!(proxy.records()[0].path, "/hook");
 }
+
+/// A resolver that never answers, as a DNS server that drops queries behaves.
+#[derive(Debug)]
+struct SilentLookup;
+
+impl hookrelay::delivery::egress::Lookup for SilentLookup {
+    fn lookup<'a>(
+        &'a self,
+        _host: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Vec<std::net::IpAddr>>> + Send + 'a>,
+    > {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// Through a proxy hookrelay resolves the target itself, outside the client's timeouts: a
+/// resolver that never answers must still end the attempt, as a retryable failure.
+#[tokio::test]
+async fn through_a_proxy_a_silent_resolver_ends_the_attempt() {
+    let s = common::secret();
+    let proxy = common::ok_receiver(&s).await;
+    let policy = EgressPolicy::from_config(&EgressConfig {
+        proxy: Some(proxy.url("").parse().unwrap()),
+        ..EgressConfig::default()
+    });
+    let config = HttpConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(2),
+        ..HttpConfig::default()
+    };
+    let sender = HttpSender::new(&config, Arc::new(policy), Arc::new(SilentLookup)).unwrap();
+    // Far longer than any bound the attempt has: only a hang reaches it.
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        post(&sender, "http://silent.test/hook"),
+    )
+    .await
+    .expect("the attempt ended");
+    match &result {
+        AttemptResult::Transport(detail) => {
+            assert!(detail.contains("silent.test"), "{detail}")
+        }
+        other => panic!("expected a transport failure, got {other:?}"),
+    }
+    assert_eq!(proxy.request_count(), 0, "nothing was sent");
+}

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
@@ -272,20 +273,45 @@ impl Lookup for SystemLookup {
 pub struct GuardedResolver {
     policy: Arc<EgressPolicy>,
     lookup: Arc<dyn Lookup>,
+    /// A bound on each lookup. Through a proxy the target is resolved before the client's own
+    /// timeouts start, so without it a resolver that never answers holds the attempt forever.
+    timeout: Option<Duration>,
 }
 
 impl GuardedResolver {
     pub fn new(policy: Arc<EgressPolicy>, lookup: Arc<dyn Lookup>) -> Self {
-        Self { policy, lookup }
+        Self {
+            policy,
+            lookup,
+            timeout: None,
+        }
+    }
+
+    /// Bounds every lookup by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Looks `host` up, within the bound when there is one.
+    async fn lookup_bounded(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+        let lookup = self.lookup.lookup(host);
+        let found =
+            match self.timeout {
+                None => lookup.await,
+                Some(after) => tokio::time::timeout(after, lookup).await.map_err(|_| {
+                    ResolveError::TimedOut {
+                        host: host.to_owned(),
+                        after,
+                    }
+                })?,
+            };
+        found.map_err(ResolveError::Lookup)
     }
 
     /// Resolves `host` and checks every address.
     pub async fn resolve_checked(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-        let addrs = self
-            .lookup
-            .lookup(host)
-            .await
-            .map_err(ResolveError::Lookup)?;
+        let addrs = self.lookup_bounded(host).await?;
         if addrs.is_empty() {
             return Err(ResolveError::Lookup(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -307,6 +333,8 @@ pub enum ResolveError {
     Denied(EgressDenied),
     #[error("cannot resolve: {0}")]
     Lookup(std::io::Error),
+    #[error("cannot resolve {host}: no answer within {}", crate::units::fmt_duration(*.after))]
+    TimedOut { host: String, after: Duration },
 }
 
 impl reqwest::dns::Resolve for GuardedResolver {
@@ -320,7 +348,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
                 .and_then(|p| p.host_str())
                 .is_some_and(|p| p.eq_ignore_ascii_case(&host));
             let addrs = if is_proxy {
-                this.lookup.lookup(&host).await?
+                this.lookup_bounded(&host).await?
             } else {
                 this.resolve_checked(&host).await?
             };
