@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::Counters;
-use common::egress::{StaticLookup, allowing};
+use common::egress::{RebindingLookup, SilentLookup, StaticLookup, allowing};
 use hookrelay::config::EgressConfig;
 use hookrelay::config::HttpConfig;
 use hookrelay::contract::envelope::EnvelopeId;
@@ -319,21 +319,6 @@ async fn through_a_proxy_targets_are_still_checked() {
     assert_eq!(proxy.records()[0].path, "/hook");
 }
 
-/// A resolver that never answers, as a DNS server that drops queries behaves.
-#[derive(Debug)]
-struct SilentLookup;
-
-impl hookrelay::delivery::egress::Lookup for SilentLookup {
-    fn lookup<'a>(
-        &'a self,
-        _host: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = std::io::Result<Vec<std::net::IpAddr>>> + Send + 'a>,
-    > {
-        Box::pin(std::future::pending())
-    }
-}
-
 /// Through a proxy hookrelay resolves the target itself, outside the client's timeouts: a
 /// resolver that never answers must still end the attempt, as a retryable failure.
 #[tokio::test]
@@ -366,28 +351,6 @@ async fn through_a_proxy_a_silent_resolver_ends_the_attempt() {
     assert_eq!(proxy.request_count(), 0, "nothing was sent");
 }
 
-/// A resolver that answers the first lookup of each name with one address and every later one
-/// with another, as a rebinding DNS server does.
-#[derive(Debug)]
-struct RebindingLookup {
-    first: std::net::IpAddr,
-    then: std::net::IpAddr,
-    lookups: AtomicUsize,
-}
-
-impl hookrelay::delivery::egress::Lookup for RebindingLookup {
-    fn lookup<'a>(
-        &'a self,
-        _host: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = std::io::Result<Vec<std::net::IpAddr>>> + Send + 'a>,
-    > {
-        let n = self.lookups.fetch_add(1, Ordering::SeqCst);
-        let addr = if n == 0 { self.first } else { self.then };
-        Box::pin(async move { Ok(vec![addr]) })
-    }
-}
-
 /// Two listeners on one port: 127.0.0.1, which the policy allows (standing for a public
 /// address), and 127.0.0.2, which it does not (standing for an internal one).
 async fn allowed_and_internal() -> (Receiver, std::net::SocketAddr, Arc<AtomicUsize>) {
@@ -416,11 +379,7 @@ async fn allowed_and_internal() -> (Receiver, std::net::SocketAddr, Arc<AtomicUs
 async fn a_name_that_rebinds_to_an_internal_address_never_reaches_it() {
     let (allowed, internal, internal_hits) = allowed_and_internal().await;
     let policy = || allowing(&["127.0.0.1/32"]);
-    let rebinding = || RebindingLookup {
-        first: "127.0.0.1".parse().unwrap(),
-        then: internal.ip(),
-        lookups: AtomicUsize::new(0),
-    };
+    let rebinding = || RebindingLookup::new("127.0.0.1".parse().unwrap(), internal.ip());
     let url = format!("http://rebind.test:{}/hook", internal.port());
     let config = HttpConfig {
         connect_timeout: Duration::from_secs(1),

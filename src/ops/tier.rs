@@ -88,17 +88,7 @@ fn queue_args(ladder: &Ladder) -> FieldTable {
 
 /// Regex for exactly one queue name.
 fn exact_pattern(name: &str) -> String {
-    let mut p = String::from("^");
-    for c in name.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-            p.push(c);
-        } else {
-            p.push('\\');
-            p.push(c);
-        }
-    }
-    p.push('$');
-    p
+    format!("^{}$", crate::broker::topology::regex_literal(name))
 }
 
 /// Stops promotion out of `tier`: its expired messages park in `<prefix>.held.<tier>`.
