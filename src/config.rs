@@ -87,6 +87,19 @@ impl Env for HashMap<String, String> {
     }
 }
 
+/// How a URL that may carry secrets is shown anywhere (errors, logs, headers, events):
+/// `scheme://host[:port]/path`. User information and the query (where tokens travel) are left
+/// out, and so is the fragment; a URL without a host shows its scheme alone.
+pub fn shown_url(url: &Url) -> String {
+    match url.host_str() {
+        Some(host) => {
+            let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}://{host}{port}{}", url.scheme(), url.path())
+        }
+        None => format!("{}:", url.scheme()),
+    }
+}
+
 /// A URL that may carry credentials: `Debug` and `Display` never show the password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(Url);
@@ -1022,6 +1035,17 @@ mod tests {
                 .iter()
                 .any(|n| n == "HOOKRELAY_EGRESS_PROXY")
         );
+    }
+
+    #[test]
+    fn a_shown_url_has_no_user_information_query_or_fragment() {
+        let shown = |s: &str| shown_url(&Url::parse(s).unwrap());
+        assert_eq!(
+            shown("https://user:pw@hooks.example:8443/a/b?token=t&x=1#frag"),
+            "https://hooks.example:8443/a/b"
+        );
+        assert_eq!(shown("http://u@[::1]/"), "http://[::1]/");
+        assert_eq!(shown("mailto:someone@example.com"), "mailto:");
     }
 
     #[test]

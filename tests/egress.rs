@@ -1,6 +1,7 @@
 //! The egress policy as the HTTP client applies it: every blocked address class reached through
 //! a hostname (answered by a resolver seam, since no public DNS answers here), the allow-list,
-//! a name resolving to a mix, IP literals, redirects, scheme and port rules; and end to end, a
+//! a name resolving to a mix, a name that rebinds, IP literals in every notation, redirects,
+//! scheme and port rules, a proxy (targets checked, a silent resolver bounded); and end to end, a
 //! refused endpoint dead-lettered as `egress_denied` without a connection.
 
 mod common;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::Counters;
-use common::egress::{StaticLookup, allowing};
+use common::egress::{RebindingLookup, SilentLookup, StaticLookup, allowing};
 use hookrelay::config::EgressConfig;
 use hookrelay::config::HttpConfig;
 use hookrelay::contract::envelope::EnvelopeId;
@@ -193,27 +194,37 @@ async fn ip_literals_pass_the_same_rules() {
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
 }
 
+/// Every redirect status, the method-preserving 307 and 308 included, toward a target the policy
+/// allows (so only the no-redirect rule stands between them): the target records every request,
+/// and has none.
 #[tokio::test]
-async fn a_redirect_toward_a_blocked_address_is_not_followed() {
+async fn a_redirect_is_never_followed() {
     let s = common::secret();
     let target = common::ok_receiver(&s).await;
     let location = target.url("/internal");
-    let redirecting = Receiver::start(&[], move |_| Reply::Redirect(302, location.clone()))
-        .await
-        .unwrap();
-    let sender = sender(allowing(&["127.0.0.0/8"]), StaticLookup::default());
-    let result = post(&sender, &redirecting.url("/")).await;
-    // A redirect is a retryable answer of the endpoint; its Location is never contacted.
+    for status in [301, 302, 303, 307, 308] {
+        let location = location.clone();
+        let redirecting = Receiver::start(&[], move |_| Reply::Redirect(status, location.clone()))
+            .await
+            .unwrap();
+        let sender = sender(allowing(&["127.0.0.0/8"]), StaticLookup::default());
+        let result = post(&sender, &redirecting.url("/")).await;
+        // A redirect is a retryable answer of the endpoint; its Location is never contacted. A
+        // followed redirect would end in the target's 204 instead.
+        assert_eq!(
+            result,
+            AttemptResult::Response {
+                status,
+                retry_after: None
+            }
+        );
+        assert_eq!(redirecting.request_count(), 1);
+    }
     assert_eq!(
-        result,
-        AttemptResult::Response {
-            status: 302,
-            retry_after: None
-        }
+        target.request_count(),
+        0,
+        "the Location was never requested"
     );
-    // A deliberate pause: a request to the Location, had one been made, arrives by then.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(target.request_count(), 0);
 }
 
 #[tokio::test]
@@ -306,4 +317,160 @@ async fn through_a_proxy_targets_are_still_checked() {
     // Only the allowed request reached the proxy.
     assert_eq!(proxy.request_count(), 1);
     assert_eq!(proxy.records()[0].path, "/hook");
+}
+
+/// Through a proxy hookrelay resolves the target itself, outside the client's timeouts: a
+/// resolver that never answers must still end the attempt, as a retryable failure.
+#[tokio::test]
+async fn through_a_proxy_a_silent_resolver_ends_the_attempt() {
+    let s = common::secret();
+    let proxy = common::ok_receiver(&s).await;
+    let policy = EgressPolicy::from_config(&EgressConfig {
+        proxy: Some(proxy.url("").parse().unwrap()),
+        ..EgressConfig::default()
+    });
+    let config = HttpConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(2),
+        ..HttpConfig::default()
+    };
+    let sender = HttpSender::new(&config, Arc::new(policy), Arc::new(SilentLookup)).unwrap();
+    // Far longer than any bound the attempt has: only a hang reaches it.
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        post(&sender, "http://silent.test/hook"),
+    )
+    .await
+    .expect("the attempt ended");
+    match &result {
+        AttemptResult::Transport(detail) => {
+            assert!(detail.contains("silent.test"), "{detail}")
+        }
+        other => panic!("expected a transport failure, got {other:?}"),
+    }
+    assert_eq!(proxy.request_count(), 0, "nothing was sent");
+}
+
+/// Two listeners on one port: 127.0.0.1, which the policy allows (standing for a public
+/// address), and 127.0.0.2, which it does not (standing for an internal one).
+async fn allowed_and_internal() -> (Receiver, std::net::SocketAddr, Arc<AtomicUsize>) {
+    let s = common::secret();
+    loop {
+        let allowed = common::ok_receiver(&s).await;
+        let port = allowed.addr().port();
+        if let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.2", port)).await {
+            let addr = listener.local_addr().unwrap();
+            let count = Arc::new(AtomicUsize::new(0));
+            let seen = Arc::clone(&count);
+            tokio::spawn(async move {
+                while let Ok((_socket, _)) = listener.accept().await {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            return (allowed, addr, count);
+        }
+    }
+}
+
+/// DNS rebinding: the name resolves to an allowed address, then to an internal one. Whatever
+/// the client connects to is what the policy checked, so nothing reaches the internal address,
+/// directly or through a proxy (where hookrelay resolves the target itself on every attempt).
+#[tokio::test]
+async fn a_name_that_rebinds_to_an_internal_address_never_reaches_it() {
+    let (allowed, internal, internal_hits) = allowed_and_internal().await;
+    let policy = || allowing(&["127.0.0.1/32"]);
+    let rebinding = || RebindingLookup::new("127.0.0.1".parse().unwrap(), internal.ip());
+    let url = format!("http://rebind.test:{}/hook", internal.port());
+    let config = HttpConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(2),
+        ..HttpConfig::default()
+    };
+    let denial = "egress denied: rebind.test resolves to 127.0.0.2 (loopback)";
+
+    // Directly: the client's own resolver is the guarded one; each new connection asks again.
+    let direct = HttpSender::new(&config, Arc::new(policy()), Arc::new(rebinding())).unwrap();
+    for _ in 0..3 {
+        match post(&direct, &url).await {
+            AttemptResult::Response { status: 204, .. } => {}
+            AttemptResult::EgressDenied(text) => assert_eq!(text, denial),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // Through a proxy: the first attempt goes out, the next ones are refused at their own lookup.
+    let proxy = common::ok_receiver(&common::secret()).await;
+    let mut proxied = hookrelay::config::EgressConfig {
+        proxy: Some(proxy.url("").parse().unwrap()),
+        ..hookrelay::config::EgressConfig::default()
+    };
+    proxied.allow = vec!["127.0.0.1/32".parse().unwrap()];
+    let through = HttpSender::new(
+        &config,
+        Arc::new(EgressPolicy::from_config(&proxied)),
+        Arc::new(rebinding()),
+    )
+    .unwrap();
+    assert!(matches!(
+        post(&through, &url).await,
+        AttemptResult::Response { status: 204, .. }
+    ));
+    for _ in 0..2 {
+        assert_eq!(denied(&post(&through, &url).await), denial);
+    }
+    assert_eq!(
+        proxy.request_count(),
+        1,
+        "only the allowed attempt reached the proxy"
+    );
+    assert!(allowed.request_count() >= 1);
+    assert_eq!(
+        internal_hits.load(Ordering::SeqCst),
+        0,
+        "no connection to the internal address"
+    );
+}
+
+/// IPv4 written as one decimal number, in hex or in octal parts means the same address to the
+/// URL parser, and to the policy.
+#[tokio::test]
+async fn ip_literals_in_decimal_hex_and_octal_are_refused_like_dotted_ones() {
+    let (addr, accepted) = counting_listener().await;
+    let port = addr.port();
+    let direct = sender(EgressPolicy::default(), StaticLookup::default());
+    let proxy = common::ok_receiver(&common::secret()).await;
+    let through = sender(
+        EgressPolicy::from_config(&EgressConfig {
+            proxy: Some(proxy.url("").parse().unwrap()),
+            ..EgressConfig::default()
+        }),
+        StaticLookup::default(),
+    );
+    for host in [
+        "2130706433",
+        "0x7f.1",
+        "0x7f000001",
+        "0177.0.0.1",
+        "0177.1",
+        "127.1",
+        "[::ffff:7f00:1]",
+    ] {
+        let url = format!("http://{host}:{port}/");
+        for (how, sender) in [("direct", &direct), ("through a proxy", &through)] {
+            let result = post(sender, &url).await;
+            assert!(
+                denied(&result).ends_with("127.0.0.1 (loopback)"),
+                "{url} {how}: {result:?}"
+            );
+        }
+    }
+    for host in ["0xa.1", "012.0.0.1", "167772161"] {
+        let result = post(&through, &format!("http://{host}/")).await;
+        assert!(
+            denied(&result).ends_with("10.0.0.1 (private)"),
+            "{host}: {result:?}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+    assert_eq!(proxy.request_count(), 0, "no literal reached the proxy");
 }

@@ -560,3 +560,62 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
 fn first_tier(ladder: &hookrelay::contract::ladder::Ladder) -> hookrelay::contract::ladder::TierId {
     ladder.tier_at(0).unwrap()
 }
+
+/// Release lifts the hold, then unbinds the parking queue only once the broker is seen to stop
+/// parking the tier's expiries. Here a policy of the operator's own keeps the tier parking after
+/// the hold is gone: release must stop, say so, and leave the parking queue bound.
+#[tokio::test]
+async fn release_refuses_to_unbind_while_the_tier_still_parks() {
+    let t = TestLadder::apply("unlifted", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let tier = first_tier(&t.ladder);
+    let parking = t.ladder.held_queue(tier);
+    t.owns_queue(&parking);
+    let (code, _, err) = hookrelay(&["tier", "hold", "retry-1s", "--ladder", ladder], &[]);
+    assert_eq!(code, Some(0), "{err}");
+
+    let api = common::management(&t.config);
+    let other = format!("{}.operators-own", t.ladder.prefix);
+    let pattern = format!("^{}$", t.ladder.tier_queue(tier).replace('.', "\\."));
+    api.put_policy(
+        &other,
+        &hookrelay::broker::management::Policy {
+            pattern,
+            apply_to: "queues".into(),
+            priority: 1,
+            definition: [(
+                "dead-letter-routing-key".to_owned(),
+                serde_json::json!(t.ladder.held_routing_key(tier)),
+            )]
+            .into_iter()
+            .collect(),
+        },
+    )
+    .await
+    .unwrap();
+
+    let (code, out, err) = hookrelay(
+        &[
+            "tier", "release", "retry-1s", "--rate", "200/s", "--ladder", ladder,
+        ],
+        &[],
+    );
+    let still_bound = api
+        .objects()
+        .await
+        .unwrap()
+        .bindings
+        .iter()
+        .any(|(s, d, k)| {
+            *s == t.ladder.promote_exchange()
+                && *d == parking
+                && *k == t.ladder.held_routing_key(tier)
+        });
+    api.delete_policy(&other).await.unwrap();
+    assert_ne!(code, Some(0), "release claimed success: {out}");
+    assert!(err.contains("still parks"), "{err}");
+    assert!(err.contains(&other), "the error names the policy: {err}");
+    assert!(still_bound, "the parking queue stays bound");
+}

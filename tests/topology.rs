@@ -153,3 +153,62 @@ fn export_command_prints_the_shipped_definitions() {
     .unwrap();
     assert_eq!(printed, shipped);
 }
+
+/// RabbitMQ 4 gives quorum queues a delivery limit of 20 when none is set; lanes (a failed
+/// republish returns the delivery) and the dead sink (a redrive pass returns what it keeps) are
+/// requeued on purpose, so the ladder sets a limit of its own on them, by policy: a queue
+/// argument added to an existing queue would make the broker refuse the declaration (406).
+#[tokio::test]
+async fn queues_that_are_requeued_get_an_explicit_delivery_limit_and_plan_checks_it() {
+    let t = TestLadder::apply("limit", &["1s"], &["1s"]).await;
+    let api = management(&t.config);
+    let policy = format!("{}.delivery-limit", t.ladder.prefix);
+    // The management API shows what applies to a queue some seconds after a change.
+    let limited = async |queue: &str| {
+        common::wait_until(std::time::Duration::from_secs(20), async || {
+            api.queue(queue).await.unwrap().is_some_and(|q| {
+                q.policy.as_deref() == Some(policy.as_str())
+                    && q.effective_policy_definition
+                        .get("delivery-limit")
+                        .and_then(|v| v.as_i64())
+                        .is_some_and(|n| n > 1_000_000)
+            })
+        })
+        .await
+    };
+    for queue in [
+        t.ladder.first_lane(),
+        t.ladder.retry_lane(),
+        t.ladder.dead(),
+    ] {
+        assert!(
+            limited(&queue).await,
+            "{queue} has the ladder's delivery limit"
+        );
+    }
+
+    // Without the policy, plan says so; apply puts it back over the existing queues.
+    api.delete_policy(&policy).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ladder_file = common::ladder_file(&t, &dir);
+    let hookrelay = |command: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hookrelay"))
+            .args(["topology", command, "--ladder"])
+            .arg(&ladder_file)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, _) = hookrelay("plan");
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.contains(&format!("missing: policy {policy}")), "{out}");
+    let (code, out, err) = hookrelay("apply");
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, _) = hookrelay("plan");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(limited(&t.ladder.first_lane()).await);
+}

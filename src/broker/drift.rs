@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::broker::management::Policy;
 use crate::broker::topology::{Arg, Topology};
 use crate::contract::ladder::Ladder;
 
@@ -50,6 +51,33 @@ impl Topology {
                 }
             }
         }
+        for p in &self.policies {
+            let object = format!("policy {}", p.name);
+            match broker.policies.get(&p.name) {
+                None => drift.push(Drift::Missing(object)),
+                Some(actual) if *actual != p.policy => drift.push(Drift::Differs {
+                    object,
+                    field: "definition".into(),
+                    expected: policy_text(&p.policy),
+                    actual: policy_text(actual),
+                }),
+                Some(_) => {}
+            }
+            // Only one policy applies to a queue: another one of higher priority that matches
+            // takes this one's place (a queue the broker has not sampled yet shows none).
+            for queue in &p.covers {
+                if let Some(other) = broker.queues.get(queue).and_then(|q| q.policy.as_ref())
+                    && *other != p.name
+                {
+                    drift.push(Drift::Differs {
+                        object: format!("queue {queue}"),
+                        field: "policy".into(),
+                        expected: p.name.clone(),
+                        actual: other.clone(),
+                    });
+                }
+            }
+        }
         for b in &self.bindings {
             let present = broker
                 .bindings
@@ -84,6 +112,16 @@ impl Topology {
         );
         extra
     }
+}
+
+fn policy_text(p: &Policy) -> String {
+    format!(
+        "pattern {:?}, apply-to {}, priority {}, {}",
+        p.pattern,
+        p.apply_to,
+        p.priority,
+        serde_json::Value::Object(p.definition.clone())
+    )
 }
 
 fn durable_drift(object: &str) -> Drift {
@@ -133,6 +171,7 @@ pub struct BrokerObjects {
     pub queues: BTreeMap<String, BrokerQueue>,
     /// (source exchange, destination queue, routing key)
     pub bindings: Vec<(String, String, String)>,
+    pub policies: BTreeMap<String, Policy>,
 }
 
 #[derive(Debug, Clone)]
@@ -146,6 +185,8 @@ pub struct BrokerExchange {
 pub struct BrokerQueue {
     pub durable: bool,
     pub arguments: serde_json::Map<String, serde_json::Value>,
+    /// The policy that applies to it, as the broker last sampled it.
+    pub policy: Option<String>,
 }
 
 /// One difference between the ladder file and the broker.

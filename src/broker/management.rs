@@ -221,8 +221,13 @@ impl Management {
                 BrokerQueue {
                     durable: q.durable,
                     arguments: q.arguments,
+                    policy: q.policy,
                 },
             );
+        }
+        let policies: Vec<PolicyInfo> = self.get(&["policies", vhost]).await?;
+        for p in policies {
+            objects.policies.insert(p.name, p.policy);
         }
         let bindings: Vec<BindingInfo> = self.get(&["bindings", vhost]).await?;
         for b in bindings {
@@ -365,7 +370,7 @@ pub struct Rate {
 }
 
 /// A policy, as set with [`Management::put_policy`].
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Policy {
     /// A regular expression for the names it applies to.
@@ -403,6 +408,14 @@ struct ExchangeInfo {
     durable: bool,
     #[serde(deserialize_with = "or_default")]
     arguments: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PolicyInfo {
+    name: String,
+    #[serde(flatten)]
+    policy: Policy,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -11,7 +11,21 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable};
 
 use crate::broker::error::{Refusal, refused};
+use crate::broker::management::{Management, ManagementError, Policy};
 use crate::contract::ladder::{Ladder, QueueType};
+
+/// The delivery limit of the queues hookrelay requeues into on purpose: a lane (a delivery whose
+/// republish failed goes back to it) and the dead sink (a redrive pass returns what it keeps),
+/// and a tier's parking queue (release returns what it cannot move yet). RabbitMQ 4 gives a
+/// quorum queue a limit of 20 when nothing sets one, after which it dead-letters or drops the
+/// message; 3.x has none. `-1` (unlimited) is refused by 3.x, so the largest 32-bit value stands
+/// for "no limit" on both.
+pub const DELIVERY_LIMIT: i64 = 2_147_483_647;
+
+/// Below hold policies (100), which match tiers only, so the two never compete. A team's own
+/// policy of higher priority that matches these queues would replace this one (only one policy
+/// applies to a queue); `topology plan` reports it.
+const DELIVERY_LIMIT_PRIORITY: i64 = 10;
 
 /// Why declaring the topology failed.
 #[derive(Debug, thiserror::Error)]
@@ -139,12 +153,60 @@ impl Ladder {
             name: self.dead(),
             arguments: queue_args(&[]),
         });
+        // A policy, not an `x-delivery-limit` argument: the broker refuses (406) to declare an
+        // existing queue with an argument it was not created with, and every ladder applied
+        // before has its queues already; a policy reaches existing queues in place. Classic
+        // queues have no delivery limit.
+        let policies = match self.queue_type {
+            QueueType::Quorum => {
+                let covers: Vec<String> = queues
+                    .iter()
+                    .map(|q| q.name.clone())
+                    .filter(|n| {
+                        n.starts_with(&self.first_lane()) || n.starts_with(&self.retry_lane())
+                    })
+                    .chain([self.dead()])
+                    .collect();
+                vec![NamedPolicy {
+                    name: self.delivery_limit_policy(),
+                    policy: Policy {
+                        pattern: format!(
+                            "^{}\\.(ready\\..+|dead|held\\..+)$",
+                            regex_literal(&self.prefix)
+                        ),
+                        apply_to: "queues".to_owned(),
+                        priority: DELIVERY_LIMIT_PRIORITY,
+                        definition: [(
+                            "delivery-limit".to_owned(),
+                            serde_json::json!(DELIVERY_LIMIT),
+                        )]
+                        .into_iter()
+                        .collect(),
+                    },
+                    covers,
+                }]
+            }
+            QueueType::Classic => Vec::new(),
+        };
         Topology {
             exchanges,
             queues,
             bindings,
+            policies,
         }
     }
+}
+
+/// `text` as a regular expression that matches exactly it.
+pub(crate) fn regex_literal(text: &str) -> String {
+    let mut p = String::with_capacity(text.len());
+    for c in text.chars() {
+        if !(c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p
 }
 
 /// An argument value as both AMQP and the management API see it.
@@ -218,12 +280,22 @@ pub struct Binding {
     pub routing_key: String,
 }
 
+/// A policy the ladder sets, and the ladder's queues it must be the one applying to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedPolicy {
+    pub name: String,
+    pub policy: Policy,
+    pub covers: Vec<String>,
+}
+
 /// The durable objects of one ladder. All exchanges and queues are durable and never auto-deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
     pub exchanges: Vec<Exchange>,
     pub queues: Vec<Queue>,
     pub bindings: Vec<Binding>,
+    /// Set through the management API (`apply_policies`), not AMQP.
+    pub policies: Vec<NamedPolicy>,
 }
 
 /// What `apply` declared.
@@ -332,6 +404,23 @@ impl Topology {
         Ok(())
     }
 
+    /// Sets the ladder's policies (creating or replacing each); they reach existing queues in
+    /// place.
+    pub async fn apply_policies(&self, api: &Management) -> Result<usize, ManagementError> {
+        for p in &self.policies {
+            api.put_policy(&p.name, &p.policy).await?;
+        }
+        Ok(self.policies.len())
+    }
+
+    /// Removes the ladder's policies. For the demo and tests, as [`Topology::delete`].
+    pub async fn delete_policies(&self, api: &Management) -> Result<(), ManagementError> {
+        for p in &self.policies {
+            api.delete_policy(&p.name).await?;
+        }
+        Ok(())
+    }
+
     /// Deletes every object, messages included. For the demo and tests, which own their prefix;
     /// operators remove a ladder by hand, after looking at what is in it.
     pub async fn delete(&self, channel: &lapin::Channel) -> Result<(), lapin::Error> {
@@ -377,6 +466,11 @@ impl Topology {
             "bindings": self.bindings.iter().map(|b| json!({
                 "source": b.source, "vhost": vhost, "destination": b.queue,
                 "destination_type": "queue", "routing_key": b.routing_key, "arguments": {},
+            })).collect::<Vec<_>>(),
+            "policies": self.policies.iter().map(|p| json!({
+                "vhost": vhost, "name": p.name, "pattern": p.policy.pattern,
+                "apply-to": p.policy.apply_to, "priority": p.policy.priority,
+                "definition": p.policy.definition,
             })).collect::<Vec<_>>(),
         })
     }
@@ -433,6 +527,61 @@ mod tests {
         assert_eq!(
             tier.arguments["x-overflow"],
             Arg::Str("reject-publish".into())
+        );
+    }
+
+    #[test]
+    fn quorum_ladders_limit_deliveries_on_the_queues_they_requeue_into_and_plan_checks_it() {
+        use crate::broker::drift::{BrokerObjects, BrokerQueue, Drift};
+        let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
+        let topo = ladder.objects();
+        let [limit] = topo.policies.as_slice() else {
+            panic!("one policy: {:?}", topo.policies)
+        };
+        assert_eq!(limit.name, "hookrelay.delivery-limit");
+        assert_eq!(
+            limit.policy.definition["delivery-limit"],
+            serde_json::json!(DELIVERY_LIMIT)
+        );
+        assert_eq!(
+            limit.covers,
+            [
+                "hookrelay.ready.first",
+                "hookrelay.ready.retry",
+                "hookrelay.dead"
+            ]
+        );
+        let classic = Ladder::build("c", QueueType::Classic, &["1s"], &["1s"]).unwrap();
+        assert!(
+            classic.objects().policies.is_empty(),
+            "classic queues have no limit"
+        );
+
+        // Missing, then replaced on a lane by a policy of higher priority.
+        let mut broker = BrokerObjects::default();
+        assert!(
+            topo.diff(&broker)
+                .contains(&Drift::Missing("policy hookrelay.delivery-limit".into()))
+        );
+        broker
+            .policies
+            .insert(limit.name.clone(), limit.policy.clone());
+        broker.queues.insert(
+            "hookrelay.ready.first".into(),
+            BrokerQueue {
+                durable: true,
+                arguments: Default::default(),
+                policy: Some("team-wide".into()),
+            },
+        );
+        let drift: Vec<String> = topo.diff(&broker).iter().map(ToString::to_string).collect();
+        assert!(
+            drift.contains(
+                &"differs: queue hookrelay.ready.first: policy is team-wide on the broker, the \
+                  ladder says hookrelay.delivery-limit"
+                    .to_owned()
+            ),
+            "{drift:#?}"
         );
     }
 

@@ -26,9 +26,12 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
             }
             let conn = connect(config, "hookrelay topology").await?;
             let channel = conn.create_channel().await?;
-            let applied = ladder.objects().apply(&channel).await?;
+            let topology = ladder.objects();
+            let applied = topology.apply(&channel).await?;
+            let api = management(config)?;
+            let policies = topology.apply_policies(&api).await?;
             // Tenants dropped from `dedicated`: their lanes are unbound, not deleted.
-            match management(config)?.objects().await {
+            match api.objects().await {
                 Ok(objects) => {
                     let retired = ladder.retired_tenants(objects.queues.keys());
                     crate::broker::topology::Topology::retire(&ladder, &channel, &retired).await?;
@@ -45,12 +48,13 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
             }
             let _ = conn.close(200, "done".into()).await;
             println!(
-                "Applied ladder {:?} ({} queues): {} exchanges, {} queues, {} bindings. Producers publish to {}.",
+                "Applied ladder {:?} ({} queues): {} exchanges, {} queues, {} bindings, {} policies. Producers publish to {}.",
                 ladder.prefix,
                 ladder.queue_type.as_str(),
                 applied.exchanges,
                 applied.queues,
                 applied.bindings,
+                policies,
                 ladder.ingress()
             );
             Ok(ExitCode::SUCCESS)

@@ -471,6 +471,11 @@ impl Ladder {
     pub fn hold_policy(&self, tier: TierId) -> String {
         self.name(&format!("hold.{}", self.tier(tier).name))
     }
+    /// The name of the policy that gives the queues hookrelay requeues into their delivery
+    /// limit (quorum ladders).
+    pub fn delivery_limit_policy(&self) -> String {
+        self.name("delivery-limit")
+    }
     /// The dead-letter sink.
     pub fn dead(&self) -> String {
         self.name("dead")

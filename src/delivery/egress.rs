@@ -14,10 +14,11 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::config::{EgressConfig, SecretUrl};
+use crate::config::{EgressConfig, SecretUrl, shown_url};
 
 /// Why an address is not a place to send webhooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +155,8 @@ pub fn classify(ip: IpAddr) -> Option<BlockedClass> {
     }
 }
 
-/// Why the policy refused an endpoint. Its text is the dead-letter's error.
+/// Why the policy refused an endpoint. Its text is the dead-letter's error, so a URL in it is
+/// the [`shown_url`] form: never its user information or query.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EgressDenied {
     #[error("egress denied: {host} resolves to {addr} ({})", class.as_str())]
@@ -223,11 +225,11 @@ impl EgressPolicy {
     /// the client connects to without asking the resolver).
     pub fn check_url(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
         if self.https_only && url.scheme() != "https" {
-            return Err(EgressDenied::NotHttps(url.to_string()));
+            return Err(EgressDenied::NotHttps(shown_url(url)));
         }
         let host = url
             .host()
-            .ok_or_else(|| EgressDenied::NoHost(url.to_string()))?;
+            .ok_or_else(|| EgressDenied::NoHost(shown_url(url)))?;
         let port = url.port_or_known_default().unwrap_or(0);
         if !self.allowed_ports.is_empty() && !self.allowed_ports.contains(&port) {
             return Err(EgressDenied::Port {
@@ -271,20 +273,45 @@ impl Lookup for SystemLookup {
 pub struct GuardedResolver {
     policy: Arc<EgressPolicy>,
     lookup: Arc<dyn Lookup>,
+    /// A bound on each lookup. Through a proxy the target is resolved before the client's own
+    /// timeouts start, so without it a resolver that never answers holds the attempt forever.
+    timeout: Option<Duration>,
 }
 
 impl GuardedResolver {
     pub fn new(policy: Arc<EgressPolicy>, lookup: Arc<dyn Lookup>) -> Self {
-        Self { policy, lookup }
+        Self {
+            policy,
+            lookup,
+            timeout: None,
+        }
+    }
+
+    /// Bounds every lookup by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Looks `host` up, within the bound when there is one.
+    async fn lookup_bounded(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+        let lookup = self.lookup.lookup(host);
+        let found =
+            match self.timeout {
+                None => lookup.await,
+                Some(after) => tokio::time::timeout(after, lookup).await.map_err(|_| {
+                    ResolveError::TimedOut {
+                        host: host.to_owned(),
+                        after,
+                    }
+                })?,
+            };
+        found.map_err(ResolveError::Lookup)
     }
 
     /// Resolves `host` and checks every address.
     pub async fn resolve_checked(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
-        let addrs = self
-            .lookup
-            .lookup(host)
-            .await
-            .map_err(ResolveError::Lookup)?;
+        let addrs = self.lookup_bounded(host).await?;
         if addrs.is_empty() {
             return Err(ResolveError::Lookup(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -306,6 +333,8 @@ pub enum ResolveError {
     Denied(EgressDenied),
     #[error("cannot resolve: {0}")]
     Lookup(std::io::Error),
+    #[error("cannot resolve {host}: no answer within {}", crate::units::fmt_duration(*.after))]
+    TimedOut { host: String, after: Duration },
 }
 
 impl reqwest::dns::Resolve for GuardedResolver {
@@ -319,7 +348,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
                 .and_then(|p| p.host_str())
                 .is_some_and(|p| p.eq_ignore_ascii_case(&host));
             let addrs = if is_proxy {
-                this.lookup.lookup(&host).await?
+                this.lookup_bounded(&host).await?
             } else {
                 this.resolve_checked(&host).await?
             };
@@ -441,10 +470,14 @@ mod tests {
         });
         let url = |s: &str| reqwest::Url::parse(s).unwrap();
         assert!(policy.check_url(&url("https://hooks.example/x")).is_ok());
-        assert!(matches!(
-            policy.check_url(&url("http://hooks.example/x")),
-            Err(EgressDenied::NotHttps(_))
-        ));
+        // The refusal is a dead letter's error: no user information, no query.
+        assert_eq!(
+            policy
+                .check_url(&url("http://u:pw@hooks.example:8080/x?token=t#f"))
+                .unwrap_err()
+                .to_string(),
+            "egress denied: http://hooks.example:8080/x is not https and egress.https_only is set"
+        );
         assert!(matches!(
             policy.check_url(&url("https://hooks.example:8443/x")),
             Err(EgressDenied::Port { port: 8443, .. })

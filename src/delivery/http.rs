@@ -82,7 +82,10 @@ impl HttpSender {
         policy: Arc<EgressPolicy>,
         lookup: Arc<dyn Lookup>,
     ) -> Result<Self, reqwest::Error> {
-        let resolver = GuardedResolver::new(Arc::clone(&policy), lookup);
+        // A lookup gets the connect timeout: in the client it is part of connecting, and through
+        // a proxy (resolved here, before the client starts its clocks) it would have no bound.
+        let resolver =
+            GuardedResolver::new(Arc::clone(&policy), lookup).with_timeout(config.connect_timeout);
         let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)

@@ -14,8 +14,9 @@ const SECRET_PREFIX: &str = "whsec_";
 pub enum KeyError {
     #[error("a signing secret must start with \"whsec_\" followed by base64")]
     MissingPrefix,
-    #[error("the part after \"whsec_\" is not base64: {0}")]
-    NotBase64(String),
+    /// Says what kind of fault, never which byte or where: either would tell part of the secret.
+    #[error("the part after \"whsec_\" is not base64 ({0})")]
+    NotBase64(&'static str),
     #[error("the secret is empty")]
     Empty,
 }
@@ -35,7 +36,7 @@ impl SigningKey {
             .ok_or(KeyError::MissingPrefix)?;
         let bytes = STANDARD
             .decode(encoded)
-            .map_err(|e| KeyError::NotBase64(e.to_string()))?;
+            .map_err(|e| KeyError::NotBase64(base64_fault(&e)))?;
         if bytes.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -61,6 +62,16 @@ impl SigningKey {
         out.push_str("v1,");
         STANDARD.encode_string(digest, &mut out);
         out
+    }
+}
+
+/// What is wrong with undecodable base64, without the byte or offset its error quotes.
+fn base64_fault(e: &base64::DecodeError) -> &'static str {
+    match e {
+        base64::DecodeError::InvalidByte(..) => "a character that is not base64",
+        base64::DecodeError::InvalidLength(_) => "a length base64 cannot have",
+        base64::DecodeError::InvalidLastSymbol { .. } => "a last character that is not canonical",
+        base64::DecodeError::InvalidPadding => "wrong padding",
     }
 }
 
@@ -145,10 +156,13 @@ mod tests {
             SigningKey::from_whsec("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
             KeyError::MissingPrefix
         );
-        assert!(matches!(
-            SigningKey::from_whsec("whsec_!!!").unwrap_err(),
-            KeyError::NotBase64(_)
-        ));
+        // The error names the fault, not the byte or its place.
+        assert_eq!(
+            SigningKey::from_whsec("whsec_QUJD~RA==")
+                .unwrap_err()
+                .to_string(),
+            "the part after \"whsec_\" is not base64 (a character that is not base64)"
+        );
         assert_eq!(
             SigningKey::from_whsec("whsec_").unwrap_err(),
             KeyError::Empty

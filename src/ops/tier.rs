@@ -9,7 +9,8 @@
 //! promoted. Should the policy go missing, promotion simply resumes: nothing is ever dropped.
 //!
 //! Release moves the parked messages back to the promote exchange with their original routing
-//! keys at a chosen rate, then removes the policy, then moves what expired meanwhile.
+//! keys at a chosen rate, then removes the policy, and only once the broker is seen to stop
+//! parking the tier unbinds the parking queue and moves what expired meanwhile.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::broker::error::{Refusal, refused};
-use crate::broker::management::{Management, ManagementError, Policy};
+use crate::broker::management::{Management, ManagementError, Policy, QueueInfo};
 use crate::broker::publish::Publisher;
 use crate::contract::envelope::check_tenant;
 use crate::contract::headers;
@@ -28,6 +29,10 @@ use crate::contract::headers::TENANT_HEADER;
 use crate::contract::ladder::{Ladder, TierId};
 use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, move_messages};
 use crate::ops::progress::Progress;
+
+/// How long release waits to see the broker stop parking a tier once its hold is removed: the
+/// management API reports a queue's policy from statistics sampled every 5 s by default.
+const LIFT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Priority of hold policies: above what teams usually give their own catch-all policies, since
 /// only one policy applies to a queue.
@@ -45,6 +50,16 @@ pub enum TierError {
     Management(#[from] ManagementError),
     #[error(transparent)]
     Move(#[from] MoveError),
+    #[error(
+        "{tier} still parks its expired messages: the hold was removed, but {why}. Its parking \
+         queue {parking} stays bound, so nothing is lost; fix that, then run `hookrelay tier \
+         release` again"
+    )]
+    StillParks {
+        tier: String,
+        parking: String,
+        why: String,
+    },
 }
 
 /// Finds a tier by name (`retry-1h`, `hookrelay.retry-1h`) or delay (`1h`).
@@ -74,17 +89,7 @@ fn queue_args(ladder: &Ladder) -> FieldTable {
 
 /// Regex for exactly one queue name.
 fn exact_pattern(name: &str) -> String {
-    let mut p = String::from("^");
-    for c in name.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-            p.push(c);
-        } else {
-            p.push('\\');
-            p.push(c);
-        }
-    }
-    p.push('$');
-    p
+    format!("^{}$", crate::broker::topology::regex_literal(name))
 }
 
 /// Stops promotion out of `tier`: its expired messages park in `<prefix>.held.<tier>`.
@@ -195,9 +200,31 @@ pub async fn release(
     )
     .await?;
     api.delete_policy(&ladder.hold_policy(tier)).await?;
-    // Policy changes reach queues asynchronously; once it is gone nothing new parks, and
-    // unbinding the parking queue makes sure of it.
-    wait_applied(api, ladder, tier, false, Duration::from_secs(10)).await?;
+    // Policy changes reach queues asynchronously (and the management API sees them some seconds
+    // later). Unbinding while the tier still parks would send its expiries past the parking
+    // queue, so the unbind waits until the broker is seen to stop parking, or does not happen.
+    if !wait_applied(api, ladder, tier, false, LIFT_TIMEOUT).await? {
+        let why = match api
+            .queue(&ladder.tier_queue(tier))
+            .await?
+            .and_then(|q| q.policy)
+        {
+            Some(policy) if policy != ladder.hold_policy(tier) => format!(
+                "policy {policy}, which the broker applies to it, sets its \
+                 dead-letter-routing-key to {}",
+                ladder.held_routing_key(tier)
+            ),
+            _ => format!(
+                "the broker was not seen to apply the change within {}",
+                crate::units::fmt_duration(LIFT_TIMEOUT)
+            ),
+        };
+        return Err(TierError::StillParks {
+            tier: ladder.tier_queue(tier),
+            parking,
+            why,
+        });
+    }
     channel
         .queue_unbind(
             parking.as_str().into(),
@@ -269,8 +296,20 @@ pub async fn status(api: &Management, ladder: &Ladder) -> Result<Vec<TierState>,
     Ok(out)
 }
 
-/// Waits until the broker applies the hold policy to the tier (policy changes reach queues
-/// asynchronously), at most `timeout`.
+/// Whether the broker parks the tier's expiries, by the queue's effective policy: the hold
+/// applies, or whatever policy applies sets the hold's dead-letter routing key.
+fn parks(ladder: &Ladder, tier: TierId, queue: &QueueInfo) -> bool {
+    let key = ladder.held_routing_key(tier);
+    queue.policy.as_deref() == Some(ladder.hold_policy(tier).as_str())
+        || queue
+            .effective_policy_definition
+            .get("dead-letter-routing-key")
+            .and_then(|v| v.as_str())
+            == Some(key.as_str())
+}
+
+/// Waits until the broker parks the tier's expiries (`held`) or no longer does, as its queue's
+/// effective policy shows (policy changes reach queues asynchronously), at most `timeout`.
 pub async fn wait_applied(
     api: &Management,
     ladder: &Ladder,
@@ -279,10 +318,9 @@ pub async fn wait_applied(
     timeout: Duration,
 ) -> Result<bool, TierError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let policy = ladder.hold_policy(tier);
     loop {
         let q = api.queue(&ladder.tier_queue(tier)).await?;
-        let applied = q.and_then(|q| q.policy).as_deref() == Some(policy.as_str());
+        let applied = q.is_some_and(|q| parks(ladder, tier, &q));
         if applied == held {
             return Ok(true);
         }
@@ -296,6 +334,37 @@ pub async fn wait_applied(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tier_parks_by_its_effective_policy_whatever_its_name() {
+        let ladder = Ladder::build(
+            "hr",
+            crate::contract::ladder::QueueType::Quorum,
+            &["1s"],
+            &["1s"],
+        )
+        .unwrap();
+        let tier = ladder.tier_at(0).unwrap();
+        let queue = |policy: Option<&str>, key: Option<&str>| QueueInfo {
+            policy: policy.map(str::to_owned),
+            effective_policy_definition: key
+                .map(|k| {
+                    [("dead-letter-routing-key".to_owned(), json!(k))]
+                        .into_iter()
+                        .collect()
+                })
+                .unwrap_or_default(),
+            ..QueueInfo::default()
+        };
+        assert!(parks(&ladder, tier, &queue(Some("hr.hold.retry-1s"), None)));
+        assert!(parks(
+            &ladder,
+            tier,
+            &queue(Some("ops"), Some("held.retry-1s"))
+        ));
+        assert!(!parks(&ladder, tier, &queue(Some("ops"), Some("other"))));
+        assert!(!parks(&ladder, tier, &queue(None, None)));
+    }
 
     #[test]
     fn hold_policies_match_exactly_one_queue() {

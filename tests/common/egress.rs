@@ -1,10 +1,11 @@
-//! The egress seams as tests fill them: a policy allowing some ranges, and a resolver with fixed
-//! answers for names no public DNS knows.
+//! The egress seams as tests fill them: a policy allowing some ranges, and resolvers: fixed
+//! answers for names no public DNS knows, none at all, and answers that change (rebinding).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hookrelay::config::EgressConfig;
 use hookrelay::delivery::egress::{EgressPolicy, Lookup};
@@ -47,5 +48,44 @@ impl Lookup for StaticLookup {
                 )
             })
         })
+    }
+}
+
+type Answer<'a> = Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send + 'a>>;
+
+/// A resolver that never answers, as a DNS server that drops queries behaves.
+#[derive(Debug)]
+pub struct SilentLookup;
+
+impl Lookup for SilentLookup {
+    fn lookup<'a>(&'a self, _host: &'a str) -> Answer<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A resolver that answers the first lookup with one address and every later one with another,
+/// as a rebinding DNS server does.
+#[derive(Debug)]
+pub struct RebindingLookup {
+    first: IpAddr,
+    then: IpAddr,
+    lookups: AtomicUsize,
+}
+
+impl RebindingLookup {
+    pub fn new(first: IpAddr, then: IpAddr) -> Self {
+        Self {
+            first,
+            then,
+            lookups: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Lookup for RebindingLookup {
+    fn lookup<'a>(&'a self, _host: &'a str) -> Answer<'a> {
+        let n = self.lookups.fetch_add(1, Ordering::SeqCst);
+        let addr = if n == 0 { self.first } else { self.then };
+        Box::pin(async move { Ok(vec![addr]) })
     }
 }

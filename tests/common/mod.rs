@@ -141,7 +141,9 @@ impl TestLadder {
         let ladder = Ladder::build(&unique(name), queue_type, tiers, schedule).unwrap();
         let conn = connect(&config).await;
         let channel = conn.create_channel().await.unwrap();
-        ladder.objects().apply(&channel).await.unwrap();
+        let topology = ladder.objects();
+        topology.apply(&channel).await.unwrap();
+        topology.apply_policies(&management(&config)).await.unwrap();
         Self {
             ladder,
             config,
@@ -326,6 +328,7 @@ impl Drop for TestLadder {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         let url = self.config.amqp.url.clone();
+        let api = management(&self.config);
         // Async cleanup from a destructor: a thread with its own runtime.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -338,6 +341,7 @@ impl Drop for TestLadder {
                     && let Ok(ch) = conn.create_channel().await
                 {
                     let _ = topology.delete(&ch).await;
+                    let _ = topology.delete_policies(&api).await;
                     for queue in extra {
                         let _ = ch
                             .queue_delete(queue.as_str().into(), Default::default())

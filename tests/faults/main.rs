@@ -16,4 +16,5 @@ mod cluster;
 mod config;
 mod endpoints;
 mod hostile;
+mod ops_kill;
 mod worker_kill;

@@ -95,8 +95,8 @@ impl EventFilter {
     }
 }
 
-/// One subscription as it is now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One subscription as it is now. `Debug` shows the URL without user information or query.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Subscription {
     pub id: String,
     pub tenant: String,
@@ -109,6 +109,20 @@ pub struct Subscription {
     pub enabled: bool,
     /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
     pub max_concurrent: Option<u32>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("tenant", &self.tenant)
+            .field("url", &crate::config::shown_url(&self.url))
+            .field("event_types", &self.event_types)
+            .field("secrets", &self.secrets)
+            .field("enabled", &self.enabled)
+            .field("max_concurrent", &self.max_concurrent)
+            .finish()
+    }
 }
 
 impl Subscription {
@@ -203,13 +217,15 @@ impl Subscriptions {
                 Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
                     Some(url)
                 }
-                Ok(_) => {
+                // The URL is shown without user information and query, and not at all when it
+                // does not parse: either may hold a password or token (the line says where).
+                Ok(other) => {
                     errors.push(error(
                         entry.url.span().start,
                         "url",
                         format!(
                             "{:?}: expected an http:// or https:// URL with a host",
-                            entry.url.get_ref()
+                            crate::config::shown_url(&other)
                         ),
                     ));
                     None
@@ -218,7 +234,7 @@ impl Subscriptions {
                     errors.push(error(
                         entry.url.span().start,
                         "url",
-                        format!("{:?} is not a URL: {e}", entry.url.get_ref()),
+                        format!("not a URL: {e}"),
                     ));
                     None
                 }

@@ -35,9 +35,8 @@ impl SecretRef {
                  use \"env:NAME\" or \"file:PATH\""
                 .into())
         } else {
-            Err(format!(
-                "{raw:?} is not a secret reference: use \"env:NAME\" or \"file:PATH\""
-            ))
+            // Not quoted: what was written may be a secret without its prefix.
+            Err("not a secret reference: use \"env:NAME\" or \"file:PATH\"".into())
         }
     }
 }

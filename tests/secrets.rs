@@ -1,0 +1,413 @@
+//! Secrets never leave the process: a worker runs with passwords and tokens in endpoint URLs,
+//! signing keys (good and malformed), management and proxy credentials, through every failure
+//! path (not https, a malformed key at reload and at an attempt, an invalid URL at reload, 4xx,
+//! 5xx, 410, unreachable, egress denied, a proxy that does not answer, a management API that
+//! refuses the password), and everything it wrote is searched for any of them: its log, the dead
+//! letters' headers, the operational events and the attempt records.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::egress::StaticLookup;
+use common::{Counters, RunningWorker, SubsFile, TestLadder, subscription_toml, wait_until};
+use hookrelay::broker::management::Management;
+use hookrelay::config::SecretUrl;
+use hookrelay::delivery::egress::EgressPolicy;
+use hookrelay::delivery::http::HttpSender;
+use hookrelay::delivery::subscriptions::{
+    LiveSubscriptions, SecretRef, Subscription, Subscriptions,
+};
+use hookrelay::delivery::worker::WorkerSetup;
+use hookrelay_tools::receiver::{Receiver, Reply};
+use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Everything the process logs, at every level.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Installs the process-wide subscriber; nextest runs each test in a process of its own.
+    fn install() -> Self {
+        let captured = Self::default();
+        let writer = captured.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter("hookrelay=trace")
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        captured
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+/// A secret value unique to this run, so a match can only be a leak.
+fn secret_text(what: &str) -> String {
+    format!("{what}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A queue bound to every message of `exchange`.
+async fn keep_all(t: &TestLadder, exchange: &str) -> String {
+    let q = t
+        .channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    t.channel
+        .queue_bind(
+            q.name().clone(),
+            exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.name().to_string()
+}
+
+/// Every message waiting in `queue`: routing key, headers and body as text.
+async fn take_all(t: &TestLadder, queue: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(m) = t
+        .channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        out.push(format!(
+            "{} {:?} {}",
+            m.delivery.routing_key,
+            m.delivery.properties.headers(),
+            String::from_utf8_lossy(&m.delivery.data)
+        ));
+    }
+    out
+}
+
+/// Every header of a dead letter, nested tables and arrays included, as text.
+fn header_texts(headers: Option<&FieldTable>) -> String {
+    fn value_text(value: &AMQPValue, out: &mut String) {
+        match value {
+            AMQPValue::LongString(s) => out.push_str(&String::from_utf8_lossy(s.as_bytes())),
+            AMQPValue::ShortString(s) => out.push_str(s.as_str()),
+            AMQPValue::FieldTable(t) => table_text(t, out),
+            AMQPValue::FieldArray(a) => {
+                for v in a.as_slice() {
+                    value_text(v, out);
+                    out.push(' ');
+                }
+            }
+            other => out.push_str(&format!("{other:?}")),
+        }
+    }
+    fn table_text(table: &FieldTable, out: &mut String) {
+        for (key, value) in table.inner() {
+            out.push_str(&format!("{key}="));
+            value_text(value, out);
+            out.push('\n');
+        }
+    }
+    let mut out = String::new();
+    if let Some(headers) = headers {
+        table_text(headers, &mut out);
+    }
+    out
+}
+
+/// What of `secrets` each place shows: `(place, secret)` for every leak.
+fn leaks<'a>(places: &'a [(&'a str, String)], secrets: &'a [String]) -> Vec<(&'a str, &'a str)> {
+    let mut found = Vec::new();
+    for (place, text) in places {
+        for secret in secrets {
+            if text.contains(secret.as_str()) {
+                found.push((*place, secret.as_str()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
+    let log = Captured::install();
+    let t = TestLadder::apply("leaks", &["300ms"], &["300ms"]).await;
+    let events = keep_all(&t, &t.ladder.events_exchange()).await;
+    let attempts = keep_all(&t, &t.ladder.attempts_exchange()).await;
+
+    let user = secret_text("urluser");
+    let password = secret_text("urlpass");
+    let token = secret_text("qtoken");
+    let mgmt_password = secret_text("mgmtpass");
+    let proxy_password = secret_text("proxypass");
+    // A key that turns malformed while the worker runs: base64 with one byte that is not, the
+    // byte and its place being what a decoder's error would quote.
+    let bad_body = format!("{}~{}", secret_text("A"), secret_text("B"));
+    let bad_key = format!("whsec_{bad_body}");
+    let bad_byte_at = bad_body.find('~').unwrap();
+    let good = common::secret();
+    let mut secrets = vec![
+        user.clone(),
+        password.clone(),
+        token.clone(),
+        mgmt_password.clone(),
+        proxy_password.clone(),
+        bad_body.clone(),
+        good.whsec.clone(),
+        good.whsec.trim_start_matches("whsec_").to_owned(),
+        // What base64's error says of the malformed key: the byte's value and its offset.
+        format!("symbol {}", b'~'),
+        format!("offset {bad_byte_at}"),
+    ];
+
+    let receiver = Receiver::start(std::slice::from_ref(&good.whsec), |req| match req.path {
+        "/reject" => Reply::Status(400),
+        "/fail" => Reply::Status(500),
+        "/gone" => Reply::Status(410),
+        _ => Reply::Status(204),
+    })
+    .await
+    .unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let port = receiver.addr().port();
+    let url = |host: &str, path: &str| {
+        format!("http://{user}:{password}@{host}/{path}?token={token}&x=1")
+    };
+    let local = format!("127.0.0.1:{port}");
+
+    // Phase one: http allowed; a management API that refuses the password.
+    let key_dir = tempfile::tempdir().unwrap();
+    let key_file = key_dir.path().join("turns-bad");
+    std::fs::write(&key_file, &good.whsec).unwrap();
+    let turning = format!("\"file:{}\"", key_file.display());
+    let file_text = |extra: &str| {
+        [
+            subscription_toml(
+                "sub_reject",
+                "acme",
+                &url(&local, "reject"),
+                &good.file_ref(),
+                "",
+            ),
+            subscription_toml(
+                "sub_fail",
+                "acme",
+                &url(&local, "fail"),
+                &good.file_ref(),
+                "",
+            ),
+            subscription_toml(
+                "sub_gone",
+                "acme",
+                &url(&local, "gone"),
+                &good.file_ref(),
+                "",
+            ),
+            subscription_toml(
+                "sub_unreachable",
+                "acme",
+                &url(&format!("127.0.0.1:{closed_port}"), "x"),
+                &good.file_ref(),
+                "",
+            ),
+            subscription_toml(
+                "sub_internal",
+                "acme",
+                &url(&format!("internal.test:{port}"), "x"),
+                &good.file_ref(),
+                "",
+            ),
+            subscription_toml("sub_key", "acme", &url(&local, "key"), &turning, ""),
+            extra.to_owned(),
+        ]
+        .concat()
+    };
+    let file = SubsFile::new(&file_text(""));
+    let mut config = t.config.clone();
+    let mut management = t.config.management.url.expose_url().clone();
+    management.set_username("hookrelay-leaks").unwrap();
+    management.set_password(Some(&mgmt_password)).unwrap();
+    config.management.url = SecretUrl::from(management);
+    let lookup = StaticLookup::default()
+        .with("internal.test", &["10.0.0.1"])
+        .with("public.test", &["93.184.216.34"]);
+    let mut setup = WorkerSetup::new(
+        config.clone(),
+        t.ladder.clone(),
+        LiveSubscriptions::from_file(&file.path).unwrap(),
+    );
+    setup.lookup = Arc::new(lookup.clone());
+    let worker = RunningWorker::start_setup(&t, setup).await;
+
+    // The key turns malformed; the next attempt reads it again.
+    std::fs::write(&key_file, &bad_key).unwrap();
+    for sub in [
+        "sub_reject",
+        "sub_fail",
+        "sub_gone",
+        "sub_unreachable",
+        "sub_internal",
+        "sub_key",
+    ] {
+        t.publish(&common::event(&format!("evt_{sub}"), "acme", sub))
+            .await;
+    }
+    assert!(t.wait_dead(6, WAIT).await, "every envelope dead-lettered");
+
+    // Reloads refused: a URL that is not http(s), then a subscription whose key is malformed.
+    let not_http = format!("ftp://{user}:{password}@{local}/?token={token}");
+    file.write(&file_text(&subscription_toml(
+        "sub_ftp",
+        "acme",
+        &not_http,
+        &good.file_ref(),
+        "",
+    )));
+    let refused = async |n: u64| {
+        wait_until(WAIT, async || {
+            worker.metrics.count(
+                "hookrelay_subscription_reloads_total",
+                &[("result", "refused")],
+            ) >= n
+        })
+        .await
+    };
+    assert!(refused(1).await);
+    file.write(&file_text(&subscription_toml(
+        "sub_new",
+        "acme",
+        &url(&local, "new"),
+        &turning,
+        "",
+    )));
+    assert!(refused(2).await);
+    // The depth poll meets the management API's refusal of the password.
+    assert!(wait_until(WAIT, async || log.text().contains("HTTP 401")).await);
+    worker.stop().await;
+
+    // Phase two: https only, through a proxy with credentials that does not answer.
+    config.egress.https_only = true;
+    config.egress.proxy = Some(
+        SecretUrl::parse(&format!(
+            "http://proxyuser:{proxy_password}@127.0.0.1:{closed_port}"
+        ))
+        .unwrap(),
+    );
+    let subs = vec![
+        Subscription::new(
+            "sub_plain",
+            "acme",
+            url("public.test", "plain").parse().unwrap(),
+            good.reference.clone(),
+        ),
+        Subscription::new(
+            "sub_proxied",
+            "acme",
+            url("public.test", "proxied")
+                .replacen("http:", "https:", 1)
+                .parse()
+                .unwrap(),
+            good.reference.clone(),
+        ),
+    ];
+    let mut setup = WorkerSetup::new(
+        config.clone(),
+        t.ladder.clone(),
+        LiveSubscriptions::fixed(Subscriptions::from_list(subs)),
+    );
+    setup.lookup = Arc::new(lookup.clone());
+    let worker = RunningWorker::start_setup(&t, setup).await;
+    for sub in ["sub_plain", "sub_proxied"] {
+        t.publish(&common::event(&format!("evt_{sub}"), "acme", sub))
+            .await;
+    }
+    assert!(t.wait_dead(8, WAIT).await, "every envelope dead-lettered");
+    worker.stop().await;
+
+    // Debug output of what holds credentials.
+    let api = Management::new(&config.management.url, "/").unwrap();
+    let sender = HttpSender::new(
+        &config.http,
+        Arc::new(EgressPolicy::from_config(&config.egress)),
+        Arc::new(lookup),
+    )
+    .unwrap();
+    let key_error = hookrelay::delivery::subscriptions::SecretStore::new(Duration::ZERO)
+        .resolve(&SecretRef::File(key_file.clone()))
+        .unwrap_err();
+
+    let dead = t.drain_dead().await;
+    assert_eq!(dead.len(), 8);
+    let dead_headers: String = dead
+        .iter()
+        .map(|m| header_texts(m.delivery.properties.headers().as_ref()))
+        .collect();
+    let places = [
+        ("log", log.text()),
+        ("dead-letter headers", dead_headers),
+        ("events", take_all(&t, &events).await.join("\n")),
+        ("attempt records", take_all(&t, &attempts).await.join("\n")),
+        (
+            "Debug of config, management, sender, key error",
+            format!("{config:?} {api:?} {sender:?} {key_error:?} {key_error}"),
+        ),
+    ];
+    secrets.sort();
+    let found = leaks(&places, &secrets);
+    assert!(
+        found.is_empty(),
+        "secrets leaked: {found:?}\n\n{}",
+        places
+            .iter()
+            .map(|(place, text)| format!("--- {place}\n{text}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // And every path was taken: each place holds what it should.
+    let all = places
+        .iter()
+        .map(|(_, text)| text.as_str())
+        .collect::<String>();
+    for expected in [
+        "rejected",
+        "exhausted",
+        "gone",
+        "egress_denied",
+        "not https",
+        "subscriptions.reload_failed",
+        "not base64",
+        "HTTP 401",
+    ] {
+        assert!(all.contains(expected), "nothing says {expected:?}");
+    }
+}
