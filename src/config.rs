@@ -227,7 +227,8 @@ impl Default for Config {
 pub struct AmqpConfig {
     /// `HOOKRELAY_AMQP_URL`. The vhost is the URL's path (`%2f` is `/`).
     pub url: SecretUrl,
-    /// How long a republish may wait for the broker's confirm before the original is nacked.
+    /// How long a publish may wait for each answer of the broker (a free channel, taking the
+    /// message, its confirm) before that try of it fails.
     #[serde(with = "humantime_serde")]
     pub confirm_timeout: Duration,
     /// First pause before reconnecting after the broker connection drops; doubles up to `reconnect_max`.
@@ -297,8 +298,9 @@ pub struct WorkerConfig {
     /// On SIGTERM, how long in-flight attempts may take to finish before the worker exits anyway.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// Pause before a delivery whose republish failed is returned to its lane, so a missing
-    /// tier or a blocked broker does not turn into a hot requeue loop.
+    /// First pause before a republish the broker did not confirm is tried again; doubles up to
+    /// `amqp.reconnect_max`. The tries go on within the lease ([`Config::lease`]), so a missing
+    /// tier or a blocked broker holds the delivery instead of repeating its attempt.
     #[serde(with = "humantime_serde")]
     pub requeue_delay: Duration,
 }
@@ -654,6 +656,21 @@ impl Config {
             + self.http.connect_timeout
             + self.http.request_timeout
             + self.amqp.confirm_timeout
+    }
+
+    /// The longest one confirmed publish may take: a free channel (waiting for one of the
+    /// publisher's channels, opening it if need be), handing the message over, and its confirm,
+    /// each bounded by `amqp.confirm_timeout`.
+    pub fn publish_budget(&self) -> Duration {
+        self.amqp.confirm_timeout * 3
+    }
+
+    /// How long after it is handed over a delivery may be held: the broker's `consumer_timeout`
+    /// less `worker.lease_slack`. A republish that fails is tried again within it.
+    pub fn lease(&self) -> Duration {
+        self.broker
+            .consumer_timeout
+            .saturating_sub(self.worker.lease_slack)
     }
 
     /// The attempt budget plus slack: what the broker's `consumer_timeout` must exceed.

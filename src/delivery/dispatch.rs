@@ -95,6 +95,9 @@ impl Dispatcher {
 
     /// Handles one delivery to the end: an ack, or a nack back to its lane.
     pub async fn handle(self: Arc<Self>, lane: Arc<Lane>, delivery: Delivery) {
+        // The broker's lease runs from the moment it handed the delivery over, which is now:
+        // every delivery gets its task at once.
+        let lease_end = tokio::time::Instant::now() + self.config.lease();
         let gauge = lane.metrics.in_flight.clone();
         gauge.inc();
         let _in_flight = InFlight(gauge);
@@ -129,6 +132,7 @@ impl Dispatcher {
             &body,
             envelope.as_ref(),
             attempted,
+            lease_end,
         )
         .await;
     }

@@ -46,8 +46,9 @@ pub struct Metrics {
     pub consuming: IntGauge,
     /// 1 while the broker blocks the worker's publishing connection (a resource alarm).
     pub publisher_blocked: IntGauge,
-    /// Republishes (to a tier, the sink, fan-out deliveries) the broker did not confirm; the
-    /// original went back to its lane.
+    /// Republish tries (to a tier, the sink, fan-out deliveries, a cancellation's records) the
+    /// broker did not confirm. Each is tried again within the lease; the original goes back to
+    /// its lane only when the lease is nearly spent.
     pub republish_failures: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
@@ -259,7 +260,7 @@ impl Metrics {
             republish_failures: counters(
                 &r,
                 "hookrelay_republish_failures_total",
-                "Republishes the broker did not confirm (the original went back to its lane)",
+                "Republish tries the broker did not confirm (tried again within the lease)",
                 &["target"],
             ),
             reconnects: register(
