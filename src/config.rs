@@ -458,7 +458,9 @@ pub struct MetricsConfig {
     /// the environment) turns it off.
     #[serde(serialize_with = "write_optional", deserialize_with = "read_listen")]
     pub listen: Option<SocketAddr>,
-    /// How often queue depths are read from the management API.
+    /// How often the management API is read: queue depths, and which lanes of tenants no
+    /// longer dedicated exist (one read serves both; a lane retired meanwhile only waits, its
+    /// messages are safe in it, and a deleted lane is dropped at once, by the broker's cancel).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
 }

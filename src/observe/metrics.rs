@@ -42,7 +42,7 @@ pub struct Metrics {
     pub queue_consumers: IntGaugeVec,
     /// 1 while the last poll of the management API succeeded.
     pub broker_stats_up: IntGauge,
-    /// 1 while the worker consumes every lane.
+    /// 1 while the worker consumes every lane of the ladder (retired lanes may come and go).
     pub consuming: IntGauge,
     /// 1 while the broker blocks the worker's publishing connection (a resource alarm).
     pub publisher_blocked: IntGauge,
@@ -245,7 +245,7 @@ impl Metrics {
                 &r,
                 IntGauge::new(
                     "hookrelay_consuming",
-                    "1 while the worker consumes every lane",
+                    "1 while the worker consumes every lane of the ladder",
                 )
                 .expect("valid metric"),
             ),
