@@ -37,6 +37,9 @@ pub struct Dispatcher {
     pub(crate) publisher: Arc<Publisher>,
     pub(crate) notices: Notices,
     pub(crate) metrics: Metrics,
+    /// Cancelled when the drain deadline has passed: deliveries still trying to store their
+    /// outcome give up (unacked, they return to their lanes).
+    pub(crate) abandon: tokio_util::sync::CancellationToken,
 }
 
 /// The decision, and what the HTTP attempt (if one was made) produced.
@@ -90,6 +93,7 @@ impl Dispatcher {
             publisher,
             notices,
             metrics,
+            abandon: tokio_util::sync::CancellationToken::new(),
         }
     }
 

@@ -187,8 +187,12 @@ impl Dispatcher {
             }
         };
         if let Err(why) = stored {
-            error!(envelope = %id, error = %why, "Republish not confirmed within the lease; returning the message to its lane");
-            let left = lease_end.saturating_duration_since(Instant::now());
+            error!(envelope = %id, error = %why, "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
+            // No pause once the drain is over: the worker is about to close the connection.
+            let left = match self.abandon.is_cancelled() {
+                true => Duration::ZERO,
+                false => lease_end.saturating_duration_since(Instant::now()),
+            };
             return self
                 .requeue(
                     acker,
@@ -422,7 +426,12 @@ impl Dispatcher {
             } else {
                 debug!(envelope = %id, target, tries, error = %last, retry_in = ?wait, "Republish still not confirmed");
             }
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.abandon.cancelled() => {
+                    return Err(format!("{last}; the drain deadline passed"));
+                }
+            }
             pause = (pause * 2).min(self.config.amqp.reconnect_max.max(pause));
         }
     }

@@ -21,6 +21,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -111,8 +112,9 @@ impl std::fmt::Debug for Worker {
 
 /// How a broker session ended.
 enum SessionEnd {
-    /// Shutdown was asked for and the drain finished (or hit its deadline).
-    Shutdown,
+    /// Shutdown was asked for; the whole drain must end by `deadline` (`worker.shutdown_grace`
+    /// after the signal).
+    Shutdown { deadline: Instant },
     /// The connection or a consumer failed; `connected` says whether it got as far as consuming.
     Failed { error: String, connected: bool },
 }
@@ -223,7 +225,8 @@ impl Worker {
     }
 
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
-    /// finish within `worker.shutdown_grace`, and returns. Reconnects with backoff when the
+    /// finish, and returns, all within `worker.shutdown_grace` of the signal: one deadline
+    /// governs cancelling, draining and closing. Reconnects with backoff when the
     /// broker connection drops; fails only if the very first session cannot consume.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let tracker = TaskTracker::new();
@@ -263,9 +266,14 @@ impl Worker {
         let mut backoff = amqp.reconnect_min;
         let mut ever_connected = false;
         let mut result = Ok(());
+        let grace = self.dispatcher.config.worker.shutdown_grace;
+        let mut deadline = None;
         loop {
             match self.session(&mut shutdown, &tracker, !ever_connected).await {
-                SessionEnd::Shutdown => break,
+                SessionEnd::Shutdown { deadline: at } => {
+                    deadline = Some(at);
+                    break;
+                }
                 SessionEnd::Failed { error, connected } => {
                     if !ever_connected && !connected {
                         result = Err(WorkerError::Consume(error));
@@ -278,18 +286,31 @@ impl Worker {
                     warn!(error = %error, retry_in = ?backoff, "Broker session ended; reconnecting");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
-                        () = &mut shutdown => break,
+                        () = &mut shutdown => {
+                            deadline = Some(Instant::now() + grace);
+                            break;
+                        }
                     }
                     backoff = (backoff * 2).min(amqp.reconnect_max);
                     self.dispatcher.metrics.reconnects.inc();
                 }
             }
         }
-        // Tasks of sessions that failed may still be finishing their republishes.
-        drain(&tracker, self.dispatcher.config.worker.shutdown_grace).await;
+        // The session drained already when it saw the signal; this covers tasks of sessions
+        // that failed, still finishing their republishes, within the same deadline.
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + grace);
+        drain(&tracker, deadline).await;
+        // What is still unsettled now gives up: it was never acked, and returns to its lane
+        // when the connection it came on closes (or the process exits).
+        self.dispatcher.abandon.cancel();
         stop_helpers.cancel();
-        for helper in helpers {
-            let _ = helper.await;
+        for mut helper in helpers {
+            if tokio::time::timeout_at(deadline, &mut helper)
+                .await
+                .is_err()
+            {
+                helper.abort();
+            }
         }
         let Worker {
             dispatcher,
@@ -299,8 +320,9 @@ impl Worker {
         // Dropping the last `Notices` lets its task send what is buffered and end.
         let publisher = Arc::clone(&dispatcher.publisher);
         drop(dispatcher);
-        let _ = tokio::time::timeout(Duration::from_secs(5), notices_task).await;
-        publisher.close().await;
+        let notices_left = Instant::now() + NOTICES_FLUSH;
+        let _ = tokio::time::timeout_at(deadline.min(notices_left), notices_task).await;
+        let _ = tokio::time::timeout_at(deadline, publisher.close()).await;
         info!("Worker stopped");
         result
     }
@@ -315,14 +337,21 @@ impl Worker {
     ) -> SessionEnd {
         let failed = |error: String, connected| SessionEnd::Failed { error, connected };
         let config = &self.dispatcher.config;
+        let grace = config.worker.shutdown_grace;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} consume", self.name).into());
-        let conn = match tokio::time::timeout(
+        let connect = tokio::time::timeout(
             BROKER_ANSWER,
             Connection::connect(config.amqp.url.expose(), props),
-        )
-        .await
-        {
+        );
+        // A signal while connecting (the broker may take long to answer) ends the wait.
+        let connected = tokio::select! {
+            connected = connect => connected,
+            () = &mut *shutdown => {
+                return SessionEnd::Shutdown { deadline: Instant::now() + grace };
+            }
+        };
+        let conn = match connected {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 return failed(format!("connecting to {}: {e}", config.amqp.url), false);
@@ -345,23 +374,20 @@ impl Worker {
             queues.borrow_and_update().as_deref(),
         );
         let mut consumed = Consumed::default();
-        for spec in &wanted {
-            match self.consume(&conn, spec, &mut consumed).await {
-                Ok(()) => {}
-                // A lane that is not there: a retired one was deleted, which is the operator's
-                // right; a required one is missing topology. Neither ends the session, except
-                // the very first, which fails the start with the reason.
-                Err(ConsumeError::NotFound(e)) if !(spec.required && first) => {
-                    lane_missing(spec, &e);
-                }
-                Err(e) => {
-                    let _ = tokio::time::timeout(
-                        BROKER_ANSWER,
-                        conn.close(200, "cannot consume".into()),
-                    )
-                    .await;
-                    return failed(format!("consuming {}: {e}", spec.queue), false);
-                }
+        let opened = tokio::select! {
+            opened = self.open_lanes(&conn, &wanted, first, &mut consumed) => Some(opened),
+            () = &mut *shutdown => None,
+        };
+        match opened {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                close(conn, Instant::now() + BROKER_ANSWER, "cannot consume").await;
+                return failed(e, false);
+            }
+            None => {
+                let deadline = Instant::now() + grace;
+                close(conn, deadline, "shutdown").await;
+                return SessionEnd::Shutdown { deadline };
             }
         }
         info!(lanes = ?consumed.queues(), "Consuming");
@@ -419,24 +445,71 @@ impl Worker {
                 }
             }
         }
-        // Drain: stop taking deliveries, let the in-flight ones ack on this connection, close.
+        // Drain: stop taking deliveries, let the in-flight ones ack on this connection, close;
+        // all by one deadline.
+        let deadline = Instant::now() + grace;
         info!(
             in_flight = tracker.len(),
             "Shutting down: cancelling consumers and draining"
         );
-        for (ch, tag) in consumed.consumers() {
-            let cancel = ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
-            match tokio::time::timeout(BROKER_ANSWER, cancel).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(error = %e, "Cancelling a consumer failed"),
-                Err(_) => warn!("The broker did not confirm a consumer's cancellation"),
+        let cancels = consumed.consumers().map(|(ch, tag)| async move {
+            if let Err(e) = ch
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await
+            {
+                warn!(error = %e, "Cancelling a consumer failed");
+            }
+        });
+        if tokio::time::timeout_at(deadline, futures_util::future::join_all(cancels))
+            .await
+            .is_err()
+        {
+            warn!("The broker did not confirm the consumers' cancellation in time");
+        }
+        drain(tracker, deadline).await;
+        close(conn, deadline, "shutdown").await;
+        SessionEnd::Shutdown { deadline }
+    }
+
+    /// Consumes every lane of `wanted`. A lane that is not there is skipped (logged), but in the
+    /// very `first` session a missing lane of the ladder fails it, with the reason.
+    async fn open_lanes(
+        &self,
+        conn: &Connection,
+        wanted: &[LaneSpec],
+        first: bool,
+        consumed: &mut Consumed,
+    ) -> Result<(), String> {
+        for spec in wanted {
+            match self.consume(conn, spec, consumed).await {
+                Ok(()) => {}
+                // A lane that is not there: a retired one was deleted, which is the operator's
+                // right; a required one is missing topology. Neither ends the session, except
+                // the very first, which fails the start with the reason.
+                Err(ConsumeError::NotFound(e)) if !(spec.required && first) => {
+                    lane_missing(spec, &e);
+                }
+                Err(e) => return Err(format!("consuming {}: {e}", spec.queue)),
             }
         }
-        drain(tracker, config.worker.shutdown_grace).await;
-        let _ = tokio::time::timeout(BROKER_ANSWER, conn.close(200, "shutdown".into())).await;
-        SessionEnd::Shutdown
+        Ok(())
     }
 }
+
+/// Closes `conn`, waiting for the broker's answer until `deadline` at most. The close goes on
+/// in the background after that (bounded by [`BROKER_ANSWER`]): in-flight deliveries return to
+/// their lanes once it completes, or when the process exits.
+async fn close(conn: Connection, deadline: Instant, why: &'static str) {
+    let closing = tokio::spawn(async move {
+        let _ = tokio::time::timeout(BROKER_ANSWER, conn.close(200, why.into())).await;
+    });
+    if tokio::time::timeout_at(deadline, closing).await.is_err() {
+        warn!("The broker did not confirm the close before the drain deadline");
+    }
+}
+
+/// How long buffered notices may take to go out at shutdown, within the drain deadline.
+const NOTICES_FLUSH: Duration = Duration::from_secs(5);
 
 /// How long a session waits for the broker to answer while connecting, opening its consumers
 /// or closing. A broker that takes the TCP connection but stalls (booting, half-open) then
@@ -659,11 +732,14 @@ fn scopeguard<F: FnMut()>(f: F) -> Guard<F> {
     Guard(f)
 }
 
-/// Waits for in-flight deliveries, at most `grace`. What is still unfinished then was never
+/// Waits for in-flight deliveries until `deadline`. What is still unfinished then was never
 /// acked, so the broker returns it to its lane when the connection closes.
-async fn drain(tracker: &TaskTracker, grace: Duration) {
+async fn drain(tracker: &TaskTracker, deadline: Instant) {
     tracker.close();
-    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+    if tokio::time::timeout_at(deadline, tracker.wait())
+        .await
+        .is_err()
+    {
         warn!(
             in_flight = tracker.len(),
             "Drain deadline passed; unfinished deliveries return to their lanes"
@@ -757,29 +833,41 @@ async fn reload_loop(
     }
 }
 
-/// Resolves when the process receives SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves when the process receives SIGTERM or SIGINT. The handlers are installed when this
+/// is called, not when the future is first polled: a signal that arrives while the worker is
+/// still starting (connecting to a slow broker) is then a clean stop, not the default action,
+/// death by signal.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+    let installed = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match installed {
+            (Some(mut term), Some(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            }
+            (Some(mut term), None) => {
+                term.recv().await;
+            }
+            (None, _) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        info!("Shutdown signal received");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    info!("Shutdown signal received");
 }
 
 #[cfg(test)]
