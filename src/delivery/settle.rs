@@ -410,14 +410,14 @@ impl Dispatcher {
                 if pending.is_empty() {
                     return Ok(());
                 }
-                self.metrics
-                    .republish_failures
-                    .with_label_values(&[target])
-                    .inc();
                 if permanent {
+                    self.count_republish_failure(target);
                     return Err(last);
                 }
             }
+            // A round skipped while the broker blocks publishing counts as a failed one: the
+            // outcome is not stored, and the alert on this counter should say so.
+            self.count_republish_failure(target);
             let Some(wait) = next_try(Instant::now(), lease_end, pause, one_try) else {
                 return Err(last);
             };
@@ -434,6 +434,13 @@ impl Dispatcher {
             }
             pause = (pause * 2).min(self.config.amqp.reconnect_max.max(pause));
         }
+    }
+
+    fn count_republish_failure(&self, target: &str) {
+        self.metrics
+            .republish_failures
+            .with_label_values(&[target])
+            .inc();
     }
 
     /// Returns a delivery to its lane after `pause`, so a persistent fault is not a hot loop.

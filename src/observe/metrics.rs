@@ -47,8 +47,9 @@ pub struct Metrics {
     /// 1 while the broker blocks the worker's publishing connection (a resource alarm).
     pub publisher_blocked: IntGauge,
     /// Republish tries (to a tier, the sink, fan-out deliveries, a cancellation's records) the
-    /// broker did not confirm. Each is tried again within the lease; the original goes back to
-    /// its lane only when the lease is nearly spent.
+    /// broker did not confirm, or could not be made because it blocks publishing. Each is tried
+    /// again within the lease; the original goes back to its lane only when the lease is nearly
+    /// spent.
     pub republish_failures: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
