@@ -376,6 +376,22 @@ async fn deleting_a_retired_lane_under_load_ends_only_its_consumer_and_lanes_are
         "the retired lane is drained"
     );
     assert!(wait_until(WAIT, async || readyz(addr).await == 200).await);
+    // `hookrelay status` shows the retired lanes, and what to do with them.
+    let api = common::management(&t.config);
+    let mut next = None;
+    wait_until(WAIT, async || {
+        let rows = hookrelay::ops::status::collect(&api, &t.ladder, None)
+            .await
+            .unwrap();
+        next = rows
+            .into_iter()
+            .find(|r| r.queue == big_first)
+            .map(|r| r.next);
+        next.is_some()
+    })
+    .await;
+    let next = next.expect("status lists a retired lane");
+    assert!(next.contains("no longer dedicated"), "{next}");
 
     // Load on the shared lane; the retired lanes are deleted while it flows.
     let load = {
@@ -421,7 +437,6 @@ async fn deleting_a_retired_lane_under_load_ends_only_its_consumer_and_lanes_are
 
     // A new session (the broker closed the connection) consumes what exists and no more: it
     // does not try the deleted lanes forever.
-    let api = common::management(&t.config);
     let consume = format!("{} consume", worker.name);
     assert!(
         wait_until(WAIT, async || common::connections_named(&api, &consume)
