@@ -201,17 +201,8 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     })
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ladder = ladder_file(&t, &dir);
-    let subs = SubsFile::new(&subscription_toml(
-        "sub_a",
-        "acme",
-        &receiver.url("/"),
-        &s.file_ref(),
-        "",
-    ));
-    let name = format!("{} subprocess", t.ladder.prefix);
-    let mut child = worker_process(&name, &ladder, &subs.path)
+    let (_files, mut worker) = subprocess_for(&t, &receiver, &s);
+    let mut child = worker
         .env("HOOKRELAY_WORKER_IN_FLIGHT", "70")
         .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "25s")
         .env("HOOKRELAY_LOG_LEVEL", "warn")
@@ -224,14 +215,7 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
             .wait_until(WAIT, |r| r.delivered_count() >= 100)
             .await
     );
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&child);
     let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap()
@@ -255,6 +239,27 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     assert_eq!(receiver.request_count(), N);
 }
 
+/// The files a worker process delivering to `receiver` as `sub_a` of acme runs from (kept
+/// while the returned guard lives), and its command.
+fn subprocess_for(
+    t: &TestLadder,
+    receiver: &Receiver,
+    s: &common::Secret,
+) -> ((tempfile::TempDir, SubsFile), tokio::process::Command) {
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(t, &dir);
+    let subs = SubsFile::new(&subscription_toml(
+        "sub_a",
+        "acme",
+        &receiver.url("/"),
+        &s.file_ref(),
+        "",
+    ));
+    let name = format!("{} subprocess", t.ladder.prefix);
+    let command = worker_process(&name, &ladder, &subs.path);
+    ((dir, subs), command)
+}
+
 /// Sends SIGTERM to `child`.
 fn terminate(child: &tokio::process::Child) {
     let pid = child.id().unwrap().to_string();
@@ -265,15 +270,6 @@ fn terminate(child: &tokio::process::Child) {
             .unwrap()
             .success()
     );
-}
-
-/// A free loopback port (bound, then let go).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]
@@ -298,18 +294,9 @@ async fn sigterm_with_a_republish_in_flight_exits_within_the_grace() {
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(503))
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ladder = ladder_file(&t, &dir);
-    let subs = SubsFile::new(&subscription_toml(
-        "sub_a",
-        "acme",
-        &receiver.url("/"),
-        &s.file_ref(),
-        "",
-    ));
-    let port = free_port();
-    let name = format!("{} subprocess", t.ladder.prefix);
-    let mut child = worker_process(&name, &ladder, &subs.path)
+    let port = common::node::free_port();
+    let (_files, mut worker) = subprocess_for(&t, &receiver, &s);
+    let mut child = worker
         .env(
             "HOOKRELAY_WORKER_SHUTDOWN_GRACE",
             format!("{}s", GRACE.as_secs()),
