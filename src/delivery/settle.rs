@@ -1,8 +1,9 @@
 //! Carrying a decision out. [`replacement`] builds, without I/O, what must be in the broker
 //! before the delivery may be acked (a retry in its tier, a dead letter with its reason, one
 //! delivery per fan-out target, or for a cancellation the records that alone hold it);
-//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. Anything
-//! unconfirmed returns the delivery to its lane instead.
+//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. What the
+//! broker does not confirm is published again, with backoff, while the delivery's lease allows
+//! ([`next_try`]); only then does the delivery return to its lane, unacked.
 
 use std::future::Future;
 use std::time::Duration;
@@ -189,9 +190,10 @@ impl Dispatcher {
         if let Err(why) = stored {
             error!(envelope = %id, error = %why, "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
             // No pause once the drain is over: the worker is about to close the connection.
-            let left = match self.abandon.is_cancelled() {
-                true => Duration::ZERO,
-                false => lease_end.saturating_duration_since(Instant::now()),
+            let left = if self.abandon.is_cancelled() {
+                Duration::ZERO
+            } else {
+                lease_end.saturating_duration_since(Instant::now())
             };
             return self
                 .requeue(
