@@ -240,7 +240,8 @@ impl Default for Config {
 pub struct AmqpConfig {
     /// `HOOKRELAY_AMQP_URL`. The vhost is the URL's path (`%2f` is `/`).
     pub url: SecretUrl,
-    /// How long a republish may wait for the broker's confirm before the original is nacked.
+    /// The longest one publish of the worker's may take, every wait on the broker together (a
+    /// free channel, opening one, taking the message, its confirm); then that try fails.
     #[serde(with = "humantime_serde")]
     pub confirm_timeout: Duration,
     /// First pause before reconnecting after the broker connection drops; doubles up to `reconnect_max`.
@@ -310,8 +311,9 @@ pub struct WorkerConfig {
     /// On SIGTERM, how long in-flight attempts may take to finish before the worker exits anyway.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// Pause before a delivery whose republish failed is returned to its lane, so a missing
-    /// tier or a blocked broker does not turn into a hot requeue loop.
+    /// First pause before a republish the broker did not confirm is tried again; doubles up to
+    /// `amqp.reconnect_max`. The tries go on within the lease ([`Config::lease`]), so a missing
+    /// tier or a blocked broker holds the delivery instead of repeating its attempt.
     #[serde(with = "humantime_serde")]
     pub requeue_delay: Duration,
 }
@@ -469,7 +471,9 @@ pub struct MetricsConfig {
     /// the environment) turns it off.
     #[serde(serialize_with = "write_optional", deserialize_with = "read_listen")]
     pub listen: Option<SocketAddr>,
-    /// How often queue depths are read from the management API.
+    /// How often the management API is read: queue depths, and which lanes of tenants no
+    /// longer dedicated exist (one read serves both; a lane retired meanwhile only waits, its
+    /// messages are safe in it, and a deleted lane is dropped at once, by the broker's cancel).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
 }
@@ -589,24 +593,6 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if self.endpoints.defer_rate > 0 {
-            let queued = Duration::from_secs_f64(
-                f64::from(self.worker.in_flight) / f64::from(self.endpoints.defer_rate),
-            );
-            if queued > self.worker.lease_slack {
-                return Err(ConfigError::invalid(
-                    "endpoints.defer_rate",
-                    format!(
-                        "{} deferrals per second would let worker.in_flight ({}) deferrals wait up \
-                         to {}, longer than worker.lease_slack ({})",
-                        self.endpoints.defer_rate,
-                        self.worker.in_flight,
-                        fmt_duration(Duration::from_millis(queued.as_millis() as u64)),
-                        fmt_duration(self.worker.lease_slack)
-                    ),
-                ));
-            }
-        }
         if self.worker.in_flight < 2 {
             return Err(ConfigError::invalid(
                 "worker.in_flight",
@@ -633,13 +619,18 @@ impl Config {
             return Err(ConfigError::invalid(
                 "broker.consumer_timeout",
                 format!(
-                    "the attempt budget (endpoint wait {} + connect {} + request {} + confirm {} \
-                     + slack {} = {}) must stay below the broker's consumer_timeout ({}); raise \
-                     consumer_timeout in rabbitmq.conf or lower the timeouts",
+                    "the longest a delivery is held before its outcome is first published (endpoint \
+                     wait {} + the attempt, connect {} + request {}, or a paced deferral's turn {} \
+                     + one publish {} + slack {} = {}) must stay below the broker's \
+                     consumer_timeout ({}); a publish that fails is tried again only while another \
+                     fits before consumer_timeout less the slack. Raise consumer_timeout in \
+                     rabbitmq.conf, or lower the timeouts, worker.in_flight or raise \
+                     endpoints.defer_rate",
                     fmt_duration(self.endpoints.wait),
                     fmt_duration(self.http.connect_timeout),
                     fmt_duration(self.http.request_timeout),
-                    fmt_duration(self.amqp.confirm_timeout),
+                    fmt_duration(self.deferral_turn()),
+                    fmt_duration(self.publish_budget()),
                     fmt_duration(self.worker.lease_slack),
                     fmt_duration(lease),
                     fmt_duration(self.broker.consumer_timeout),
@@ -650,8 +641,9 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.shutdown_grace",
                 format!(
-                    "must be longer than one attempt (endpoint wait + connect + request + \
-                     confirm = {}) so a drain can finish what is in flight",
+                    "must be longer than one attempt and its publish (endpoint wait + connect + \
+                     request, or a paced deferral's turn, + confirm = {}) so a drain can finish \
+                     what is in flight",
                     fmt_duration(self.attempt_budget())
                 ),
             ));
@@ -659,14 +651,40 @@ impl Config {
         Ok(())
     }
 
-    /// The longest one delivery can legitimately be held: the wait for an endpoint slot, the
-    /// HTTP attempt, and the confirm of its republish. (A paced deferral waits instead of the
-    /// attempt, at most its prefetch divided by `endpoints.defer_rate`.)
+    /// The longest a paced deferral waits for its turn: a worker holds at most
+    /// `worker.in_flight` deferrals, let go at `endpoints.defer_rate` per second (rounded up to
+    /// whole milliseconds).
+    pub fn deferral_turn(&self) -> Duration {
+        match self.endpoints.defer_rate {
+            0 => Duration::ZERO,
+            rate => Duration::from_millis(
+                (u64::from(self.worker.in_flight) * 1000).div_ceil(u64::from(rate)),
+            ),
+        }
+    }
+
+    /// The longest one delivery can be held before its outcome is first published, and that
+    /// publish: the wait for an endpoint slot; then the HTTP attempt, or instead a deferral's
+    /// turn under `endpoints.defer_rate`; and one publish ([`Config::publish_budget`]). A
+    /// publish that fails is tried again within [`Config::lease`], not within this.
     pub fn attempt_budget(&self) -> Duration {
         self.endpoints.wait
-            + self.http.connect_timeout
-            + self.http.request_timeout
-            + self.amqp.confirm_timeout
+            + (self.http.connect_timeout + self.http.request_timeout).max(self.deferral_turn())
+            + self.publish_budget()
+    }
+
+    /// The longest one confirmed publish may take: one deadline covers the wait for a free
+    /// channel, opening it, handing the message over and its confirm (`Publisher::publish`).
+    pub fn publish_budget(&self) -> Duration {
+        self.amqp.confirm_timeout
+    }
+
+    /// How long after it is handed over a delivery may be held: the broker's `consumer_timeout`
+    /// less `worker.lease_slack`. A republish that fails is tried again within it.
+    pub fn lease(&self) -> Duration {
+        self.broker
+            .consumer_timeout
+            .saturating_sub(self.worker.lease_slack)
     }
 
     /// The attempt budget plus slack: what the broker's `consumer_timeout` must exceed.
@@ -870,6 +888,33 @@ mod tests {
         // The shipped defaults: 5s + 3s + 10s + 5s + 30s slack is well below the 5m
         // consumer_timeout that rabbitmq/rabbitmq.conf sets.
         assert!(config.lease_window() * 4 <= config.broker.consumer_timeout);
+    }
+
+    #[test]
+    fn the_lease_rule_counts_every_wait_a_delivery_can_make() {
+        let defaults = Config::default();
+        // Endpoint wait 5s + the attempt (3s + 10s; a paced deferral's turn, 300 at 500/s, is
+        // shorter) + one publish under one deadline 5s, then 30s slack.
+        assert_eq!(defaults.deferral_turn(), Duration::from_millis(600));
+        assert_eq!(defaults.attempt_budget(), Duration::from_secs(23));
+        assert_eq!(defaults.lease_window(), Duration::from_secs(53));
+        assert_eq!(defaults.lease(), Duration::from_secs(270));
+        // A deferral's turn counts where it is longer than the attempt it replaces.
+        let mut slow_deferrals = Config::default();
+        slow_deferrals.endpoints.defer_rate = 1;
+        let refused = slow_deferrals.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("broker.consumer_timeout") && refused.contains("turn 5m"),
+            "{refused}"
+        );
+        // The drain must have room for an attempt and its publish.
+        let mut short_grace = Config::default();
+        short_grace.worker.shutdown_grace = Duration::from_secs(20);
+        let refused = short_grace.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("worker.shutdown_grace") && refused.contains("23s"),
+            "{refused}"
+        );
     }
 
     #[test]

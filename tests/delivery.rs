@@ -48,18 +48,29 @@ async fn a_delivery_verifies_with_the_standardwebhooks_crate() {
     );
 }
 
-#[tokio::test]
-async fn two_failures_then_success_walk_the_first_two_tiers() {
-    let t = TestLadder::apply("ladder", &["300ms", "600ms"], &["300ms", "600ms", "600ms"]).await;
-    let s = secret();
+/// An endpoint answering 503 to the first two attempts and 200 to the next, a worker delivering
+/// to it (signing with `s`, which must outlive it), and envelope `id` published.
+async fn fails_twice_then_succeeds(
+    t: &TestLadder,
+    s: &common::Secret,
+    id: &str,
+) -> (Receiver, RunningWorker) {
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
         1 | 2 => Reply::Status(503),
         _ => Reply::Status(200),
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
-    t.publish(&event("evt_ladder", "acme", "sub_a")).await;
+    let worker = RunningWorker::start_for_receiver(t, &receiver, s).await;
+    t.publish(&event(id, "acme", "sub_a")).await;
+    (receiver, worker)
+}
+
+#[tokio::test]
+async fn two_failures_then_success_walk_the_first_two_tiers() {
+    let t = TestLadder::apply("ladder", &["300ms", "600ms"], &["300ms", "600ms", "600ms"]).await;
+    let s = secret();
+    let (receiver, worker) = fails_twice_then_succeeds(&t, &s, "evt_ladder").await;
 
     assert!(
         receiver
@@ -95,6 +106,42 @@ async fn two_failures_then_success_walk_the_first_two_tiers() {
             ]
         ),
         1
+    );
+}
+
+#[tokio::test]
+async fn each_attempt_is_signed_with_the_time_it_is_made() {
+    // Tiers of whole seconds, so consecutive attempts fall in different seconds.
+    let t = TestLadder::apply("stamped", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let (receiver, worker) = fails_twice_then_succeeds(&t, &s, "evt_stamped").await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    worker.stop().await;
+    let records = receiver.records_for("evt_stamped");
+    assert_eq!(
+        records.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    let stamps: Vec<u64> = records.iter().map(|r| r.timestamp.unwrap()).collect();
+    for (r, stamp) in records.iter().zip(&stamps) {
+        // Verified with the timestamp it carries, which is the time of this attempt: at most
+        // the request timeout (2 s) and the second's rounding before it arrived.
+        assert_eq!(r.verified_with, vec![true], "attempt {}", r.attempt);
+        let signed_ms = stamp * 1000;
+        assert!(
+            signed_ms <= r.received_at_ms && r.received_at_ms - signed_ms < 3000,
+            "attempt {} signed at {stamp} s, arrived at {} ms",
+            r.attempt,
+            r.received_at_ms
+        );
+    }
+    assert!(
+        stamps.windows(2).all(|w| w[0] < w[1]),
+        "every attempt has a timestamp of its own: {stamps:?}"
     );
 }
 

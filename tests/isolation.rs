@@ -345,3 +345,136 @@ async fn retry_after_is_honoured_under_load() {
     }
     assert_eq!(receiver.duplicates(), 0);
 }
+
+async fn readyz(addr: std::net::SocketAddr) -> u16 {
+    match reqwest::get(format!("http://{addr}/readyz")).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_retired_lane_under_load_ends_only_its_consumer_and_lanes_are_rediscovered() {
+    const N: usize = 600;
+    let t = TestLadder::apply("retire", &["300ms"], &["300ms"]).await;
+    // bigco was dedicated once: its lanes exist (and are still bound), but the ladder the worker
+    // runs with no longer names it, so the worker finds them through the management API.
+    let once = t.ladder.clone().with_dedicated("bigco", 10).unwrap();
+    once.objects().apply(&t.channel).await.unwrap();
+    let (big_first, big_retry) = (once.first_lane_of("bigco"), once.retry_lane_of("bigco"));
+    t.publish_all(vec![event("evt_big_1", "bigco", "sub_big")])
+        .await;
+    assert_eq!(t.depth(&big_first).await, 1);
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let subs = vec![
+        subscription("sub_big", "bigco", &receiver.url("/big"), &s),
+        subscription("sub_a", "acme", &receiver.url("/"), &s),
+    ];
+    let worker = RunningWorker::start(&t, subs).await;
+    let addr = worker.vitals.unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered().contains_key("evt_big_1"))
+            .await,
+        "the retired lane is drained"
+    );
+    assert!(wait_until(WAIT, async || readyz(addr).await == 200).await);
+    // `hookrelay status` shows the retired lanes, and what to do with them.
+    let api = common::management(&t.config);
+    let mut next = None;
+    wait_until(WAIT, async || {
+        let rows = hookrelay::ops::status::collect(&api, &t.ladder, None)
+            .await
+            .unwrap();
+        next = rows
+            .into_iter()
+            .find(|r| r.queue == big_first)
+            .map(|r| r.next);
+        next.is_some()
+    })
+    .await;
+    let next = next.expect("status lists a retired lane");
+    assert!(next.contains("no longer dedicated"), "{next}");
+
+    // Load on the shared lane; the retired lanes are deleted while it flows.
+    let load = {
+        let publisher = t.publisher().await;
+        let ingress = t.ladder.ingress();
+        tokio::spawn(async move {
+            for i in 0..N {
+                let e = event(&format!("evt_{i:04}"), "acme", "sub_a");
+                publisher.publish_event(&ingress, &e, 4096).await.unwrap();
+            }
+        })
+    };
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() > N / 10)
+            .await
+    );
+    for q in [&big_first, &big_retry] {
+        t.channel
+            .queue_delete(q.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+    load.await.unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == N + 1)
+            .await,
+        "deliveries on the other lanes continued ({} of {})",
+        receiver.delivered_count(),
+        N + 1
+    );
+    assert_eq!(
+        readyz(addr).await,
+        200,
+        "still ready without the retired lanes"
+    );
+    assert_eq!(
+        worker.metrics.count("hookrelay_reconnects_total", &[]),
+        0,
+        "the session went on: only the deleted lanes' consumers ended"
+    );
+
+    // A new session (the broker closed the connection) consumes what exists and no more: it
+    // does not try the deleted lanes forever.
+    let consume = format!("{} consume", worker.name);
+    assert!(
+        wait_until(WAIT, async || common::connections_named(&api, &consume)
+            .await
+            >= 1)
+        .await
+    );
+    assert_eq!(api.close_connections_named(&consume).await.unwrap(), 1);
+    t.publish_all(vec![event("evt_after_reconnect", "acme", "sub_a")])
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered().contains_key("evt_after_reconnect"))
+            .await
+    );
+    assert!(
+        wait_until(WAIT, async || readyz(addr).await == 200).await,
+        "ready again after the reconnect"
+    );
+
+    // Retired lanes that appear later are found without a restart.
+    once.objects().apply(&t.channel).await.unwrap();
+    t.publish_all(vec![event("evt_big_2", "bigco", "sub_big")])
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered().contains_key("evt_big_2"))
+            .await,
+        "a retired lane that appeared later was drained"
+    );
+    assert_eq!(readyz(addr).await, 200);
+    worker.stop().await;
+    assert_eq!(receiver.duplicates(), 0);
+    // The ladder the test removes does not name bigco's lanes.
+    t.owns_queue(&big_first);
+    t.owns_queue(&big_retry);
+}

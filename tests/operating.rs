@@ -201,17 +201,8 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     })
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ladder = ladder_file(&t, &dir);
-    let subs = SubsFile::new(&subscription_toml(
-        "sub_a",
-        "acme",
-        &receiver.url("/"),
-        &s.file_ref(),
-        "",
-    ));
-    let name = format!("{} subprocess", t.ladder.prefix);
-    let mut child = worker_process(&name, &ladder, &subs.path)
+    let (_files, mut worker) = subprocess_for(&t, &receiver, &s);
+    let mut child = worker
         .env("HOOKRELAY_WORKER_IN_FLIGHT", "70")
         .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "25s")
         .env("HOOKRELAY_LOG_LEVEL", "warn")
@@ -224,14 +215,7 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
             .wait_until(WAIT, |r| r.delivered_count() >= 100)
             .await
     );
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&child);
     let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap()
@@ -253,6 +237,154 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     worker.stop().await;
     assert_eq!(receiver.duplicates(), 0);
     assert_eq!(receiver.request_count(), N);
+}
+
+/// The files a worker process delivering to `receiver` as `sub_a` of acme runs from (kept
+/// while the returned guard lives), and its command.
+fn subprocess_for(
+    t: &TestLadder,
+    receiver: &Receiver,
+    s: &common::Secret,
+) -> ((tempfile::TempDir, SubsFile), tokio::process::Command) {
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(t, &dir);
+    let subs = SubsFile::new(&subscription_toml(
+        "sub_a",
+        "acme",
+        &receiver.url("/"),
+        &s.file_ref(),
+        "",
+    ));
+    let name = format!("{} subprocess", t.ladder.prefix);
+    let command = worker_process(&name, &ladder, &subs.path);
+    ((dir, subs), command)
+}
+
+/// Sends SIGTERM to `child`.
+fn terminate(child: &tokio::process::Child) {
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test]
+async fn sigterm_with_a_republish_in_flight_exits_within_the_grace() {
+    const GRACE: Duration = Duration::from_secs(8);
+    // Generous for a loaded machine; a drain that waited the grace twice would take 16 s.
+    const MARGIN: Duration = Duration::from_secs(6);
+    let t = TestLadder::apply("graceful", &["300ms"], &["300ms"]).await;
+    // The tier is unreachable: the retry comes back as unroutable and is tried again for as
+    // long as the lease allows, far longer than the grace.
+    let tier = first_tier(&t.ladder);
+    t.channel
+        .queue_unbind(
+            t.ladder.tier_queue(tier).as_str().into(),
+            t.ladder.delay_exchange().as_str().into(),
+            t.ladder.retries_into(tier).as_str().into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(503))
+        .await
+        .unwrap();
+    let port = common::node::free_port();
+    let (_files, mut worker) = subprocess_for(&t, &receiver, &s);
+    let mut child = worker
+        .env(
+            "HOOKRELAY_WORKER_SHUTDOWN_GRACE",
+            format!("{}s", GRACE.as_secs()),
+        )
+        .env("HOOKRELAY_HTTP_CONNECT_TIMEOUT", "1s")
+        .env("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "2s")
+        .env("HOOKRELAY_ENDPOINTS_WAIT", "1s")
+        .env("HOOKRELAY_AMQP_CONFIRM_TIMEOUT", "1s")
+        .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("HOOKRELAY_LOG_LEVEL", "warn")
+        .spawn()
+        .unwrap();
+    t.publish(&event("evt_in_flight", "acme", "sub_a")).await;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let retrying = wait_until(WAIT, async || {
+        let Ok(resp) = reqwest::get(format!("http://{addr}/metrics")).await else {
+            return false;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("hookrelay_republish_failures_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+            >= 2.0
+    })
+    .await;
+    assert!(retrying, "the retry's republish is being tried again");
+    assert_eq!(receiver.request_count(), 1);
+    let asked = std::time::Instant::now();
+    terminate(&child);
+    let exit = tokio::time::timeout(GRACE * 4, child.wait())
+        .await
+        .expect("the worker exits")
+        .unwrap();
+    let took = asked.elapsed();
+    println!("exit {took:?} after SIGTERM, grace {GRACE:?}");
+    assert_eq!(exit.code(), Some(0), "a drained worker exits 0");
+    assert!(
+        took <= GRACE + MARGIN,
+        "exit took {took:?}, grace {GRACE:?} (+ {MARGIN:?} allowed)"
+    );
+    // What could not be settled within the grace was never acked: it is back in its lane.
+    assert!(
+        wait_until(WAIT, async || t.depth(&t.ladder.first_lane()).await == 1).await,
+        "the envelope is back in its lane"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_while_the_worker_first_connects_exits_cleanly() {
+    // A broker that takes the TCP connection and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let t = TestLadder::apply("early", &["300ms"], &["300ms"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let s = secret();
+    let subs = SubsFile::new(&subscription_toml(
+        "sub_a",
+        "acme",
+        "http://127.0.0.1:9/",
+        &s.file_ref(),
+        "",
+    ));
+    let mut child = worker_process("early", &ladder, &subs.path)
+        .env(
+            "HOOKRELAY_AMQP_URL",
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        )
+        // Long enough that the connect is still waiting when the signal comes.
+        .env("HOOKRELAY_AMQP_CONFIRM_TIMEOUT", "20s")
+        .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "2m")
+        .spawn()
+        .unwrap();
+    let (_held, _) = tokio::time::timeout(WAIT, silent.accept())
+        .await
+        .expect("the worker connects")
+        .unwrap();
+    terminate(&child);
+    let exit = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the worker exits")
+        .unwrap();
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "SIGTERM before the worker started is a clean exit, not death by signal: {exit:?}"
+    );
 }
 
 #[tokio::test]

@@ -106,3 +106,75 @@ async fn ten_thousand_events_are_delivered_once_each() {
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 0);
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }
+
+#[tokio::test]
+async fn a_returned_retry_is_stored_again_within_the_lease_and_the_attempt_is_not_repeated() {
+    let t = TestLadder::apply("returned", &["300ms"], &["300ms"]).await;
+    // The tier is not reachable from the delay exchange (as before `topology apply` adds it):
+    // every retry published there comes back as unroutable.
+    let tier = t.ladder.tier_at(0).unwrap();
+    let (queue, exchange, key) = (
+        t.ladder.tier_queue(tier),
+        t.ladder.delay_exchange(),
+        t.ladder.retries_into(tier),
+    );
+    t.channel
+        .queue_unbind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            key.as_str().into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let s = secret();
+    let receiver =
+        hookrelay_tools::receiver::Receiver::start(std::slice::from_ref(&s.whsec), |req| match req
+            .attempt
+        {
+            1 => hookrelay_tools::receiver::Reply::Status(503),
+            _ => hookrelay_tools::receiver::Reply::Status(200),
+        })
+        .await
+        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_returned", "acme", "sub_a")).await;
+    let returned = || {
+        worker.metrics.count(
+            "hookrelay_republish_failures_total",
+            &[("target", "retry-300ms")],
+        )
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), async || returned() >= 3).await,
+        "the retry was returned again and again"
+    );
+    assert_eq!(
+        receiver.records_for("evt_returned").len(),
+        1,
+        "the attempt whose retry could not be stored was made once"
+    );
+    // Once the tier is reachable the same retry is stored, and the next attempt is made.
+    t.channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            key.as_str().into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(30), |r| r.delivered_count() == 1)
+            .await
+    );
+    worker.stop().await;
+    let attempts: Vec<u32> = receiver
+        .records_for("evt_returned")
+        .iter()
+        .map(|r| r.attempt)
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+}

@@ -247,6 +247,10 @@ impl Publisher {
     /// Publishes one message with `mandatory` and waits for the broker's confirm. `Ok` means
     /// the broker has it in at least one queue; `Unroutable` means this very message was
     /// returned.
+    ///
+    /// One deadline, the confirm timeout, covers the whole publish: the wait for a free channel
+    /// (all [`EXACT_CHANNELS`] may be awaiting confirms), opening one, handing the message over
+    /// and its confirm. So a publish never takes longer than the lease rule counts for it.
     pub async fn publish(
         &self,
         exchange: &str,
@@ -254,17 +258,26 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        let _permit = self
-            .exact
-            .acquire()
+        let after = self.confirm_timeout;
+        let deadline = tokio::time::Instant::now() + after;
+        let no_answer = |what| PublishError::NoAnswer { what, after };
+        let _permit = tokio::time::timeout_at(deadline, self.exact.acquire())
             .await
+            .map_err(|_| no_answer("a free channel"))?
             .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
-        let channel = self.exact_channel().await?;
-        let result = match self
-            .send_on(&channel, exchange, routing_key, body, properties, true)
+        let channel = tokio::time::timeout_at(deadline, self.exact_channel())
             .await
-        {
-            Ok(confirm) => self.confirmed(confirm).await,
+            .map_err(|_| no_answer("opening a channel"))??;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.send_on(&channel, exchange, routing_key, body, properties, true),
+        )
+        .await
+        .unwrap_or(Err(no_answer("taking the message")));
+        let result = match sent {
+            Ok(confirm) => tokio::time::timeout_at(deadline, self.confirmed(confirm))
+                .await
+                .unwrap_or(Err(PublishError::ConfirmTimeout(after))),
             Err(e) => Err(e),
         };
         match &result {

@@ -9,6 +9,8 @@ use crate::delivery::subscriptions::LiveSubscriptions;
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
 
 pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
+    // Installed first: from here on SIGTERM or SIGINT is a clean stop, even while connecting.
+    let mut shutdown = std::pin::pin!(shutdown_signal());
     let ladder = load_ladder(&args.ladder, &config)?;
     let path = args
         .subscriptions
@@ -24,7 +26,13 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
     );
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);
     setup.name = args.name;
-    let worker = Worker::start(setup).await?;
-    worker.run(shutdown_signal()).await?;
+    let worker = tokio::select! {
+        started = Worker::start(setup) => started?,
+        () = &mut shutdown => {
+            tracing::info!("Stopped before the worker had started");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    worker.run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -37,6 +37,9 @@ pub struct Dispatcher {
     pub(crate) publisher: Arc<Publisher>,
     pub(crate) notices: Notices,
     pub(crate) metrics: Metrics,
+    /// Cancelled when the drain deadline has passed: deliveries still trying to store their
+    /// outcome give up (unacked, they return to their lanes).
+    pub(crate) abandon: tokio_util::sync::CancellationToken,
 }
 
 /// The decision, and what the HTTP attempt (if one was made) produced.
@@ -90,11 +93,15 @@ impl Dispatcher {
             publisher,
             notices,
             metrics,
+            abandon: tokio_util::sync::CancellationToken::new(),
         }
     }
 
     /// Handles one delivery to the end: an ack, or a nack back to its lane.
     pub async fn handle(self: Arc<Self>, lane: Arc<Lane>, delivery: Delivery) {
+        // The broker's lease runs from the moment it handed the delivery over, which is now:
+        // every delivery gets its task at once.
+        let lease_end = tokio::time::Instant::now() + self.config.lease();
         let gauge = lane.metrics.in_flight.clone();
         gauge.inc();
         let _in_flight = InFlight(gauge);
@@ -129,6 +136,7 @@ impl Dispatcher {
             &body,
             envelope.as_ref(),
             attempted,
+            lease_end,
         )
         .await;
     }

@@ -1,7 +1,10 @@
 //! A ready queue as the worker consumes it: its kind, its prefetch, its metric handles, and
-//! what it has seen at its head (for the oldest-ready estimate).
+//! what it has seen at its head (for the oldest-ready estimate); and [`Lanes`], every lane the
+//! worker has consumed.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::observe::metrics::Metrics;
@@ -11,6 +14,43 @@ use crate::observe::metrics::Metrics;
 pub enum LaneKind {
     First,
     Retry,
+}
+
+/// A lane the worker means to consume. `required` lanes are the ladder's (shared and
+/// dedicated): without them the worker is not ready. The others are lanes of tenants no longer
+/// dedicated, consumed while they exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSpec {
+    pub kind: LaneKind,
+    pub queue: String,
+    pub prefetch: u16,
+    pub required: bool,
+}
+
+/// Every lane the worker has consumed, by queue: one [`Lane`] per queue for the worker's life,
+/// so its metric handles and head estimate outlive a reconnect or a lane that comes and goes.
+#[derive(Debug, Clone, Default)]
+pub struct Lanes(Arc<Mutex<BTreeMap<String, Arc<Lane>>>>);
+
+impl Lanes {
+    /// The lane of `spec`, made on first use.
+    pub fn lane(&self, spec: &LaneSpec, metrics: &Metrics) -> Arc<Lane> {
+        let mut lanes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(lanes.entry(spec.queue.clone()).or_insert_with(|| {
+            Arc::new(Lane::new(
+                spec.kind,
+                spec.queue.clone(),
+                spec.prefetch,
+                metrics,
+            ))
+        }))
+    }
+
+    /// Every lane consumed so far.
+    pub fn all(&self) -> Vec<Arc<Lane>> {
+        let lanes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        lanes.values().cloned().collect()
+    }
 }
 
 /// A lane's metric handles, resolved once rather than by label on every delivery.

@@ -1,11 +1,16 @@
 //! Carrying a decision out. [`replacement`] builds, without I/O, what must be in the broker
 //! before the delivery may be acked (a retry in its tier, a dead letter with its reason, one
 //! delivery per fan-out target, or for a cancellation the records that alone hold it);
-//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. Anything
-//! unconfirmed returns the delivery to its lane instead.
+//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. What the
+//! broker does not confirm is published again, with backoff, while the delivery's lease allows
+//! ([`next_try`]); only then does the delivery return to its lane, unacked.
+
+use std::future::Future;
+use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::{Acker, BasicProperties};
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::broker::publish::PublishError;
@@ -129,6 +134,9 @@ pub fn replacement(
 
 impl Dispatcher {
     /// Carries the decision out. Acks only after what replaces the delivery was confirmed.
+    /// `lease_end` is when the broker's lease on the delivery is nearly spent (see
+    /// [`Config::lease`](crate::config::Config::lease)).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn settle(
         &self,
         lane: &Lane,
@@ -137,6 +145,7 @@ impl Dispatcher {
         body: &[u8],
         envelope: Option<&Envelope>,
         attempted: Attempted,
+        lease_end: Instant,
     ) {
         let id = properties
             .message_id()
@@ -154,36 +163,45 @@ impl Dispatcher {
             Ok(r) => r,
             Err(Unsettleable(why)) => {
                 error!(envelope = %id, why, "Cannot settle; keeping the message in its lane");
-                return self.requeue(acker, why).await;
+                return self
+                    .requeue(acker, why, self.config.worker.requeue_delay)
+                    .await;
             }
         };
-        let stored: Result<(), (PublishError, String)> = match replacement {
+        let stored = match replacement {
             Replacement::Nothing => Ok(()),
             // A cancellation is a terminal state only the records hold: they are confirmed
             // before the ack, as a dead letter is.
-            Replacement::Records => self
-                .record_cancellation(lane, properties, envelope, &attempted)
+            Replacement::Records => {
+                self.store(id, "attempts", vec![()], lease_end, |()| {
+                    self.record_cancellation(lane, properties, envelope, &attempted)
+                })
                 .await
-                .map_err(|e| (e, "attempts".to_owned())),
+            }
             Replacement::Publish { target, messages } => {
-                let sends = messages.into_iter().map(|m| async move {
+                self.store(id, &target, messages, lease_end, |m| async move {
                     self.publisher
                         .publish(&m.exchange, &m.routing_key, body, m.properties)
                         .await
-                });
-                futures_util::future::try_join_all(sends)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| (e, target))
+                })
+                .await
             }
         };
-        if let Err((e, target)) = stored {
-            self.metrics
-                .republish_failures
-                .with_label_values(&[target.as_str()])
-                .inc();
-            error!(envelope = %id, target, error = %e, "Republish not confirmed; returning the message to its lane");
-            return self.requeue(acker, "republish not confirmed").await;
+        if let Err(why) = stored {
+            error!(envelope = %id, error = %why, "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
+            // No pause once the drain is over: the worker is about to close the connection.
+            let left = if self.abandon.is_cancelled() {
+                Duration::ZERO
+            } else {
+                lease_end.saturating_duration_since(Instant::now())
+            };
+            return self
+                .requeue(
+                    acker,
+                    "republish not confirmed",
+                    left.min(self.config.worker.requeue_delay),
+                )
+                .await;
         }
         self.settled(lane, id, envelope, &attempted);
         if let Err(e) = acker.ack(BasicAckOptions::default()).await {
@@ -339,9 +357,97 @@ impl Dispatcher {
         ));
     }
 
-    /// Returns a delivery to its lane after a pause, so a persistent fault is not a hot loop.
-    async fn requeue(&self, acker: &Acker, why: &str) {
-        tokio::time::sleep(self.config.worker.requeue_delay).await;
+    /// Stores every item of `pending` through `put`, trying again what the broker did not
+    /// confirm, with backoff, for as long as another try fits before `lease_end`. The decided
+    /// outcome is what is retried, never the attempt: an envelope whose retry cannot be stored
+    /// (a resource alarm, a tier not yet applied) holds its lease instead of being POSTed again
+    /// on every redelivery. While the broker blocks the publishing connection nothing is sent
+    /// (a publish there would only time out, and might still be stored after the alarm, as a
+    /// duplicate). Gives up, with the last error, only when the lease is nearly spent.
+    async fn store<T, F, Fut>(
+        &self,
+        id: &str,
+        target: &str,
+        mut pending: Vec<T>,
+        lease_end: Instant,
+        put: F,
+    ) -> Result<(), String>
+    where
+        T: Clone,
+        F: Fn(T) -> Fut,
+        Fut: Future<Output = Result<(), PublishError>>,
+    {
+        let one_try = self.config.publish_budget();
+        let mut pause = self.config.worker.requeue_delay;
+        let mut tries = 0u32;
+        let mut last = String::from("the broker blocks publishing (resource alarm)");
+        loop {
+            if !self.publisher.is_blocked() {
+                tries += 1;
+                let results = futures_util::future::join_all(pending.iter().cloned().map(|item| {
+                    let put = &put;
+                    async move {
+                        // Each try is bounded, whatever `put` waits on, so the lease
+                        // arithmetic holds.
+                        match tokio::time::timeout(one_try, put(item)).await {
+                            Ok(result) => result,
+                            Err(_) => Err(PublishError::NoAnswer {
+                                what: "a republish",
+                                after: one_try,
+                            }),
+                        }
+                    }
+                }))
+                .await;
+                let mut failed = Vec::new();
+                let mut permanent = false;
+                for (item, result) in pending.into_iter().zip(results) {
+                    if let Err(e) = result {
+                        permanent |= !e.is_transient();
+                        last = e.to_string();
+                        failed.push(item);
+                    }
+                }
+                pending = failed;
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                if permanent {
+                    self.count_republish_failure(target);
+                    return Err(last);
+                }
+            }
+            // A round skipped while the broker blocks publishing counts as a failed one: the
+            // outcome is not stored, and the alert on this counter should say so.
+            self.count_republish_failure(target);
+            let Some(wait) = next_try(Instant::now(), lease_end, pause, one_try) else {
+                return Err(last);
+            };
+            if tries == 1 {
+                warn!(envelope = %id, target, error = %last, retry_in = ?wait, "Republish not confirmed; trying again within the lease");
+            } else {
+                debug!(envelope = %id, target, tries, error = %last, retry_in = ?wait, "Republish still not confirmed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.abandon.cancelled() => {
+                    return Err(format!("{last}; the drain deadline passed"));
+                }
+            }
+            pause = (pause * 2).min(self.config.amqp.reconnect_max.max(pause));
+        }
+    }
+
+    fn count_republish_failure(&self, target: &str) {
+        self.metrics
+            .republish_failures
+            .with_label_values(&[target])
+            .inc();
+    }
+
+    /// Returns a delivery to its lane after `pause`, so a persistent fault is not a hot loop.
+    async fn requeue(&self, acker: &Acker, why: &str, pause: Duration) {
+        tokio::time::sleep(pause).await;
         if let Err(e) = acker
             .nack(BasicNackOptions {
                 requeue: true,
@@ -352,6 +458,18 @@ impl Dispatcher {
             warn!(why, error = %e, "Nack failed; the broker will redeliver when the channel closes");
         }
     }
+}
+
+/// The pause before the next try of a republish, or `None` when a try after `pause` (which
+/// takes up to `one_try`) would not end before `lease_end`: then the original goes back to its
+/// lane while the broker still holds it for this worker.
+pub fn next_try(
+    now: Instant,
+    lease_end: Instant,
+    pause: Duration,
+    one_try: Duration,
+) -> Option<Duration> {
+    (now + pause + one_try <= lease_end).then_some(pause)
 }
 
 #[cfg(test)]
@@ -518,5 +636,19 @@ mod tests {
             subscriptions: vec!["s".into()],
         };
         assert!(build(&fan_out, None).is_err());
+    }
+
+    #[test]
+    fn a_failed_republish_is_tried_again_only_while_a_whole_try_fits_in_the_lease() {
+        let now = Instant::now();
+        let end = now + Duration::from_secs(60);
+        let (pause, one_try) = (Duration::from_secs(1), Duration::from_secs(15));
+        assert_eq!(next_try(now, end, pause, one_try), Some(pause));
+        // 44 s + 1 s + 15 s ends exactly at the lease's end: still fits.
+        let late = now + Duration::from_secs(44);
+        assert_eq!(next_try(late, end, pause, one_try), Some(pause));
+        let too_late = late + Duration::from_millis(1);
+        assert_eq!(next_try(too_late, end, pause, one_try), None);
+        assert_eq!(next_try(end + pause, end, pause, one_try), None);
     }
 }

@@ -2,6 +2,10 @@
 //! of its own, the moment the broker hands it over, so each channel's prefetch is the
 //! concurrency bound and the broker's `consumer_timeout` measures real work.
 //!
+//! The lanes are the ladder's (shared and dedicated) and those of tenants no longer dedicated
+//! that still exist, found through the management API at start and at every poll of it. A lane
+//! whose queue is deleted ends alone (the broker cancels its consumer); the session goes on.
+//!
 //! It reconnects with backoff when the broker connection drops, keeps the subscriptions file in
 //! force as it changes (polling and SIGHUP), and on shutdown stops consuming, lets in-flight
 //! deliveries finish, and returns.
@@ -17,6 +21,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -26,10 +31,11 @@ use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
+use crate::contract::ladder::QueueRole;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
-use crate::delivery::lane::{Lane, LaneKind};
+use crate::delivery::lane::{Lane, LaneKind, LaneSpec, Lanes};
 use crate::delivery::subscriptions::{
     LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
 };
@@ -89,7 +95,11 @@ pub struct Worker {
     hangup: Option<Hangup>,
     vitals: Option<tokio::net::TcpListener>,
     name: String,
-    lanes: Vec<Arc<Lane>>,
+    lanes: Lanes,
+    /// The queues the management API last listed (`None`: not known), which tells sessions
+    /// which lanes of tenants no longer dedicated exist. Filled at start and by every poll of
+    /// the management API (`metrics.poll_interval`).
+    queues: tokio::sync::watch::Sender<Option<Vec<String>>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -102,8 +112,9 @@ impl std::fmt::Debug for Worker {
 
 /// How a broker session ended.
 enum SessionEnd {
-    /// Shutdown was asked for and the drain finished (or hit its deadline).
-    Shutdown,
+    /// Shutdown was asked for; the whole drain must end by `deadline` (`worker.shutdown_grace`
+    /// after the signal).
+    Shutdown { deadline: Instant },
     /// The connection or a consumer failed; `connected` says whether it got as far as consuming.
     Failed { error: String, connected: bool },
 }
@@ -182,7 +193,7 @@ impl Worker {
             ladder.attempts_exchange(),
             metrics.clone(),
         );
-        let lanes = lanes_of(&config, &ladder, &metrics).await;
+        let queues = tokio::sync::watch::Sender::new(list_queues(&config).await);
         let dispatcher = Dispatcher::new(
             config,
             ladder,
@@ -199,7 +210,8 @@ impl Worker {
             hangup: Hangup::listen(),
             vitals,
             name,
-            lanes,
+            lanes: Lanes::default(),
+            queues,
         })
     }
 
@@ -213,7 +225,8 @@ impl Worker {
     }
 
     /// Consumes until `shutdown` resolves, then stops consuming, lets in-flight deliveries
-    /// finish within `worker.shutdown_grace`, and returns. Reconnects with backoff when the
+    /// finish, and returns, all within `worker.shutdown_grace` of the signal: one deadline
+    /// governs cancelling, draining and closing. Reconnects with backoff when the
     /// broker connection drops; fails only if the very first session cannot consume.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let tracker = TaskTracker::new();
@@ -240,6 +253,7 @@ impl Worker {
                 api,
                 self.dispatcher.ladder.clone(),
                 self.lanes.clone(),
+                self.queues.clone(),
                 Arc::clone(&self.dispatcher.publisher),
                 metrics.clone(),
                 config.metrics.poll_interval,
@@ -252,9 +266,14 @@ impl Worker {
         let mut backoff = amqp.reconnect_min;
         let mut ever_connected = false;
         let mut result = Ok(());
+        let grace = self.dispatcher.config.worker.shutdown_grace;
+        let mut deadline = None;
         loop {
-            match self.session(&mut shutdown, &tracker).await {
-                SessionEnd::Shutdown => break,
+            match self.session(&mut shutdown, &tracker, !ever_connected).await {
+                SessionEnd::Shutdown { deadline: at } => {
+                    deadline = Some(at);
+                    break;
+                }
                 SessionEnd::Failed { error, connected } => {
                     if !ever_connected && !connected {
                         result = Err(WorkerError::Consume(error));
@@ -267,18 +286,31 @@ impl Worker {
                     warn!(error = %error, retry_in = ?backoff, "Broker session ended; reconnecting");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
-                        () = &mut shutdown => break,
+                        () = &mut shutdown => {
+                            deadline = Some(Instant::now() + grace);
+                            break;
+                        }
                     }
                     backoff = (backoff * 2).min(amqp.reconnect_max);
                     self.dispatcher.metrics.reconnects.inc();
                 }
             }
         }
-        // Tasks of sessions that failed may still be finishing their republishes.
-        drain(&tracker, self.dispatcher.config.worker.shutdown_grace).await;
+        // The session drained already when it saw the signal; this covers tasks of sessions
+        // that failed, still finishing their republishes, within the same deadline.
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + grace);
+        drain(&tracker, deadline).await;
+        // What is still unsettled now gives up: it was never acked, and returns to its lane
+        // when the connection it came on closes (or the process exits).
+        self.dispatcher.abandon.cancel();
         stop_helpers.cancel();
-        for helper in helpers {
-            let _ = helper.await;
+        for mut helper in helpers {
+            if tokio::time::timeout_at(deadline, &mut helper)
+                .await
+                .is_err()
+            {
+                helper.abort();
+            }
         }
         let Worker {
             dispatcher,
@@ -288,27 +320,38 @@ impl Worker {
         // Dropping the last `Notices` lets its task send what is buffered and end.
         let publisher = Arc::clone(&dispatcher.publisher);
         drop(dispatcher);
-        let _ = tokio::time::timeout(Duration::from_secs(5), notices_task).await;
-        publisher.close().await;
+        let notices_left = Instant::now() + NOTICES_FLUSH;
+        let _ = tokio::time::timeout_at(deadline.min(notices_left), notices_task).await;
+        let _ = tokio::time::timeout_at(deadline, publisher.close()).await;
         info!("Worker stopped");
         result
     }
 
+    /// One broker connection, consuming every lane there is until shutdown or a failure.
+    /// `first` says no session consumed before: a missing lane of the ladder then fails it.
     async fn session(
         &self,
         shutdown: &mut Pin<&mut impl Future<Output = ()>>,
         tracker: &TaskTracker,
+        first: bool,
     ) -> SessionEnd {
         let failed = |error: String, connected| SessionEnd::Failed { error, connected };
         let config = &self.dispatcher.config;
+        let grace = config.worker.shutdown_grace;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} consume", self.name).into());
-        let conn = match tokio::time::timeout(
+        let connect = tokio::time::timeout(
             BROKER_ANSWER,
             Connection::connect(config.amqp.url.expose(), props),
-        )
-        .await
-        {
+        );
+        // A signal while connecting (the broker may take long to answer) ends the wait.
+        let connected = tokio::select! {
+            connected = connect => connected,
+            () = &mut *shutdown => {
+                return SessionEnd::Shutdown { deadline: Instant::now() + grace };
+            }
+        };
+        let conn = match connected {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 return failed(format!("connecting to {}: {e}", config.amqp.url), false);
@@ -323,99 +366,150 @@ impl Worker {
                 );
             }
         };
-        let mut channels: Vec<(Channel, String)> = Vec::new();
-        type Item = (usize, Option<lapin::Result<Delivery>>);
-        let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
-        for (i, lane) in self.lanes.iter().enumerate() {
-            let consumer = async {
-                let ch = conn.create_channel().await?;
-                ch.basic_qos(lane.prefetch, BasicQosOptions::default())
-                    .await?;
-                let consumer = ch
-                    .basic_consume(
-                        lane.queue.as_str().into(),
-                        "".into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await?;
-                Ok::<_, lapin::Error>((ch, consumer))
-            };
-            let consumer = match tokio::time::timeout(BROKER_ANSWER, consumer).await {
-                Ok(result) => result.map_err(|e| match refused(&e) {
-                    Some(Refusal::NotFound) => {
-                        format!("{e}; the topology is missing: run `hookrelay topology apply`")
-                    }
-                    _ => e.to_string(),
-                }),
-                Err(_) => Err(format!("no answer within {BROKER_ANSWER:?}")),
-            };
-            match consumer {
-                Ok((ch, consumer)) => {
-                    channels.push((ch, consumer.tag().to_string()));
-                    // A marker after the last item tells which consumer ended.
-                    streams.push(
-                        consumer
-                            .map(Some)
-                            .chain(stream::once(async { None }))
-                            .map(move |d| (i, d))
-                            .boxed(),
-                    );
-                }
-                Err(e) => {
-                    let _ = tokio::time::timeout(
-                        BROKER_ANSWER,
-                        conn.close(200, "cannot consume".into()),
-                    )
-                    .await;
-                    return failed(format!("consuming {}: {e}", lane.queue), false);
-                }
+        let metrics = &self.dispatcher.metrics;
+        let mut queues = self.queues.subscribe();
+        let wanted = lane_specs(
+            config,
+            &self.dispatcher.ladder,
+            queues.borrow_and_update().as_deref(),
+        );
+        let mut consumed = Consumed::default();
+        let opened = tokio::select! {
+            opened = self.open_lanes(&conn, &wanted, first, &mut consumed) => Some(opened),
+            () = &mut *shutdown => None,
+        };
+        match opened {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                close(conn, Instant::now() + BROKER_ANSWER, "cannot consume").await;
+                return failed(e, false);
+            }
+            None => {
+                let deadline = Instant::now() + grace;
+                close(conn, deadline, "shutdown").await;
+                return SessionEnd::Shutdown { deadline };
             }
         }
-        info!(
-            lanes = ?self.lanes.iter().map(|l| l.queue.as_str()).collect::<Vec<_>>(),
-            "Consuming"
-        );
-        let consuming = &self.dispatcher.metrics.consuming;
-        consuming.set(1);
+        info!(lanes = ?consumed.queues(), "Consuming");
+        let consuming = &metrics.consuming;
+        consuming.set(i64::from(consumed.has_all(&wanted)));
         let _not_consuming = scopeguard(|| consuming.set(0));
-        let mut deliveries = stream::select_all(streams);
+        let mut listing = true;
         loop {
             tokio::select! {
                 () = &mut *shutdown => break,
-                next = deliveries.next() => match next {
-                    Some((i, Some(Ok(delivery)))) => {
-                        let lane = Arc::clone(&self.lanes[i]);
+                // The management API listed the queues again: consume lanes that appeared.
+                changed = queues.changed(), if listing => {
+                    if changed.is_err() {
+                        listing = false;
+                        continue;
+                    }
+                    let listed = queues.borrow_and_update().clone();
+                    let wanted = lane_specs(config, &self.dispatcher.ladder, listed.as_deref());
+                    for spec in &wanted {
+                        if consumed.has(&spec.queue)
+                            || listed.as_ref().is_some_and(|l| !l.contains(&spec.queue))
+                        {
+                            continue;
+                        }
+                        match self.consume(&conn, spec, &mut consumed).await {
+                            Ok(()) => info!(lane = %spec.queue, "Consuming a lane found since"),
+                            Err(ConsumeError::NotFound(e)) => lane_missing(spec, &e),
+                            Err(e) => return failed(format!("consuming {}: {e}", spec.queue), true),
+                        }
+                    }
+                    consuming.set(i64::from(consumed.has_all(&wanted)));
+                }
+                next = consumed.deliveries.next(), if !consumed.deliveries.is_empty() => match next {
+                    Some((lane, Some(Ok(delivery)))) => {
                         tracker.spawn(Arc::clone(&self.dispatcher).handle(lane, delivery));
                     }
-                    Some((i, Some(Err(e)))) => {
-                        return failed(format!("consumer of {}: {e}", self.lanes[i].queue), true);
+                    Some((lane, Some(Err(e)))) => {
+                        return failed(format!("consumer of {}: {e}", lane.queue), true);
                     }
-                    Some((i, None)) => {
-                        return failed(format!("the broker cancelled the consumer of {}", self.lanes[i].queue), true);
+                    Some((lane, None)) => {
+                        // The broker cancels a consumer whose queue was deleted; its channel and
+                        // the connection stay open. Then only that lane ends.
+                        if !(conn.status().connected() && consumed.channel_open(&lane.queue)) {
+                            return failed(format!("the consumer of {} ended with its channel", lane.queue), true);
+                        }
+                        let required = consumed.remove(&lane.queue);
+                        if required {
+                            error!(lane = %lane.queue, "The broker cancelled the consumer of a lane of the ladder (was it deleted?); not ready until it is back (`hookrelay topology apply`)");
+                            consuming.set(0);
+                        } else {
+                            info!(lane = %lane.queue, "The broker cancelled the consumer of a lane no longer dedicated (deleted); no longer consuming it");
+                        }
                     }
-                    None => return failed("no consumer left".into(), true),
+                    None => {}
                 }
             }
         }
-        // Drain: stop taking deliveries, let the in-flight ones ack on this connection, close.
+        // Drain: stop taking deliveries, let the in-flight ones ack on this connection, close;
+        // all by one deadline.
+        let deadline = Instant::now() + grace;
         info!(
             in_flight = tracker.len(),
             "Shutting down: cancelling consumers and draining"
         );
-        for (ch, tag) in &channels {
-            let cancel = ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
-            match tokio::time::timeout(BROKER_ANSWER, cancel).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(error = %e, "Cancelling a consumer failed"),
-                Err(_) => warn!("The broker did not confirm a consumer's cancellation"),
+        let cancels = consumed.consumers().map(|(ch, tag)| async move {
+            if let Err(e) = ch
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await
+            {
+                warn!(error = %e, "Cancelling a consumer failed");
+            }
+        });
+        if tokio::time::timeout_at(deadline, futures_util::future::join_all(cancels))
+            .await
+            .is_err()
+        {
+            warn!("The broker did not confirm the consumers' cancellation in time");
+        }
+        drain(tracker, deadline).await;
+        close(conn, deadline, "shutdown").await;
+        SessionEnd::Shutdown { deadline }
+    }
+
+    /// Consumes every lane of `wanted`. A lane that is not there is skipped (logged), but in the
+    /// very `first` session a missing lane of the ladder fails it, with the reason.
+    async fn open_lanes(
+        &self,
+        conn: &Connection,
+        wanted: &[LaneSpec],
+        first: bool,
+        consumed: &mut Consumed,
+    ) -> Result<(), String> {
+        for spec in wanted {
+            match self.consume(conn, spec, consumed).await {
+                Ok(()) => {}
+                // A lane that is not there: a retired one was deleted, which is the operator's
+                // right; a required one is missing topology. Neither ends the session, except
+                // the very first, which fails the start with the reason.
+                Err(ConsumeError::NotFound(e)) if !(spec.required && first) => {
+                    lane_missing(spec, &e);
+                }
+                Err(e) => return Err(format!("consuming {}: {e}", spec.queue)),
             }
         }
-        drain(tracker, config.worker.shutdown_grace).await;
-        let _ = tokio::time::timeout(BROKER_ANSWER, conn.close(200, "shutdown".into())).await;
-        SessionEnd::Shutdown
+        Ok(())
     }
 }
+
+/// Closes `conn`, waiting for the broker's answer until `deadline` at most. The close goes on
+/// in the background after that (bounded by [`BROKER_ANSWER`]): in-flight deliveries return to
+/// their lanes once it completes, or when the process exits.
+async fn close(conn: Connection, deadline: Instant, why: &'static str) {
+    let closing = tokio::spawn(async move {
+        let _ = tokio::time::timeout(BROKER_ANSWER, conn.close(200, why.into())).await;
+    });
+    if tokio::time::timeout_at(deadline, closing).await.is_err() {
+        warn!("The broker did not confirm the close before the drain deadline");
+    }
+}
+
+/// How long buffered notices may take to go out at shutdown, within the drain deadline.
+const NOTICES_FLUSH: Duration = Duration::from_secs(5);
 
 /// How long a session waits for the broker to answer while connecting, opening its consumers
 /// or closing. A broker that takes the TCP connection but stalls (booting, half-open) then
@@ -425,63 +519,204 @@ const BROKER_ANSWER: Duration = Duration::from_secs(30);
 /// Budget a retired tenant's lanes get while they drain.
 const RETIRED_IN_FLIGHT: u16 = 20;
 
-/// The lanes to consume: the shared pair, each dedicated tenant's pair, and the lanes of tenants
-/// no longer dedicated that still exist (found through the management API), so what they hold
-/// is delivered.
-async fn lanes_of(config: &Config, ladder: &Ladder, metrics: &Metrics) -> Vec<Arc<Lane>> {
-    let mut pairs = vec![(
+/// The lanes to consume: the shared pair and each dedicated tenant's pair (required), and the
+/// lanes of tenants no longer dedicated among `listed` (the queues that exist), so what they hold
+/// is delivered. Without a listing, only the required ones.
+pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -> Vec<LaneSpec> {
+    let mut specs = Vec::new();
+    let mut pair = |first: String, retry: String, budget: u16, required: bool| {
+        let (first_prefetch, retry_prefetch) = config.worker.split(budget);
+        specs.push(LaneSpec {
+            kind: LaneKind::First,
+            queue: first,
+            prefetch: first_prefetch,
+            required,
+        });
+        specs.push(LaneSpec {
+            kind: LaneKind::Retry,
+            queue: retry,
+            prefetch: retry_prefetch,
+            required,
+        });
+    };
+    pair(
         ladder.first_lane(),
         ladder.retry_lane(),
         config.worker.in_flight,
-    )];
+        true,
+    );
     for d in &ladder.dedicated {
-        pairs.push((
+        pair(
             ladder.first_lane_of(&d.tenant),
             ladder.retry_lane_of(&d.tenant),
             d.in_flight,
-        ));
+            true,
+        );
     }
-    let existing = match Management::new(
+    let (retired_first, retired_retry) = config.worker.split(RETIRED_IN_FLIGHT);
+    let dedicated = |tenant: &str| ladder.dedicated.iter().any(|d| d.tenant == tenant);
+    let mut retired: Vec<LaneSpec> = listed
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|queue| {
+            let (kind, prefetch, tenant) = match ladder.role_of(queue)? {
+                QueueRole::FirstLane { tenant: Some(t) } => (LaneKind::First, retired_first, t),
+                QueueRole::RetryLane { tenant: Some(t) } => (LaneKind::Retry, retired_retry, t),
+                _ => return None,
+            };
+            (!dedicated(&tenant)).then(|| LaneSpec {
+                kind,
+                queue: queue.clone(),
+                prefetch,
+                required: false,
+            })
+        })
+        .collect();
+    retired.sort_by(|a, b| a.queue.cmp(&b.queue));
+    specs.extend(retired);
+    specs
+}
+
+/// The queues of the worker's vhost, or `None` (logged) when the management API cannot say.
+async fn list_queues(config: &Config) -> Option<Vec<String>> {
+    let listed = match Management::new(
         &config.management.url,
         &Management::vhost_of(&config.amqp.url),
     ) {
-        Ok(api) => api
-            .objects()
-            .await
-            .map(|o| o.queues.into_keys().collect::<Vec<_>>()),
+        Ok(api) => api.queues().await,
         Err(e) => Err(e),
     };
-    match existing {
-        Ok(queues) => {
-            for tenant in ladder.retired_tenants(&queues) {
-                info!(tenant = %tenant, "Draining the lanes of a tenant no longer dedicated");
-                let (first, retry) = (ladder.first_lane_of(&tenant), ladder.retry_lane_of(&tenant));
-                if queues.contains(&first) && queues.contains(&retry) {
-                    pairs.push((first, retry, RETIRED_IN_FLIGHT));
-                }
-            }
-        }
+    match listed {
+        Ok(queues) => Some(queues.into_iter().map(|q| q.name).collect()),
         Err(e) => {
-            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are not drained by this worker")
+            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers");
+            None
         }
     }
-    let mut lanes = Vec::new();
-    for (first, retry, budget) in pairs {
-        let (first_prefetch, retry_prefetch) = config.worker.split(budget);
-        lanes.push(Arc::new(Lane::new(
-            LaneKind::First,
-            first,
-            first_prefetch,
-            metrics,
-        )));
-        lanes.push(Arc::new(Lane::new(
-            LaneKind::Retry,
-            retry,
-            retry_prefetch,
-            metrics,
-        )));
+}
+
+/// Why a lane could not be consumed.
+#[derive(Debug, thiserror::Error)]
+enum ConsumeError {
+    /// The queue does not exist (the broker closed only that lane's channel).
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+fn lane_missing(spec: &LaneSpec, e: &str) {
+    if spec.required {
+        error!(lane = %spec.queue, error = %e, "A lane of the ladder is missing; not ready until it exists: run `hookrelay topology apply`");
+    } else {
+        info!(lane = %spec.queue, "A lane of a tenant no longer dedicated is gone; not consuming it");
     }
-    lanes
+}
+
+type LaneItem = (Arc<Lane>, Option<lapin::Result<Delivery>>);
+
+/// A session's consumers: each lane's channel and consumer tag, and all their deliveries as one
+/// stream (a lane's stream ends with a `None` item, which tells which consumer ended).
+#[derive(Default)]
+struct Consumed {
+    by_queue: std::collections::BTreeMap<String, (Channel, String, bool)>,
+    deliveries: stream::SelectAll<BoxStream<'static, LaneItem>>,
+    /// Channels of lanes that ended: kept open for the acks of what they delivered.
+    ended: Vec<(Channel, String)>,
+}
+
+impl Consumed {
+    fn has(&self, queue: &str) -> bool {
+        self.by_queue.contains_key(queue)
+    }
+
+    fn has_all(&self, wanted: &[LaneSpec]) -> bool {
+        wanted
+            .iter()
+            .filter(|s| s.required)
+            .all(|s| self.has(&s.queue))
+    }
+
+    fn queues(&self) -> Vec<&str> {
+        self.by_queue.keys().map(String::as_str).collect()
+    }
+
+    fn channel_open(&self, queue: &str) -> bool {
+        self.by_queue
+            .get(queue)
+            .is_some_and(|(ch, _, _)| ch.status().connected())
+    }
+
+    /// Forgets an ended lane; returns whether it was required.
+    fn remove(&mut self, queue: &str) -> bool {
+        match self.by_queue.remove(queue) {
+            Some((ch, tag, required)) => {
+                self.ended.push((ch, tag));
+                required
+            }
+            None => false,
+        }
+    }
+
+    /// Every consumer still on, to cancel.
+    fn consumers(&self) -> impl Iterator<Item = (&Channel, &String)> {
+        self.by_queue.values().map(|(ch, tag, _)| (ch, tag))
+    }
+}
+
+impl Worker {
+    /// Opens a channel for `spec` with its prefetch and consumes the lane, within
+    /// [`BROKER_ANSWER`].
+    async fn consume(
+        &self,
+        conn: &Connection,
+        spec: &LaneSpec,
+        consumed: &mut Consumed,
+    ) -> Result<(), ConsumeError> {
+        let lane = self.lanes.lane(spec, &self.dispatcher.metrics);
+        let consumer = async {
+            let ch = conn.create_channel().await?;
+            ch.basic_qos(lane.prefetch, BasicQosOptions::default())
+                .await?;
+            let consumer = ch
+                .basic_consume(
+                    lane.queue.as_str().into(),
+                    "".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok::<_, lapin::Error>((ch, consumer))
+        };
+        let (ch, consumer) = match tokio::time::timeout(BROKER_ANSWER, consumer).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(match refused(&e) {
+                    Some(Refusal::NotFound) => ConsumeError::NotFound(format!(
+                        "{e}; the topology is missing: run `hookrelay topology apply`"
+                    )),
+                    _ => ConsumeError::Other(e.to_string()),
+                });
+            }
+            Err(_) => {
+                return Err(ConsumeError::Other(format!(
+                    "no answer within {BROKER_ANSWER:?}"
+                )));
+            }
+        };
+        let tag = consumer.tag().to_string();
+        consumed
+            .by_queue
+            .insert(spec.queue.clone(), (ch, tag, spec.required));
+        consumed.deliveries.push(
+            consumer
+                .map(Some)
+                .chain(stream::once(async { None }))
+                .map(move |d| (Arc::clone(&lane), d))
+                .boxed(),
+        );
+        Ok(())
+    }
 }
 
 /// Runs `f` when dropped.
@@ -497,11 +732,14 @@ fn scopeguard<F: FnMut()>(f: F) -> Guard<F> {
     Guard(f)
 }
 
-/// Waits for in-flight deliveries, at most `grace`. What is still unfinished then was never
+/// Waits for in-flight deliveries until `deadline`. What is still unfinished then was never
 /// acked, so the broker returns it to its lane when the connection closes.
-async fn drain(tracker: &TaskTracker, grace: Duration) {
+async fn drain(tracker: &TaskTracker, deadline: Instant) {
     tracker.close();
-    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+    if tokio::time::timeout_at(deadline, tracker.wait())
+        .await
+        .is_err()
+    {
         warn!(
             in_flight = tracker.len(),
             "Drain deadline passed; unfinished deliveries return to their lanes"
@@ -595,27 +833,92 @@ async fn reload_loop(
     }
 }
 
-/// Resolves when the process receives SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves when the process receives SIGTERM or SIGINT. The handlers are installed when this
+/// is called, not when the future is first polled: a signal that arrives while the worker is
+/// still starting (connecting to a slow broker) is then a clean stop, not the default action,
+/// death by signal.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+    let installed = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match installed {
+            (Some(mut term), Some(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            }
+            (Some(mut term), None) => {
+                term.recv().await;
+            }
+            (None, _) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        info!("Shutdown signal received");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ladders_lanes_are_required_and_retired_ones_are_consumed_while_listed() {
+        let config = Config::default();
+        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml"))
+            .unwrap()
+            .with_dedicated("bigco", 100)
+            .unwrap();
+        let names = |specs: &[LaneSpec], required: bool| -> Vec<String> {
+            specs
+                .iter()
+                .filter(|s| s.required == required)
+                .map(|s| s.queue.clone())
+                .collect()
+        };
+        let ours = [
+            "hookrelay.ready.first",
+            "hookrelay.ready.retry",
+            "hookrelay.ready.first.bigco",
+            "hookrelay.ready.retry.bigco",
+        ];
+        // Without a listing: the ladder's lanes only.
+        let unlisted = lane_specs(&config, &ladder, None);
+        assert_eq!(names(&unlisted, true), ours);
+        assert!(names(&unlisted, false).is_empty());
+        // Listed: a retired tenant's lanes, each on its own (one may be deleted already);
+        // never a dedicated tenant's twice, never a tier or another ladder's queue.
+        let listed: Vec<String> = [
+            "hookrelay.ready.first.oldco",
+            "hookrelay.ready.retry.gone",
+            "hookrelay.ready.first.bigco",
+            "hookrelay.retry-10s",
+            "other.ready.first.oldco",
+        ]
+        .map(String::from)
+        .to_vec();
+        let specs = lane_specs(&config, &ladder, Some(&listed));
+        assert_eq!(names(&specs, true), ours);
+        assert_eq!(
+            names(&specs, false),
+            ["hookrelay.ready.first.oldco", "hookrelay.ready.retry.gone"]
+        );
+        let retired: Vec<_> = specs.iter().filter(|s| !s.required).collect();
+        assert_eq!(retired[0].kind, LaneKind::First);
+        assert_eq!(retired[1].kind, LaneKind::Retry);
+        let (first, retry) = config.worker.split(RETIRED_IN_FLIGHT);
+        assert_eq!((retired[0].prefetch, retired[1].prefetch), (first, retry));
     }
-    info!("Shutdown signal received");
 }

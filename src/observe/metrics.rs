@@ -42,12 +42,14 @@ pub struct Metrics {
     pub queue_consumers: IntGaugeVec,
     /// 1 while the last poll of the management API succeeded.
     pub broker_stats_up: IntGauge,
-    /// 1 while the worker consumes every lane.
+    /// 1 while the worker consumes every lane of the ladder (retired lanes may come and go).
     pub consuming: IntGauge,
     /// 1 while the broker blocks the worker's publishing connection (a resource alarm).
     pub publisher_blocked: IntGauge,
-    /// Republishes (to a tier, the sink, fan-out deliveries) the broker did not confirm; the
-    /// original went back to its lane.
+    /// Republish tries (to a tier, the sink, fan-out deliveries, a cancellation's records) the
+    /// broker did not confirm, or could not be made because it blocks publishing. Each is tried
+    /// again within the lease; the original goes back to its lane only when the lease is nearly
+    /// spent.
     pub republish_failures: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
@@ -244,7 +246,7 @@ impl Metrics {
                 &r,
                 IntGauge::new(
                     "hookrelay_consuming",
-                    "1 while the worker consumes every lane",
+                    "1 while the worker consumes every lane of the ladder",
                 )
                 .expect("valid metric"),
             ),
@@ -259,7 +261,7 @@ impl Metrics {
             republish_failures: counters(
                 &r,
                 "hookrelay_republish_failures_total",
-                "Republishes the broker did not confirm (the original went back to its lane)",
+                "Republish tries the broker did not confirm (tried again within the lease)",
                 &["target"],
             ),
             reconnects: register(

@@ -1,5 +1,6 @@
 //! The worker's vital signs over HTTP (`/metrics`, `/healthz`, `/readyz`) and the poll of the
-//! management API that fills in queue depths and the oldest-ready estimate of idle lanes.
+//! management API that fills in queue depths and the oldest-ready estimate of idle lanes, and
+//! tells the worker which queues exist (so it finds lanes of tenants no longer dedicated).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::broker::management::Management;
 use crate::contract::ladder::Ladder;
-use crate::delivery::lane::Lane;
+use crate::delivery::lane::Lanes;
 use crate::observe::metrics::Metrics;
 
 /// Binds the vitals address; done at start so a taken port fails the start, not later.
@@ -31,7 +32,8 @@ pub async fn bind(listen: Option<SocketAddr>) -> std::io::Result<Option<tokio::n
     Ok(Some(listener))
 }
 
-/// Serves until `stop`. `/readyz` answers 200 only while the worker consumes every lane.
+/// Serves until `stop`. `/readyz` answers 200 only while the worker consumes every lane of the
+/// ladder (a lane of a tenant no longer dedicated may come and go).
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: CancellationToken) {
     let addr = listener.local_addr().ok();
     let app = axum::Router::new()
@@ -62,11 +64,14 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: Ca
 }
 
 /// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready
-/// estimate of lanes that have gone quiet, and whether the publisher is blocked.
+/// estimate of lanes that have gone quiet, and whether the publisher is blocked; and hands the
+/// list of queues to `listed`, where the worker's session looks for lanes to consume.
+#[allow(clippy::too_many_arguments)]
 pub async fn poll_queues(
     api: Management,
     ladder: Ladder,
-    lanes: Vec<Arc<Lane>>,
+    lanes: Lanes,
+    listed: tokio::sync::watch::Sender<Option<Vec<String>>>,
     publisher: Arc<crate::broker::publish::Publisher>,
     metrics: Metrics,
     interval: Duration,
@@ -96,6 +101,7 @@ pub async fn poll_queues(
         };
         warned = false;
         metrics.broker_stats_up.set(1);
+        listed.send_replace(Some(queues.iter().map(|q| q.name.clone()).collect()));
         let mut ready_by_queue = HashMap::new();
         for q in &queues {
             let name = q.name.as_str();
@@ -120,7 +126,7 @@ pub async fn poll_queues(
                 .set(q.consumers);
             ready_by_queue.insert(name.to_owned(), ready);
         }
-        for lane in &lanes {
+        for lane in &lanes.all() {
             let ready = ready_by_queue.get(&lane.queue).copied().unwrap_or(0);
             metrics
                 .oldest_ready_age

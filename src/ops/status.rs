@@ -1,5 +1,6 @@
-//! `hookrelay status`: the whole ladder at a glance, from the management API. Every lane, tier
-//! and the dead sink with what waits, what is in flight, who consumes, the rates in and out,
+//! `hookrelay status`: the whole ladder at a glance, from the management API. Every lane (the
+//! shared ones, each dedicated tenant's, and those of tenants no longer dedicated), tier and the
+//! dead sink with what waits, what is in flight, who consumes, the rates in and out,
 //! the oldest message's age where the broker knows it, and where each queue's messages go next.
 
 use std::collections::HashMap;
@@ -62,6 +63,30 @@ pub async fn collect(
         (ladder.first_lane(), QueueRole::FirstLane { tenant: None }),
         (ladder.retry_lane(), QueueRole::RetryLane { tenant: None }),
     ];
+    for d in &ladder.dedicated {
+        let tenant = Some(d.tenant.clone());
+        names.push((
+            ladder.first_lane_of(&d.tenant),
+            QueueRole::FirstLane {
+                tenant: tenant.clone(),
+            },
+        ));
+        names.push((
+            ladder.retry_lane_of(&d.tenant),
+            QueueRole::RetryLane { tenant },
+        ));
+    }
+    // Lanes of tenants no longer dedicated, which workers drain until an operator deletes them.
+    let mut retired: Vec<(String, QueueRole)> = listed
+        .iter()
+        .filter_map(|q| {
+            let role = ladder.role_of(&q.name)?;
+            retired_tenant(ladder, &role)?;
+            Some((q.name.clone(), role))
+        })
+        .collect();
+    retired.sort_by(|a, b| a.0.cmp(&b.0));
+    names.extend(retired);
     for i in ladder.tier_ids() {
         names.push((ladder.tier_queue(i), QueueRole::Tier(i)));
         if by_name.contains_key(ladder.held_queue(i).as_str()) {
@@ -119,6 +144,11 @@ pub async fn collect(
             .and_then(Value::as_u64)
             .map(|ms| fmt_duration(Duration::from_millis(ms)));
         let next = match kind {
+            QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. }
+                if retired_tenant(ladder, &kind).is_some() =>
+            {
+                "workers drain it (tenant no longer dedicated); delete it once empty".to_owned()
+            }
             QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => {
                 "workers; dead-letters to the sink".to_owned()
             }
@@ -151,6 +181,19 @@ pub async fn collect(
         });
     }
     Ok(rows)
+}
+
+/// The tenant of a lane of a tenant the ladder no longer names as dedicated, if `role` is one.
+fn retired_tenant<'a>(ladder: &Ladder, role: &'a QueueRole) -> Option<&'a str> {
+    match role {
+        QueueRole::FirstLane {
+            tenant: Some(tenant),
+        }
+        | QueueRole::RetryLane {
+            tenant: Some(tenant),
+        } if !ladder.dedicated.iter().any(|d| d.tenant == *tenant) => Some(tenant),
+        _ => None,
+    }
 }
 
 fn opt_rate(r: Option<f64>) -> String {

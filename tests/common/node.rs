@@ -17,7 +17,8 @@ use super::wait_until_blocking;
 const CONF: &str = include_str!("../../rabbitmq/rabbitmq.conf");
 const ADVANCED: &str = include_str!("../../rabbitmq/advanced.config");
 
-fn free_port() -> u16 {
+/// A free loopback port (bound, then let go).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -42,6 +42,9 @@ pub struct Record {
     pub id: String,
     pub attempt: u32,
     pub idempotency_key: String,
+    /// `webhook-timestamp`: the seconds the signature was made with; `None` when absent or
+    /// not a number.
+    pub timestamp: Option<u64>,
     pub path: String,
     /// What the endpoint answered.
     pub status: u16,
@@ -233,6 +236,7 @@ async fn receive(
     }
     lock(&inner.records).push(Record {
         idempotency_key: text("idempotency-key"),
+        timestamp: text("webhook-timestamp").parse().ok(),
         id,
         attempt,
         path: uri.path().to_owned(),
