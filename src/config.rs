@@ -620,13 +620,15 @@ impl Config {
                 "broker.consumer_timeout",
                 format!(
                     "the longest a delivery is held before its outcome is first published (endpoint \
-                     wait {} + the attempt, connect {} + request {}, or a paced deferral's turn {} \
+                     wait {} + the attempt, lookup through a proxy {} + connect {} + request {}, or \
+                     a paced deferral's turn {} \
                      + one publish {} + slack {} = {}) must stay below the broker's \
                      consumer_timeout ({}); a publish that fails is tried again only while another \
                      fits before consumer_timeout less the slack. Raise consumer_timeout in \
                      rabbitmq.conf, or lower the timeouts, worker.in_flight or raise \
                      endpoints.defer_rate",
                     fmt_duration(self.endpoints.wait),
+                    fmt_duration(self.lookup_budget()),
                     fmt_duration(self.http.connect_timeout),
                     fmt_duration(self.http.request_timeout),
                     fmt_duration(self.deferral_turn()),
@@ -669,8 +671,19 @@ impl Config {
     /// publish that fails is tried again within [`Config::lease`], not within this.
     pub fn attempt_budget(&self) -> Duration {
         self.endpoints.wait
-            + (self.http.connect_timeout + self.http.request_timeout).max(self.deferral_turn())
+            + (self.lookup_budget() + self.http.connect_timeout + self.http.request_timeout)
+                .max(self.deferral_turn())
             + self.publish_budget()
+    }
+
+    /// Through a proxy, hookrelay resolves and checks the target itself before the request
+    /// (the proxy would resolve it out of the policy's sight), bounded by `http.connect_timeout`;
+    /// without one the lookup is part of the connect.
+    pub fn lookup_budget(&self) -> Duration {
+        match self.egress.proxy {
+            Some(_) => self.http.connect_timeout,
+            None => Duration::ZERO,
+        }
     }
 
     /// The longest one confirmed publish may take: one deadline covers the wait for a free
@@ -907,6 +920,14 @@ mod tests {
             refused.contains("broker.consumer_timeout") && refused.contains("turn 5m"),
             "{refused}"
         );
+        // Through a proxy, the pre-send lookup of the target (bounded by the connect timeout)
+        // comes before the attempt's own connect.
+        let proxied = Config::load(
+            None,
+            &env(&[("HOOKRELAY_EGRESS_PROXY", "http://proxy.internal:3128")]),
+        )
+        .unwrap();
+        assert_eq!(proxied.attempt_budget(), Duration::from_secs(26));
         // The drain must have room for an attempt and its publish.
         let mut short_grace = Config::default();
         short_grace.worker.shutdown_grace = Duration::from_secs(20);
