@@ -643,9 +643,9 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.shutdown_grace",
                 format!(
-                    "must be longer than one attempt and its publish (endpoint wait + connect + \
-                     request, or a paced deferral's turn, + confirm = {}) so a drain can finish \
-                     what is in flight",
+                    "must be longer than one attempt and its publish (endpoint wait + lookup \
+                     through a proxy + connect + request, or a paced deferral's turn, + confirm = \
+                     {}) so a drain can finish what is in flight",
                     fmt_duration(self.attempt_budget())
                 ),
             ));

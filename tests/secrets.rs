@@ -323,6 +323,9 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         ))
         .unwrap(),
     );
+    // Through a proxy the target's lookup adds a connect timeout to an attempt; the drain
+    // must still have room for one (the lease rule checks it).
+    config.worker.shutdown_grace = Duration::from_secs(15);
     let subs = vec![
         Subscription::new(
             "sub_plain",
