@@ -168,18 +168,7 @@ async fn redrive_keeps_a_message_whose_tenant_header_is_no_tenant_and_moves_the_
     // message stays, with a reason.
     assert!(out.contains("stayed: 1 ("), "{out}");
     assert!(t.wait_dead(1, Duration::from_secs(20)).await);
-    let left: Vec<String> = t
-        .drain_dead()
-        .await
-        .iter()
-        .filter_map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|i| i.to_string())
-        })
-        .collect();
+    let left = common::message_ids(&t.drain_dead().await);
     assert_eq!(left, ["long_tenant"]);
     assert_eq!(
         t.depth(&t.ladder.first_lane()).await,

@@ -14,8 +14,7 @@ use hookrelay::contract::headers;
 use hookrelay::delivery::subscriptions::LiveSubscriptions;
 use hookrelay::delivery::worker::WorkerSetup;
 use hookrelay_tools::receiver::{Receiver, Reply};
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicGetOptions;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -35,29 +34,7 @@ async fn start(t: &TestLadder, file: &SubsFile) -> RunningWorker {
 
 /// A queue bound to every operational event of the ladder.
 async fn events_queue(t: &TestLadder) -> String {
-    let q = t
-        .channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    t.channel
-        .queue_bind(
-            q.name().clone(),
-            t.ladder.events_exchange().as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    q.name().to_string()
+    t.keep_all(t.ladder.events_exchange().as_str()).await
 }
 
 /// Up to `n` operational events, as many as arrive within `WAIT`.

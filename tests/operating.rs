@@ -4,8 +4,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{
@@ -465,19 +464,7 @@ async fn redrive_moves_what_matches_with_its_ids_and_leaves_the_rest_in_order() 
     let ladder = ladder_file(&t, &dir);
     let ladder = ladder.to_str().unwrap();
     let s = secret();
-    let healthy = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&healthy);
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |req| {
-        if flag.load(Ordering::SeqCst) {
-            Reply::Status(200)
-        } else if req.id.contains("reject") {
-            Reply::Status(400)
-        } else {
-            Reply::Status(500)
-        }
-    })
-    .await
-    .unwrap();
+    let (receiver, healthy) = common::failing_until_healthy(&s, "reject").await;
     let mut subs = vec![subscription("sub_a", "acme", &receiver.url("/"), &s)];
     subs.push(subscription("sub_g", "globex", &receiver.url("/"), &s));
     let worker = RunningWorker::start(&t, subs.clone()).await;

@@ -22,7 +22,7 @@ use hookrelay::delivery::subscriptions::{
 };
 use hookrelay::delivery::worker::WorkerSetup;
 use hookrelay_tools::receiver::{Receiver, Reply};
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, FieldTable};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -65,33 +65,6 @@ impl Captured {
 /// A secret value unique to this run, so a match can only be a leak.
 fn secret_text(what: &str) -> String {
     format!("{what}{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A queue bound to every message of `exchange`.
-async fn keep_all(t: &TestLadder, exchange: &str) -> String {
-    let q = t
-        .channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    t.channel
-        .queue_bind(
-            q.name().clone(),
-            exchange.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    q.name().to_string()
 }
 
 /// Every message waiting in `queue`: routing key, headers and body as text.
@@ -160,8 +133,8 @@ fn leaks<'a>(places: &'a [(&'a str, String)], secrets: &'a [String]) -> Vec<(&'a
 async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
     let log = Captured::install();
     let t = TestLadder::apply("leaks", &["300ms"], &["300ms"]).await;
-    let events = keep_all(&t, &t.ladder.events_exchange()).await;
-    let attempts = keep_all(&t, &t.ladder.attempts_exchange()).await;
+    let events = t.keep_all(&t.ladder.events_exchange()).await;
+    let attempts = t.keep_all(&t.ladder.attempts_exchange()).await;
 
     let user = secret_text("urluser");
     let password = secret_text("urlpass");

@@ -270,6 +270,34 @@ impl TestLadder {
         tail
     }
 
+    /// An exclusive queue (removed with the test's connection) bound to every message of
+    /// `exchange`: what a test reads to see everything published there.
+    pub async fn keep_all(&self, exchange: &str) -> String {
+        let q = self
+            .channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        self.channel
+            .queue_bind(
+                q.name().clone(),
+                exchange.into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        q.name().to_string()
+    }
+
     /// A queue keeping the attempt log's records whose routing key (`<outcome>.<tenant>`)
     /// matches `routing_key`, declared beside the ladder and removed with it. Quorum, so it
     /// survives the loss of a cluster node as the ladder does.
@@ -544,4 +572,37 @@ pub async fn ok_receiver(secret: &Secret) -> Receiver {
     })
     .await
     .unwrap()
+}
+
+/// The `message_id` of each message, in order (a message without one is left out).
+pub fn message_ids(messages: &[BasicGetMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| m.delivery.properties.message_id().as_ref())
+        .map(|i| i.to_string())
+        .collect()
+}
+
+/// A receiver that fails every request until the returned switch is set, then answers 200:
+/// 400 (rejected) for an id containing `reject_marker`, 500 for any other.
+pub async fn failing_until_healthy(
+    secret: &Secret,
+    reject_marker: &'static str,
+) -> (Receiver, Arc<std::sync::atomic::AtomicBool>) {
+    use hookrelay_tools::receiver::Reply;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&healthy);
+    let receiver = Receiver::start(std::slice::from_ref(&secret.whsec), move |req| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::Status(200)
+        } else if req.id.contains(reject_marker) {
+            Reply::Status(400)
+        } else {
+            Reply::Status(500)
+        }
+    })
+    .await
+    .unwrap();
+    (receiver, healthy)
 }

@@ -3,8 +3,7 @@
 //! loses nothing and duplicates at most the one message between its confirm and its ack. Run
 //! again, each finishes the job.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::{self, RunningWorker, TestLadder, event, secret, subscription, wait_until};
@@ -60,19 +59,7 @@ async fn a_redrive_killed_mid_pass_loses_nothing() {
     let ladder = common::ladder_file(&t, &dir);
     let ladder = ladder.to_str().unwrap();
     let s = secret();
-    let healthy = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&healthy);
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |req| {
-        if flag.load(Ordering::SeqCst) {
-            Reply::Status(200)
-        } else if req.id.contains("rej") {
-            Reply::Status(400)
-        } else {
-            Reply::Status(500)
-        }
-    })
-    .await
-    .unwrap();
+    let (receiver, healthy) = common::failing_until_healthy(&s, "rej").await;
     let subs = vec![subscription("sub_a", "acme", &receiver.url("/"), &s)];
     let worker = RunningWorker::start(&t, subs.clone()).await;
     let id = |i: usize| {
@@ -115,16 +102,7 @@ async fn a_redrive_killed_mid_pass_loses_nothing() {
     worker.stop().await;
 
     let dead = t.drain_dead().await;
-    let mut kept: Vec<String> = dead
-        .iter()
-        .filter_map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|i| i.to_string())
-        })
-        .collect();
+    let mut kept = common::message_ids(&dead);
     kept.sort();
     let fails: Vec<String> = (0..M).filter(|i| !i.is_multiple_of(2)).map(id).collect();
     assert_eq!(
