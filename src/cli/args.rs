@@ -52,7 +52,7 @@ pub enum Command {
     /// On a signal the worker stops consuming, lets in-flight attempts finish (ack or confirmed
     /// republish) within worker.shutdown_grace, and exits 0.
     Worker(WorkerArgs),
-    /// Check subscriptions files offline.
+    /// Check subscriptions files offline; resume a paused subscription.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
     /// The whole ladder at a glance: lanes, tiers, parked and dead messages, rates, targets.
@@ -224,6 +224,25 @@ pub enum SubscriptionsCommand {
     Check {
         /// The file to check.
         file: PathBuf,
+    },
+    /// Return a paused subscription's parked deliveries (<prefix>.paused.<id>) at --rate, each
+    /// with its id and attempt count, then remove the parking queue once empty.
+    ///
+    /// Pause with `paused = true` in the subscriptions file; remove it (and let the workers
+    /// reload) before resuming: while the file still pauses the subscription this refuses, as
+    /// what it returns would park again. A resume interrupted at any point loses nothing; run
+    /// it again.
+    Resume {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// The subscription's id.
+        subscription: String,
+        /// Pace, e.g. 50/s or 600/m; as fast as the broker confirms when absent.
+        #[arg(long)]
+        rate: Option<crate::ops::mover::Rate>,
+        /// Subscriptions file; defaults to the config's `subscriptions`.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
 }
 

@@ -1,5 +1,5 @@
 //! The subscriptions file: who receives what (id, tenant, endpoint URL, event types, secret
-//! references, enabled, limits), parsed with every problem reported by line and field.
+//! references, enabled, paused, limits), parsed with every problem reported by line and field.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -45,6 +45,8 @@ struct Entry {
     secrets: Spanned<Vec<SecretEntry>>,
     #[serde(default = "enabled_by_default")]
     enabled: bool,
+    #[serde(default)]
+    paused: bool,
     #[serde(default)]
     max_concurrent: Option<u32>,
 }
@@ -107,6 +109,9 @@ pub struct Subscription {
     pub secrets: Vec<SecretSpec>,
     /// A disabled subscription receives nothing; what waits for it is cancelled.
     pub enabled: bool,
+    /// A paused subscription is sent nothing, and nothing of it is cancelled or charged: what
+    /// arrives for it waits in its parking queue until `hookrelay subscriptions resume`.
+    pub paused: bool,
     /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
     pub max_concurrent: Option<u32>,
 }
@@ -120,6 +125,7 @@ impl std::fmt::Debug for Subscription {
             .field("event_types", &self.event_types)
             .field("secrets", &self.secrets)
             .field("enabled", &self.enabled)
+            .field("paused", &self.paused)
             .field("max_concurrent", &self.max_concurrent)
             .finish()
     }
@@ -135,6 +141,7 @@ impl Subscription {
             event_types: None,
             secrets: vec![SecretSpec::new(secret)],
             enabled: true,
+            paused: false,
             max_concurrent: None,
         }
     }
@@ -310,6 +317,7 @@ impl Subscriptions {
                         event_types,
                         secrets,
                         enabled: entry.enabled,
+                        paused: entry.paused,
                         max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
                     }),
                 );
@@ -394,12 +402,26 @@ secrets = ["env:X"]
             ]
         );
         assert!(orders.enabled);
+        assert!(!orders.paused);
         assert!(orders.accepts("order.paid"));
         assert!(orders.accepts("order.refund.created"));
         assert!(orders.accepts("invoice.paid"));
         assert!(!orders.accepts("invoice.sent"));
         assert!(!orders.accepts("orders"));
         assert!(subs.get("sub_all").unwrap().accepts("anything"));
+    }
+
+    #[test]
+    fn a_subscription_may_be_paused() {
+        let text = "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"https://x.example\"\n\
+                    secrets = [\"env:X\"]\npaused = true\n";
+        let subs = Subscriptions::parse("s.toml", text).unwrap();
+        let s = subs.get("s").unwrap();
+        assert!(s.paused && s.enabled);
+        // Paused is not disabled: a fan-out still makes its delivery, which then parks.
+        assert_eq!(subs.matching("t", "any.thing").len(), 1);
+        let err = Subscriptions::parse("s.toml", &text.replace("true", "\"yes\"")).unwrap_err();
+        assert_eq!(err.0[0].field, "paused", "{err}");
     }
 
     #[test]
