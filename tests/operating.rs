@@ -752,11 +752,12 @@ async fn release_refuses_to_unbind_while_the_tier_still_parks() {
     assert!(still_bound, "the parking queue stays bound");
 }
 
-/// Pausing and resuming a subscription by its file, under load: what arrives while it is paused
-/// (fresh events, a fan-out's delivery, retries promoted from a tier) waits in its parking queue,
-/// unattempted and uncharged; `subscriptions resume` refuses while the file still pauses it,
-/// then returns each once, with its id and its attempt count as they were.
-#[tokio::test]
+/// Pausing and resuming a subscription (the command line sets `paused` in the file the worker
+/// reloads), under load: what arrives while it is paused (fresh events, a fan-out's delivery,
+/// retries promoted from a tier) waits in its parking queue, unattempted and uncharged; resume
+/// returns each once, with its id and its attempt count as they were.
+// Two threads: the worker goes on while the command line runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_uncharged() {
     const RETRIED: usize = 20;
     const FRESH: usize = 60;
@@ -791,7 +792,9 @@ async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_un
         .await;
     assert!(wait_until(WAIT, async || receiver.request_count() >= RETRIED).await);
     // A reload that pauses, before the tier gives the failed ones back.
-    file.write(&entry("paused = true"));
+    let (code, out, err) = hookrelay(&["subscriptions", "pause", "sub_a", "--file", subs], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("Paused sub_a"), "{out}");
     assert!(wait_until(WAIT, async || reloads(&worker) >= 1).await);
     t.publish_all((0..FRESH).map(|i| event(&format!("evt_f{i:03}"), "acme", "sub_a")))
         .await;
@@ -816,7 +819,7 @@ async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_un
     );
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 
-    // Resuming while the file still pauses would park them all again.
+    // Resume unpauses the file (a reload that resumes), then returns the parked ones.
     let resume = [
         "subscriptions",
         "resume",
@@ -828,17 +831,19 @@ async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_un
         "--file",
         subs,
     ];
-    let (code, out, err) = hookrelay(&resume, &[]);
-    assert_ne!(code, Some(0), "{out}");
-    assert!(err.contains("still paused"), "{err}");
-    assert_eq!(t.depth(&parking).await, total as u32);
-
-    // A reload that resumes, then the parked ones come back.
-    file.write(&entry(""));
-    assert!(wait_until(WAIT, async || reloads(&worker) >= 2).await);
-    let (code, out, err) = hookrelay(&resume, &[]);
+    let (code, out, err) = hookrelay(&resume, &[("HOOKRELAY_RELOAD_INTERVAL", "200ms")]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains(&format!("{total} parked")), "{out}");
+    assert!(
+        wait_until(WAIT, async || reloads(&worker) >= 2).await,
+        "the worker saw the file unpaused"
+    );
+    let text = std::fs::read_to_string(&file.path).unwrap();
+    assert_eq!(
+        text,
+        entry("").replace("id = \"sub_a\"\n", "id = \"sub_a\"\npaused = false\n"),
+        "the file keeps its layout; pause added the line, resume changed its value"
+    );
     assert!(
         receiver
             .wait_until(WAIT, |r| r.delivered_count() == total)

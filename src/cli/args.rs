@@ -52,7 +52,7 @@ pub enum Command {
     /// On a signal the worker stops consuming, lets in-flight attempts finish (ack or confirmed
     /// republish) within worker.shutdown_grace, and exits 0.
     Worker(WorkerArgs),
-    /// Check subscriptions files offline; resume a paused subscription.
+    /// Check subscriptions files offline; pause and resume a subscription.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
     /// The whole ladder at a glance: lanes, tiers, parked and dead messages, rates, targets.
@@ -225,13 +225,22 @@ pub enum SubscriptionsCommand {
         /// The file to check.
         file: PathBuf,
     },
-    /// Return a paused subscription's parked deliveries (<prefix>.paused.<id>) at --rate, each
-    /// with its id and attempt count, then remove the parking queue once empty.
+    /// Pause a subscription: sets `paused = true` in its table of the subscriptions file
+    /// (layout and comments kept; write then rename). From their next reload, workers park its
+    /// deliveries in <prefix>.paused.<id>: nothing is attempted, cancelled or charged.
+    Pause {
+        /// The subscription's id.
+        subscription: String,
+        /// Subscriptions file; defaults to the config's `subscriptions`.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Resume a paused subscription: sets `paused = false` in the file if it still pauses it,
+    /// waits two reload intervals for the workers to see it, then returns the parked
+    /// deliveries at --rate, each with its id and attempt count, and removes the parking queue
+    /// once empty.
     ///
-    /// Pause with `paused = true` in the subscriptions file; remove it (and let the workers
-    /// reload) before resuming: while the file still pauses the subscription this refuses, as
-    /// what it returns would park again. A resume interrupted at any point loses nothing; run
-    /// it again.
+    /// A resume interrupted at any point loses nothing; run it again.
     Resume {
         #[command(flatten)]
         ladder: LadderArg,

@@ -1,10 +1,10 @@
-//! `subscriptions check`: validate a subscriptions file offline; `subscriptions resume`: return
-//! a paused subscription's parked deliveries.
+//! `subscriptions check`: validate a subscriptions file offline; `subscriptions pause` and
+//! `resume`: set `paused` in the file, and return a paused subscription's parked deliveries.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use super::args::SubscriptionsCommand;
 use super::common::{connect, load_ladder, publisher};
@@ -14,6 +14,21 @@ use crate::delivery::subscriptions::{SecretStore, Subscriptions};
 pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         SubscriptionsCommand::Check { file } => check(&file, config),
+        SubscriptionsCommand::Pause { subscription, file } => {
+            let path = file.unwrap_or_else(|| config.subscriptions.clone());
+            if set_paused(&path, &subscription, true)? {
+                println!(
+                    "Paused {subscription} in {}: from their next reload (within {}), workers \
+                     park its deliveries; nothing is attempted, cancelled or charged. Resume \
+                     with `hookrelay subscriptions resume {subscription}`.",
+                    path.display(),
+                    crate::units::fmt_duration(config.reload.interval)
+                );
+            } else {
+                println!("{subscription} is already paused in {}.", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         SubscriptionsCommand::Resume {
             ladder,
             subscription,
@@ -22,6 +37,18 @@ pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::R
         } => {
             let ladder = load_ladder(&ladder, config)?;
             let path = file.unwrap_or_else(|| config.subscriptions.clone());
+            if set_paused(&path, &subscription, false)? {
+                // Not needed for safety (a late park is moved by the second pass or returned
+                // to the worker after the unbind), only so that little parks again.
+                let wait = config.reload.interval * 2;
+                println!(
+                    "Set paused = false for {subscription} in {}; waiting {} for the workers to \
+                     reload.",
+                    path.display(),
+                    crate::units::fmt_duration(wait)
+                );
+                tokio::time::sleep(wait).await;
+            }
             let subscriptions = match Subscriptions::load(&path) {
                 Ok(s) => s,
                 Err(errors) => bail!("{errors}"),
@@ -70,6 +97,30 @@ pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::R
             })
         }
     }
+}
+
+/// Sets `paused` for `subscription` in the file at `path` (write, then rename, as the worker's
+/// reload expects); false when it already said so.
+fn set_paused(path: &PathBuf, subscription: &str, paused: bool) -> anyhow::Result<bool> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let shown = path.display().to_string();
+    let current = Subscriptions::parse(&shown, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match current.get(subscription) {
+        Some(s) if s.paused == paused => return Ok(false),
+        // Deleted: nothing to unpause; what it parked comes back and is cancelled as deleted.
+        None if !paused => return Ok(false),
+        _ => {}
+    }
+    let edited = Subscriptions::with_paused(&shown, &text, subscription, paused)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tmp = path.with_extension("hookrelay-tmp");
+    std::fs::write(&tmp, edited).with_context(|| format!("cannot write {}", tmp.display()))?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let _ = std::fs::set_permissions(&tmp, meta.permissions());
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok(true)
 }
 
 fn check(file: &Path, config: &Config) -> anyhow::Result<ExitCode> {
