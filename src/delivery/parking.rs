@@ -111,6 +111,13 @@ impl Parking {
         }
     }
 
+    /// Closes the connection, if one was opened.
+    pub async fn close(&self) {
+        if let Some((conn, _)) = self.state.lock().await.link.take() {
+            let _ = conn.close(200, "bye".into()).await;
+        }
+    }
+
     async fn open(&self) -> Result<(Connection, Channel), ParkingError> {
         let connect = async {
             let conn = Connection::connect(
