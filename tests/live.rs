@@ -24,12 +24,7 @@ fn entry(id: &str, url: &str, secrets: &str, extra: &str) -> String {
 }
 
 async fn start(t: &TestLadder, file: &SubsFile) -> RunningWorker {
-    let live = LiveSubscriptions::from_file(&file.path).unwrap();
-    RunningWorker::start_setup(
-        t,
-        WorkerSetup::new(t.config.clone(), t.ladder.clone(), live),
-    )
-    .await
+    RunningWorker::start_from_file(t, file).await
 }
 
 /// A queue bound to every operational event of the ladder.

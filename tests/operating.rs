@@ -738,3 +738,125 @@ async fn release_refuses_to_unbind_while_the_tier_still_parks() {
     assert!(err.contains(&other), "the error names the policy: {err}");
     assert!(still_bound, "the parking queue stays bound");
 }
+
+/// Pausing and resuming a subscription (the command line sets `paused` in the file the worker
+/// reloads), under load: what arrives while it is paused (fresh events, a fan-out's delivery,
+/// retries promoted from a tier) waits in its parking queue, unattempted and uncharged; resume
+/// returns each once, with its id and its attempt count as they were.
+// Two threads: the worker goes on while the command line runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_uncharged() {
+    const RETRIED: usize = 20;
+    const FRESH: usize = 60;
+    let t = TestLadder::apply("pause", &["3s"], &["3s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let s = secret();
+    // The first attempts of the `evt_r` envelopes fail, so they wait in the tier when the pause
+    // comes; everything else is accepted.
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| {
+        match (req.id.starts_with("evt_r"), req.attempt) {
+            (true, 1) => Reply::Status(503),
+            _ => Reply::Status(200),
+        }
+    })
+    .await
+    .unwrap();
+    let entry =
+        |extra: &str| subscription_toml("sub_a", "acme", &receiver.url("/"), &s.file_ref(), extra);
+    let file = SubsFile::new(&entry(""));
+    let subs = file.path.to_str().unwrap();
+    let worker = RunningWorker::start_from_file(&t, &file).await;
+    let reloads = |w: &RunningWorker| {
+        w.metrics.count(
+            "hookrelay_subscription_reloads_total",
+            &[("result", "applied")],
+        )
+    };
+
+    t.publish_all((0..RETRIED).map(|i| event(&format!("evt_r{i:03}"), "acme", "sub_a")))
+        .await;
+    assert!(wait_until(WAIT, async || receiver.request_count() >= RETRIED).await);
+    // A reload that pauses, before the tier gives the failed ones back.
+    let (code, out, err) = hookrelay(&["subscriptions", "pause", "sub_a", "--file", subs], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("Paused sub_a"), "{out}");
+    assert!(wait_until(WAIT, async || reloads(&worker) >= 1).await);
+    t.publish_all((0..FRESH).map(|i| event(&format!("evt_f{i:03}"), "acme", "sub_a")))
+        .await;
+    let mut fan = event("evt_fan", "acme", "sub_a");
+    fan.subscription = None;
+    t.publish(&fan).await;
+
+    let parking = t.ladder.paused_queue("sub_a");
+    t.owns_queue(&parking);
+    let total = RETRIED + FRESH + 1;
+    assert!(
+        wait_until(WAIT, async || t.depth_if_exists(&parking).await
+            >= total as u32)
+        .await,
+        "everything parks ({} of {total})",
+        t.depth_if_exists(&parking).await
+    );
+    assert_eq!(
+        receiver.request_count(),
+        RETRIED,
+        "nothing attempted while paused"
+    );
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+
+    // Resume unpauses the file (a reload that resumes), then returns the parked ones.
+    let resume = [
+        "subscriptions",
+        "resume",
+        "sub_a",
+        "--rate",
+        "500/s",
+        "--ladder",
+        ladder,
+        "--file",
+        subs,
+    ];
+    let (code, out, err) = hookrelay(&resume, &[("HOOKRELAY_RELOAD_INTERVAL", "200ms")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(&format!("{total} parked")), "{out}");
+    assert!(
+        wait_until(WAIT, async || reloads(&worker) >= 2).await,
+        "the worker saw the file unpaused"
+    );
+    let text = std::fs::read_to_string(&file.path).unwrap();
+    assert_eq!(
+        text,
+        entry("").replace("id = \"sub_a\"\n", "id = \"sub_a\"\npaused = false\n"),
+        "the file keeps its layout; pause added the line, resume changed its value"
+    );
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == total)
+            .await,
+        "every parked envelope delivered ({} of {total})",
+        receiver.delivered_count()
+    );
+    worker.stop().await;
+
+    let delivered = receiver.delivered();
+    assert_eq!(delivered.len(), total);
+    assert!(delivered.values().all(|&n| n == 1), "{delivered:?}");
+    let fanned = hookrelay::contract::envelope::derived_id("evt_fan", "sub_a");
+    assert!(delivered.contains_key(fanned.as_str()), "{delivered:?}");
+    for r in receiver.records().iter().filter(|r| r.status == 200) {
+        // The parking charged nothing: a retried one's second attempt is its second.
+        let expected = if r.id.starts_with("evt_r") { 2 } else { 1 };
+        assert_eq!(r.attempt, expected, "{}", r.id);
+    }
+    assert!(
+        (0..FRESH).all(|i| delivered.contains_key(&format!("evt_f{i:03}"))),
+        "original ids"
+    );
+    assert!(
+        wait_until(WAIT, async || !t.queue_exists(&parking).await).await,
+        "the parking queue is removed once empty"
+    );
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+}

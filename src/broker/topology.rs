@@ -171,7 +171,7 @@ impl Ladder {
                     name: self.delivery_limit_policy(),
                     policy: Policy {
                         pattern: format!(
-                            "^{}\\.(ready\\..+|dead|held\\..+)$",
+                            "^{}\\.(ready\\..+|dead|held\\..+|paused\\..+)$",
                             regex_literal(&self.prefix)
                         ),
                         apply_to: "queues".to_owned(),
@@ -194,6 +194,53 @@ impl Ladder {
             bindings,
             policies,
         }
+    }
+}
+
+impl Ladder {
+    /// Declares the parking queue of paused subscription `subscription` and binds it to the
+    /// delay exchange with its key: durable, of the ladder's queue type, covered by the
+    /// delivery-limit policy as the tiers' parking queues are (resume returns what it cannot
+    /// move yet). Idempotent. It is not part of [`Ladder::objects`]: it exists while something
+    /// is parked, and drift ignores it.
+    pub async fn declare_paused_queue(
+        &self,
+        channel: &lapin::Channel,
+        subscription: &str,
+    ) -> Result<(), TopologyError> {
+        let name = self.paused_queue(subscription);
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(self.queue_type.as_str().into()),
+        );
+        channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args,
+            )
+            .await
+            .map_err(|e| declare_error(format!("queue {name}"), e))?;
+        let key = self.paused_routing_key(subscription);
+        channel
+            .queue_bind(
+                name.as_str().into(),
+                self.delay_exchange().as_str().into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                declare_error(
+                    format!("binding {} -> {name} ({key:?})", self.delay_exchange()),
+                    e,
+                )
+            })
     }
 }
 

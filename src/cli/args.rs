@@ -52,7 +52,7 @@ pub enum Command {
     /// On a signal the worker stops consuming, lets in-flight attempts finish (ack or confirmed
     /// republish) within worker.shutdown_grace, and exits 0.
     Worker(WorkerArgs),
-    /// Check subscriptions files offline.
+    /// Check subscriptions files offline; pause and resume a subscription.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCommand),
     /// The whole ladder at a glance: lanes, tiers, parked and dead messages, rates, targets.
@@ -224,6 +224,34 @@ pub enum SubscriptionsCommand {
     Check {
         /// The file to check.
         file: PathBuf,
+    },
+    /// Pause a subscription: sets `paused = true` in its table of the subscriptions file
+    /// (layout and comments kept; write then rename). From their next reload, workers park its
+    /// deliveries in <prefix>.paused.<id>: nothing is attempted, cancelled or charged.
+    Pause {
+        /// The subscription's id.
+        subscription: String,
+        /// Subscriptions file; defaults to the config's `subscriptions`.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Resume a paused subscription: sets `paused = false` in the file if it still pauses it,
+    /// waits two reload intervals for the workers to see it, then returns the parked
+    /// deliveries at --rate, each with its id and attempt count, and removes the parking queue
+    /// once empty.
+    ///
+    /// A resume interrupted at any point loses nothing; run it again.
+    Resume {
+        #[command(flatten)]
+        ladder: LadderArg,
+        /// The subscription's id.
+        subscription: String,
+        /// Pace, e.g. 50/s or 600/m; as fast as the broker confirms when absent.
+        #[arg(long)]
+        rate: Option<crate::ops::mover::Rate>,
+        /// Subscriptions file; defaults to the config's `subscriptions`.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
 }
 

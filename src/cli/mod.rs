@@ -31,7 +31,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Topology(cmd) => topology::run(cmd, &config).await,
         Command::Publish(args) => publish::run(args, &config).await,
         Command::Worker(args) => worker::run(args, config).await,
-        Command::Subscriptions(cmd) => subscriptions::run(cmd, &config),
+        Command::Subscriptions(cmd) => subscriptions::run(cmd, &config).await,
         Command::Status(args) => status::run(args, &config).await,
         Command::Tier(cmd) => tier::run(cmd, &config).await,
         Command::Redrive(args) => redrive::run(args, &config).await,

@@ -484,6 +484,15 @@ pub fn read_u64_header(properties: &BasicProperties, name: &'static str) -> Opti
         .flatten()
 }
 
+/// Properties of a delivery parked for a paused subscription: the original's, unchanged (its id,
+/// its attempt count, what the broker recorded), with its tenant written down, since the routing
+/// key that carried it is not kept in the parking queue.
+pub fn parked_properties(original: &BasicProperties, tenant: &str) -> BasicProperties {
+    let mut headers = original.headers().clone().unwrap_or_default();
+    put_str(&mut headers, TENANT_HEADER, tenant);
+    original.clone().with_headers(headers)
+}
+
 /// Properties for one delivery of a fan-out: the event's properties with the derived id, the
 /// subscription, and the event id.
 pub fn fanout_properties(

@@ -8,6 +8,8 @@
 //! worker --(key: retry-10s.<tenant>)--> {p}.delay --> {p}.retry-10s (TTL) --(expired)-->
 //!     {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
 //! worker --(default exchange)--> {p}.dead
+//! worker --(key: paused.<subscription>)--> {p}.delay --> {p}.paused.<subscription>
+//!     (while the subscription is paused; `subscriptions resume` unbinds and empties it)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -133,17 +135,21 @@ pub enum QueueRole {
     Tier(TierId),
     /// The parking queue of a held tier.
     Parked(TierId),
+    /// The parking queue of a paused subscription.
+    Paused { subscription: String },
     /// The dead-letter sink.
     Dead,
 }
 
 impl QueueRole {
-    /// The role as metrics and `hookrelay status` label it: `lane`, `tier`, `parked`, `dead`.
+    /// The role as metrics and `hookrelay status` label it: `lane`, `tier`, `parked`,
+    /// `paused`, `dead`.
     pub fn label(&self) -> &'static str {
         match self {
             QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => "lane",
             QueueRole::Tier(_) => "tier",
             QueueRole::Parked(_) => "parked",
+            QueueRole::Paused { .. } => "paused",
             QueueRole::Dead => "dead",
         }
     }
@@ -373,10 +379,10 @@ impl Ladder {
             .is_some_and(|rest| rest.starts_with('.'))
     }
 
-    /// Whether `queue` is the parking queue of a held tier, this ladder's tiers or an old one's:
-    /// operational, never drift.
+    /// Whether `queue` is the parking queue of a held tier (this ladder's tiers or an old
+    /// one's) or of a paused subscription: operational, never drift.
     pub fn is_parking(&self, queue: &str) -> bool {
-        queue.starts_with(&self.name("held."))
+        queue.starts_with(&self.name("held.")) || queue.starts_with(&self.name("paused."))
     }
 
     /// What the queue named `queue` is for in this ladder, or `None` when the ladder gives no
@@ -399,6 +405,13 @@ impl Ladder {
         }
         if let Some(rest) = local.strip_prefix("ready.retry") {
             return tenant_lane(rest).map(|tenant| QueueRole::RetryLane { tenant });
+        }
+        if let Some(subscription) = local.strip_prefix("paused.") {
+            return crate::contract::envelope::check_id(subscription)
+                .is_ok()
+                .then(|| QueueRole::Paused {
+                    subscription: subscription.to_owned(),
+                });
         }
         if let Some(tier) = local.strip_prefix("held.") {
             return self
@@ -439,7 +452,8 @@ impl Ladder {
     pub fn retry_lane_of(&self, tenant: &str) -> String {
         self.name(&format!("ready.retry.{tenant}"))
     }
-    /// The worker publishes retries here with routing key `<tier>.<tenant>`.
+    /// The worker publishes retries here with routing key `<tier>.<tenant>`, and a paused
+    /// subscription's deliveries with `paused.<subscription>`.
     pub fn delay_exchange(&self) -> String {
         self.name("delay")
     }
@@ -461,6 +475,22 @@ impl Ladder {
     /// Where a held tier's expired messages are parked (`hookrelay tier hold`).
     pub fn held_queue(&self, tier: TierId) -> String {
         self.name(&format!("held.{}", self.tier(tier).name))
+    }
+    /// Where a paused subscription's deliveries wait, until `hookrelay subscriptions resume`
+    /// returns them.
+    pub fn paused_queue(&self, subscription: &str) -> String {
+        self.name(&format!("paused.{subscription}"))
+    }
+    /// The routing key a paused subscription's deliveries are published with on the delay
+    /// exchange; only its parking queue binds it (tiers bind `retry-...`), so once resume has
+    /// unbound it nothing can reach the queue: a late park is returned, never lost.
+    pub fn paused_routing_key(&self, subscription: &str) -> String {
+        format!("paused.{subscription}")
+    }
+    /// The routing key on the promote exchange that returns a parked retry to its tenant's
+    /// retry lane (a dedicated lane binds `*.<tenant>`, the shared one takes the rest).
+    pub fn resumed_retry_key(&self, tenant: &str) -> String {
+        format!("paused.{tenant}")
     }
     /// The dead-letter routing key a hold policy gives a tier; only its parking queue is bound
     /// to it on the promote exchange.
@@ -630,7 +660,15 @@ mod tests {
             Some(QueueRole::Parked(TierId(3)))
         );
         assert_eq!(ladder.role_of(&ladder.dead()), Some(QueueRole::Dead));
+        assert_eq!(
+            ladder.role_of(&ladder.paused_queue("sub_a")),
+            Some(QueueRole::Paused {
+                subscription: "sub_a".into()
+            })
+        );
+        assert!(ladder.is_parking(&ladder.paused_queue("sub_a")));
         for foreign in [
+            "hookrelay.paused.a.b",
             "hookrelay.retry-2m",
             "other.retry-10s",
             "hookrelay",
@@ -645,6 +683,7 @@ mod tests {
             (ladder.first_lane(), "lane"),
             (ladder.tier_queue(TierId(0)), "tier"),
             (ladder.held_queue(TierId(0)), "parked"),
+            (ladder.paused_queue("s"), "paused"),
             (ladder.dead(), "dead"),
         ] {
             assert_eq!(ladder.role_of(&queue).unwrap().label(), label);

@@ -35,6 +35,8 @@ pub struct Dispatcher {
     pub(crate) http: HttpSender,
     pub(crate) endpoints: Endpoints,
     pub(crate) publisher: Arc<Publisher>,
+    /// Declares a paused subscription's parking queue before anything is parked in it.
+    pub(crate) parking: crate::delivery::parking::Parking,
     pub(crate) notices: Notices,
     pub(crate) metrics: Metrics,
     /// Cancelled when the drain deadline has passed: deliveries still trying to store their
@@ -85,6 +87,10 @@ impl Dispatcher {
     ) -> Self {
         Self {
             endpoints: Endpoints::new(config.endpoints.clone()),
+            parking: crate::delivery::parking::Parking::new(
+                config.amqp.url.clone(),
+                &ladder.prefix,
+            ),
             config,
             ladder,
             subscriptions,
@@ -174,6 +180,9 @@ impl Dispatcher {
     async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Attempted {
         let subscriptions = self.subscriptions.current();
         let sub = match route(envelope, lane.kind, &subscriptions, &self.ladder) {
+            Route::Settle(Outcome::Parked { subscription }) => {
+                return self.park(&subscriptions, subscription).await;
+            }
             Route::Settle(outcome) => return Attempted::without_attempt(outcome),
             Route::Attempt(sub) => sub,
         };
@@ -196,6 +205,24 @@ impl Dispatcher {
             result: Some(result),
             latency,
         }
+    }
+
+    /// A paused subscription's delivery: its parking queue must exist before settle republishes
+    /// into it. Should the declare fail, the republish is refused as unroutable and retried as
+    /// any unconfirmed republish is; nothing is lost.
+    async fn park(
+        &self,
+        subscriptions: &Arc<crate::delivery::subscriptions::Subscriptions>,
+        subscription: String,
+    ) -> Attempted {
+        if let Err(e) = self
+            .parking
+            .ensure(&self.ladder, subscriptions, &subscription)
+            .await
+        {
+            warn!(subscription = %subscription, error = %e, "Parking queue not declared");
+        }
+        Attempted::without_attempt(Outcome::Parked { subscription })
     }
 
     /// Signs with every unexpired secret that resolves now, and sends.

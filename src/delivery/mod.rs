@@ -5,6 +5,7 @@
 //! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
 //! - [`route`]: the pure decision, before the attempt and after it.
 //! - [`settle`]: what replaces a delivery, confirmed before the ack.
+//! - [`parking`]: the parking queue a paused subscription's deliveries wait in.
 //! - [`subscriptions`]: who receives what, their secrets, reloaded live.
 //! - [`signing`]: Standard Webhooks signatures.
 //! - [`endpoint`]: per-endpoint concurrency caps and circuit breakers.
@@ -16,6 +17,7 @@ pub mod egress;
 pub mod endpoint;
 pub mod http;
 pub mod lane;
+pub mod parking;
 pub mod route;
 pub mod settle;
 pub mod signing;

@@ -1,6 +1,7 @@
 //! What happens to a delivery, decided without I/O, in two steps around the HTTP attempt:
 //! [`route`] decides whether to make one at all (the subscription as it is now: unknown or
-//! deleted, another tenant's, disabled, filtered, the budget already spent, or a fan-out), and
+//! deleted, another tenant's, disabled, paused, filtered, the budget already spent, or a
+//! fan-out), and
 //! [`decide`] what the attempt's result calls for: acknowledge it, move it to a tier, or
 //! dead-letter it with a reason. [`crate::delivery::settle`] carries the decision out; tests
 //! call both directly.
@@ -130,6 +131,9 @@ pub enum Outcome {
     /// An event without a subscription: publish one delivery per subscription (each with its
     /// derived id), then acknowledge.
     FanOut { subscriptions: Vec<String> },
+    /// The subscription is paused: republish the delivery as it is (same id, same attempt
+    /// count) into the subscription's parking queue, then acknowledge.
+    Parked { subscription: String },
     /// Publish to the dead sink with the reason, then acknowledge.
     Dead {
         reason: DeadReason,
@@ -156,6 +160,7 @@ impl Outcome {
             Outcome::Retry { .. } => "retried",
             Outcome::Cancelled { .. } => "cancelled",
             Outcome::FanOut { .. } => "fanned_out",
+            Outcome::Parked { .. } => "parked",
             Outcome::Dead { reason, .. } => reason.as_str(),
         }
     }
@@ -215,6 +220,9 @@ pub fn route(
             detail: format!("subscription {:?} is disabled", sub.id),
         });
     }
+    if let Some(parked) = park(sub) {
+        return Route::Settle(parked);
+    }
     if !sub.accepts(&envelope.event_type) {
         return Route::Settle(Outcome::Cancelled {
             reason: CancelReason::Filtered,
@@ -233,6 +241,15 @@ pub fn route(
         });
     }
     Route::Attempt(Arc::clone(sub))
+}
+
+/// A paused subscription's deliveries wait, untouched, before anything else about them is
+/// decided: the filter, the budget and the attempt itself apply to the subscription as it is
+/// when they come back.
+fn park(sub: &Subscription) -> Option<Outcome> {
+    sub.paused.then(|| Outcome::Parked {
+        subscription: sub.id.clone(),
+    })
 }
 
 /// Headers only hookrelay writes are believed only where hookrelay put them. The accounting
@@ -755,6 +772,53 @@ mod tests {
                 )),
                 Outcome::Cancelled {
                     reason: CancelReason::Filtered,
+                    ..
+                }
+            ));
+        }
+
+        #[test]
+        fn a_paused_subscription_parks_whatever_arrives_unless_disabled() {
+            let mut paused = sub("s1", "acme");
+            paused.paused = true;
+            paused.event_types = Some(vec![crate::delivery::subscriptions::EventFilter::Exact(
+                "user.created".into(),
+            )]);
+            let all = subs(vec![paused.clone()]);
+            let parked = Outcome::Parked {
+                subscription: "s1".into(),
+            };
+            // Fresh, filtered out, retried, or with its budget spent: parked, decided later.
+            let mut retried = envelope(Some("s1"));
+            retried.attempts_made = ladder().max_attempts();
+            assert_eq!(
+                settled(route(
+                    &envelope(Some("s1")),
+                    LaneKind::First,
+                    &all,
+                    &ladder()
+                )),
+                parked
+            );
+            assert_eq!(
+                settled(route(&retried, LaneKind::Retry, &all, &ladder())),
+                parked
+            );
+            // Forgeries are still invalid; disabled still cancels.
+            assert!(is_invalid_with(
+                route(&retried, LaneKind::First, &all, &ladder()),
+                "never on a first attempt"
+            ));
+            paused.enabled = false;
+            assert!(matches!(
+                settled(route(
+                    &envelope(Some("s1")),
+                    LaneKind::First,
+                    &subs(vec![paused]),
+                    &ladder()
+                )),
+                Outcome::Cancelled {
+                    reason: CancelReason::Disabled,
                     ..
                 }
             ));

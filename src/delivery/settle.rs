@@ -110,6 +110,18 @@ pub fn replacement(
                 ),
             }],
         },
+        // Exactly as it came: its id, body and attempt count are what resume returns.
+        Outcome::Parked { subscription } => {
+            let envelope = envelope.ok_or(Unsettleable("parking without envelope"))?;
+            Replacement::Publish {
+                target: "paused".into(),
+                messages: vec![Republish {
+                    exchange: ladder.delay_exchange(),
+                    routing_key: ladder.paused_routing_key(subscription),
+                    properties: headers::parked_properties(properties, &envelope.tenant),
+                }],
+            }
+        }
         Outcome::FanOut { subscriptions } => {
             let envelope = envelope.ok_or(Unsettleable("fan-out without envelope"))?;
             Replacement::Publish {
@@ -237,6 +249,9 @@ impl Dispatcher {
                     .cancellations
                     .with_label_values(&[reason.as_str()])
                     .inc();
+            }
+            Outcome::Parked { subscription } => {
+                debug!(envelope = %id, subscription = %subscription, "Parked: the subscription is paused");
             }
             Outcome::FanOut { subscriptions } => {
                 let event = envelope.map_or(id, |e| e.id.as_str());

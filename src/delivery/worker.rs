@@ -319,6 +319,7 @@ impl Worker {
         } = self;
         // Dropping the last `Notices` lets its task send what is buffered and end.
         let publisher = Arc::clone(&dispatcher.publisher);
+        let _ = tokio::time::timeout_at(deadline, dispatcher.parking.close()).await;
         drop(dispatcher);
         let notices_left = Instant::now() + NOTICES_FLUSH;
         let _ = tokio::time::timeout_at(deadline.min(notices_left), notices_task).await;

@@ -3,11 +3,13 @@
 //! - [`status`]: `hookrelay status`, the ladder at a glance.
 //! - [`tier`]: holding a tier and releasing it, the incident lever instead of purging.
 //! - [`redrive`]: moving envelopes out of the dead sink with a fresh budget.
-//! - [`mover`]: the confirmed, paced queue-to-exchange move both of those use.
+//! - [`pause`]: resuming a paused subscription, out of its parking queue.
+//! - [`mover`]: the confirmed, paced queue-to-exchange move all three use.
 //! - [`tail`]: following the attempt log.
 //! - [`progress`]: progress bars (or log lines) for long work.
 
 pub mod mover;
+pub mod pause;
 pub mod progress;
 pub mod redrive;
 pub mod status;

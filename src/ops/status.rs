@@ -93,6 +93,15 @@ pub async fn collect(
             names.push((ladder.held_queue(i), QueueRole::Parked(i)));
         }
     }
+    let mut paused: Vec<(String, QueueRole)> = listed
+        .iter()
+        .filter_map(|q| match ladder.role_of(&q.name)? {
+            role @ QueueRole::Paused { .. } => Some((q.name.clone(), role)),
+            _ => None,
+        })
+        .collect();
+    paused.sort_by(|a, b| a.0.cmp(&b.0));
+    names.extend(paused);
     names.push((ladder.dead(), QueueRole::Dead));
     if names.iter().all(|(n, _)| !by_name.contains_key(n.as_str())) {
         return Err(StatusError::Missing {
@@ -131,11 +140,12 @@ pub async fn collect(
             && q.effective_policy_definition
                 .contains_key("dead-letter-routing-key");
         let out_per_s = match kind {
-            QueueRole::Tier(_) | QueueRole::Parked(_) => previous.and_then(|(at, rows)| {
-                let before = rows.iter().find(|r| r.queue == name)?;
-                let dt = at.elapsed().as_secs_f64();
-                (dt > 0.5).then(|| (in_per_s - (ready - before.ready) as f64 / dt).max(0.0))
-            }),
+            QueueRole::Tier(_) | QueueRole::Parked(_) | QueueRole::Paused { .. } => previous
+                .and_then(|(at, rows)| {
+                    let before = rows.iter().find(|r| r.queue == name)?;
+                    let dt = at.elapsed().as_secs_f64();
+                    (dt > 0.5).then(|| (in_per_s - (ready - before.ready) as f64 / dt).max(0.0))
+                }),
             _ => stats.ack_details.rate.or(stats.deliver_get_details.rate),
         };
         let ttl = q
@@ -163,6 +173,9 @@ pub async fn collect(
                     .unwrap_or("(no dead-letter exchange!)")
             ),
             QueueRole::Parked(_) => "waits for `hookrelay tier release`".to_owned(),
+            QueueRole::Paused { subscription } => {
+                format!("paused; waits for `hookrelay subscriptions resume {subscription}`")
+            }
             QueueRole::Dead => "kept for inspection and `hookrelay redrive`".to_owned(),
         };
         rows.push(QueueStatus {

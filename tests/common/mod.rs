@@ -179,6 +179,24 @@ impl TestLadder {
         n
     }
 
+    /// Whether `queue` exists now.
+    pub async fn queue_exists(&self, queue: &str) -> bool {
+        let channel = self.conn.create_channel().await.unwrap();
+        let found = hookrelay::ops::mover::depth(&channel, queue).await.is_ok();
+        let _ = channel.close(200, "".into()).await;
+        found
+    }
+
+    /// Messages in `queue` now; 0 while it does not exist.
+    pub async fn depth_if_exists(&self, queue: &str) -> u32 {
+        let channel = self.conn.create_channel().await.unwrap();
+        let n = hookrelay::ops::mover::depth(&channel, queue)
+            .await
+            .unwrap_or(0);
+        let _ = channel.close(200, "".into()).await;
+        n
+    }
+
     /// Takes every message out of the dead sink.
     pub async fn drain_dead(&self) -> Vec<BasicGetMessage> {
         let mut out = Vec::new();
@@ -458,6 +476,16 @@ impl RunningWorker {
     ) -> Self {
         let live = LiveSubscriptions::fixed(Subscriptions::from_list(subscriptions));
         Self::start_setup(t, WorkerSetup::new(config, t.ladder.clone(), live)).await
+    }
+
+    /// A worker that reads its subscriptions from `file` and reloads it as it changes.
+    pub async fn start_from_file(t: &TestLadder, file: &SubsFile) -> Self {
+        let live = LiveSubscriptions::from_file(&file.path).unwrap();
+        Self::start_setup(
+            t,
+            WorkerSetup::new(t.config.clone(), t.ladder.clone(), live),
+        )
+        .await
     }
 
     /// Starts a worker from a setup; its name and a fast secret refresh are set here.

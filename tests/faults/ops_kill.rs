@@ -188,3 +188,95 @@ async fn a_tier_release_killed_mid_pass_loses_nothing() {
         "at most the message between confirm and ack: {duplicates}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_killed_mid_pass_loses_nothing() {
+    use crate::common::Counters;
+    const M: usize = 150;
+    let t = TestLadder::apply("resumekill", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = common::ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let parking = t.ladder.paused_queue("sub_a");
+    t.owns_queue(&parking);
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let entry = |extra: &str| {
+        common::subscription_toml("sub_a", "acme", &receiver.url("/"), &s.file_ref(), extra)
+    };
+    let file = common::SubsFile::new(&entry("paused = true"));
+    let subs = file.path.to_str().unwrap();
+    let worker = RunningWorker::start_from_file(&t, &file).await;
+    t.publish_all((0..M).map(|i| event(&format!("evt_{i:04}"), "acme", "sub_a")))
+        .await;
+    assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await >= M as u32).await);
+    assert_eq!(
+        receiver.request_count(),
+        0,
+        "nothing attempted while paused"
+    );
+    file.write(&entry(""));
+    assert!(
+        wait_until(WAIT, async || {
+            worker.metrics.count(
+                "hookrelay_subscription_reloads_total",
+                &[("result", "applied")],
+            ) >= 1
+        })
+        .await
+    );
+
+    let delivered = || receiver.delivered_count();
+    kill_midway(
+        &[
+            "subscriptions",
+            "resume",
+            "sub_a",
+            "--rate",
+            "40/s",
+            "--ladder",
+            ladder,
+            "--file",
+            subs,
+        ],
+        async || delivered() >= M / 3,
+    )
+    .await;
+    let at_kill = delivered();
+    let (code, out, err) = run(&[
+        "subscriptions",
+        "resume",
+        "sub_a",
+        "--ladder",
+        ladder,
+        "--file",
+        subs,
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == M)
+            .await,
+        "every envelope delivered ({} of {M})",
+        delivered()
+    );
+    assert!(wait_until(WAIT, async || t.depth(&t.ladder.first_lane()).await == 0).await);
+    worker.stop().await;
+    assert!(!t.queue_exists(&parking).await, "the parking queue is gone");
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+    let duplicates = receiver.duplicates();
+    println!(
+        "FAULT-TABLE subscriptions resume kill -9 mid-pass: {at_kill} of {M} delivered at the kill, \
+         lost 0, duplicates {duplicates}, requests {}",
+        receiver.request_count()
+    );
+    assert!(
+        receiver.records().iter().all(|r| r.attempt == 1),
+        "parking charged no attempt"
+    );
+    assert!(
+        duplicates <= 1,
+        "at most the message between confirm and ack: {duplicates}"
+    );
+}

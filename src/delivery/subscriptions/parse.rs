@@ -1,5 +1,5 @@
 //! The subscriptions file: who receives what (id, tenant, endpoint URL, event types, secret
-//! references, enabled, limits), parsed with every problem reported by line and field.
+//! references, enabled, paused, limits), parsed with every problem reported by line and field.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -45,6 +45,8 @@ struct Entry {
     secrets: Spanned<Vec<SecretEntry>>,
     #[serde(default = "enabled_by_default")]
     enabled: bool,
+    #[serde(default)]
+    paused: Option<Spanned<bool>>,
     #[serde(default)]
     max_concurrent: Option<u32>,
 }
@@ -107,6 +109,9 @@ pub struct Subscription {
     pub secrets: Vec<SecretSpec>,
     /// A disabled subscription receives nothing; what waits for it is cancelled.
     pub enabled: bool,
+    /// A paused subscription is sent nothing, and nothing of it is cancelled or charged: what
+    /// arrives for it waits in its parking queue until `hookrelay subscriptions resume`.
+    pub paused: bool,
     /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
     pub max_concurrent: Option<u32>,
 }
@@ -120,6 +125,7 @@ impl std::fmt::Debug for Subscription {
             .field("event_types", &self.event_types)
             .field("secrets", &self.secrets)
             .field("enabled", &self.enabled)
+            .field("paused", &self.paused)
             .field("max_concurrent", &self.max_concurrent)
             .finish()
     }
@@ -135,6 +141,7 @@ impl Subscription {
             event_types: None,
             secrets: vec![SecretSpec::new(secret)],
             enabled: true,
+            paused: false,
             max_concurrent: None,
         }
     }
@@ -310,6 +317,7 @@ impl Subscriptions {
                         event_types,
                         secrets,
                         enabled: entry.enabled,
+                        paused: entry.paused.is_some_and(|p| *p.get_ref()),
                         max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
                     }),
                 );
@@ -319,6 +327,56 @@ impl Subscriptions {
             Ok(Self { by_id })
         } else {
             Err(SubscriptionErrors(errors))
+        }
+    }
+
+    /// `text` (a valid file) with subscription `id`'s `paused` set, its layout and comments
+    /// kept: the value is replaced where it is written, or a `paused = ...` line is added after
+    /// the `id` line. The result is parsed again and must say what was asked.
+    pub fn with_paused(
+        path: &str,
+        text: &str,
+        id: &str,
+        paused: bool,
+    ) -> Result<String, SubscriptionErrors> {
+        let problem = |line: usize, message: String| {
+            SubscriptionErrors(vec![SubscriptionError {
+                path: path.to_owned(),
+                line,
+                field: "paused".into(),
+                message,
+            }])
+        };
+        Self::parse(path, text)?;
+        let file: File = toml::from_str(text).map_err(|e| problem(0, e.message().to_owned()))?;
+        let Some(entry) = file.subscriptions.iter().find(|e| e.id.get_ref() == id) else {
+            return Err(problem(0, format!("no subscription {id:?} in the file")));
+        };
+        let mut edited = text.to_owned();
+        match &entry.paused {
+            Some(value) => edited.replace_range(value.span(), &paused.to_string()),
+            None => {
+                let after_id = entry.id.span().end;
+                let at = text[after_id..]
+                    .find('\n')
+                    .map_or(text.len(), |i| after_id + i + 1);
+                let line = format!("paused = {paused}\n");
+                if at == text.len() && !text.ends_with('\n') {
+                    edited.push('\n');
+                }
+                edited.insert_str(at.min(edited.len()), &line);
+            }
+        }
+        let line = text[..entry.id.span().start].matches('\n').count() + 1;
+        match Self::parse(path, &edited) {
+            Ok(subs) if subs.get(id).is_some_and(|s| s.paused == paused) => Ok(edited),
+            _ => Err(problem(
+                line,
+                format!(
+                    "cannot set paused = {paused} in this file's layout; write it in the \
+                     [[subscription]] table of {id:?} by hand"
+                ),
+            )),
         }
     }
 
@@ -394,12 +452,54 @@ secrets = ["env:X"]
             ]
         );
         assert!(orders.enabled);
+        assert!(!orders.paused);
         assert!(orders.accepts("order.paid"));
         assert!(orders.accepts("order.refund.created"));
         assert!(orders.accepts("invoice.paid"));
         assert!(!orders.accepts("invoice.sent"));
         assert!(!orders.accepts("orders"));
         assert!(subs.get("sub_all").unwrap().accepts("anything"));
+    }
+
+    #[test]
+    fn a_subscription_may_be_paused() {
+        let text = "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"https://x.example\"\n\
+                    secrets = [\"env:X\"]\npaused = true\n";
+        let subs = Subscriptions::parse("s.toml", text).unwrap();
+        let s = subs.get("s").unwrap();
+        assert!(s.paused && s.enabled);
+        // Paused is not disabled: a fan-out still makes its delivery, which then parks.
+        assert_eq!(subs.matching("t", "any.thing").len(), 1);
+        let err = Subscriptions::parse("s.toml", &text.replace("true", "\"yes\"")).unwrap_err();
+        assert_eq!(err.0[0].field, "paused", "{err}");
+    }
+
+    #[test]
+    fn paused_is_set_in_place_keeping_the_rest_of_the_file() {
+        let paused = Subscriptions::with_paused("s.toml", GOOD, "sub_all", true).unwrap();
+        assert_eq!(
+            paused,
+            GOOD.replace("id = \"sub_all\"\n", "id = \"sub_all\"\npaused = true\n")
+        );
+        let subs = Subscriptions::parse("s.toml", &paused).unwrap();
+        assert!(subs.get("sub_all").unwrap().paused);
+        assert!(!subs.get("sub_orders").unwrap().paused);
+        // Written already: replaced where it stands.
+        let resumed = Subscriptions::with_paused("s.toml", &paused, "sub_all", false).unwrap();
+        assert_eq!(
+            resumed,
+            GOOD.replace("id = \"sub_all\"\n", "id = \"sub_all\"\npaused = false\n")
+        );
+        let err = Subscriptions::with_paused("s.toml", GOOD, "nobody", true).unwrap_err();
+        assert!(
+            err.to_string().contains("no subscription \"nobody\""),
+            "{err}"
+        );
+        // An inline table cannot take a new line: refused, not broken.
+        let inline = "subscription = [{ id = \"a\", tenant = \"t\", url = \"https://x.example\", \
+                      secrets = [\"env:X\"] }]\n";
+        let err = Subscriptions::with_paused("s.toml", inline, "a", true).unwrap_err();
+        assert!(err.to_string().contains("by hand"), "{err}");
     }
 
     #[test]
