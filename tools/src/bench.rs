@@ -394,43 +394,19 @@ pub async fn run(
 
     // 1. The ceiling.
     let ceiling_queue = format!("{prefix}.ceiling");
-    channel
-        .queue_declare(
-            ceiling_queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            queue_args(options.queue_type),
-        )
-        .await?;
     say(&format!(
         "publishing {} messages for the ceiling loop",
         options.events
     ));
-    publish_many(&publisher, options.events, |i| {
-        (
-            String::new(),
-            ceiling_queue.clone(),
-            body(i),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-    })
-    .await?;
+    raw_backlog(&publisher, &channel, &ceiling_queue, options).await?;
     sink.reset();
-    let mut child = tokio::process::Command::new(&binaries.ceiling)
-        .args([
-            "bench-ceiling",
-            "--queue",
-            &ceiling_queue,
-            "--prefetch",
-            &options.prefetch.to_string(),
-            "--url",
-            &format!("http://{sink_addr}/ceiling"),
-        ])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = start_ceiling(
+        &binaries,
+        &ceiling_queue,
+        options.prefetch,
+        &format!("http://{sink_addr}/ceiling"),
+        None,
+    )?;
     let timeout = Duration::from_secs(600);
     wait_count(&sink, options.events as u64, timeout).await?;
     let rss = child.id().and_then(peak_rss_mib).unwrap_or(0.0);
@@ -519,6 +495,73 @@ pub async fn run(
     report.isolation_ratio_p99 =
         report.first_attempt_with_backlog.p99_ms / report.first_attempt_baseline.p99_ms.max(1e-9);
     Ok(report)
+}
+
+/// A durable queue of the bench's queue type, for the raw loops.
+async fn declare_raw_queue(
+    channel: &lapin::Channel,
+    queue: &str,
+    queue_type: QueueType,
+) -> Result<(), BenchError> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            queue_args(queue_type),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `queue`, declared, holding `--events` persistent messages for a raw loop.
+async fn raw_backlog(
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    queue: &str,
+    options: &BenchOptions,
+) -> Result<(), BenchError> {
+    declare_raw_queue(channel, queue, options.queue_type).await?;
+    publish_many(publisher, options.events, |i| {
+        (
+            String::new(),
+            queue.to_owned(),
+            body(i),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+    })
+    .await
+}
+
+/// Starts the raw loop on `queue` (`hookrelay-dev bench-ceiling`), forwarding each message to
+/// `forward` before its ack when given.
+fn start_ceiling(
+    binaries: &Binaries,
+    queue: &str,
+    prefetch: u16,
+    url: &str,
+    forward: Option<&str>,
+) -> std::io::Result<tokio::process::Child> {
+    let prefetch = prefetch.to_string();
+    let mut args = vec![
+        "bench-ceiling",
+        "--queue",
+        queue,
+        "--prefetch",
+        &prefetch,
+        "--url",
+        url,
+    ];
+    if let Some(to) = forward {
+        args.extend(["--forward", to]);
+    }
+    tokio::process::Command::new(&binaries.ceiling)
+        .args(args)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
 }
 
 struct WorkerProcess {
@@ -705,46 +748,19 @@ async fn failure_path(
 
     let from = format!("{prefix}.failing");
     let to = format!("{prefix}.failing-next");
-    for queue in [&from, &to] {
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                queue_args(options.queue_type),
-            )
-            .await?;
-    }
+    declare_raw_queue(channel, &to, options.queue_type).await?;
     say(&format!(
         "failure path: publishing {n} messages for the raw loop"
     ));
-    publish_many(publisher, n, |i| {
-        (
-            String::new(),
-            from.clone(),
-            body(i),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-    })
-    .await?;
+    raw_backlog(publisher, channel, &from, options).await?;
     sink.reset();
-    let mut child = tokio::process::Command::new(&binaries.ceiling)
-        .args([
-            "bench-ceiling",
-            "--queue",
-            &from,
-            "--prefetch",
-            &options.prefetch.to_string(),
-            "--url",
-            &format!("http://{sink_addr}/failing"),
-            "--forward",
-            &to,
-        ])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = start_ceiling(
+        binaries,
+        &from,
+        options.prefetch,
+        &format!("http://{sink_addr}/failing"),
+        Some(&to),
+    )?;
     let raw = moved(channel, &sink, &to, n, timeout).await;
     let _ = child.kill().await;
     for queue in [&from, &to] {
@@ -845,17 +861,7 @@ async fn moved(
 ) -> Result<Throughput, BenchError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let depth = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?
-            .message_count() as usize;
+        let depth = hookrelay::ops::mover::depth(channel, queue).await? as usize;
         if depth >= n {
             break;
         }
