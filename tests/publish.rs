@@ -253,14 +253,10 @@ async fn a_return_is_attributed_to_the_message_it_belongs_to_under_concurrency()
     let t = TestLadder::apply("returns", &["1s"], &["1s"]).await;
     let publisher = std::sync::Arc::new(t.publisher().await);
     let dead = t.ladder.dead();
-    let nowhere = format!("{}.no-such-queue", t.ladder.prefix);
+    let nowhere = |i: usize| format!("{}.no-such-queue.{i}", t.ladder.prefix);
     let results = futures_util::future::join_all((0..2000).map(|i| {
         let publisher = std::sync::Arc::clone(&publisher);
-        let key = if i % 3 == 0 {
-            nowhere.clone()
-        } else {
-            dead.clone()
-        };
+        let key = if i % 3 == 0 { nowhere(i) } else { dead.clone() };
         async move {
             let e = event(&format!("evt_{i}"), "acme", "sub_a");
             (
@@ -270,16 +266,49 @@ async fn a_return_is_attributed_to_the_message_it_belongs_to_under_concurrency()
         }
     }))
     .await;
-    for (i, result) in &results {
+    assert_only_returned_fail(&results, nowhere);
+    let routed = results.iter().filter(|(i, _)| i % 3 != 0).count() as u32;
+    assert_eq!(t.depth(&dead).await, routed);
+}
+
+/// Every third message (`i % 3 == 0`) went to a key nothing is bound to: exactly those failed,
+/// each as unroutable with its own routing key.
+fn assert_only_returned_fail(
+    results: &[(usize, Result<(), PublishError>)],
+    nowhere: impl Fn(usize) -> String,
+) {
+    for (i, result) in results {
         if i % 3 == 0 {
             assert!(
-                matches!(result, Err(PublishError::Unroutable { .. })),
+                matches!(result, Err(PublishError::Unroutable { routing_key, .. }) if *routing_key == nowhere(*i)),
                 "{i}: {result:?}"
             );
         } else {
             assert!(result.is_ok(), "{i}: {result:?}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_return_is_attributed_to_its_message_among_many_in_flight_on_one_channel() {
+    // `send` keeps every message in flight on one channel, so the broker's confirms cover many
+    // messages at once and a return arrives beside other messages' confirms.
+    let t = TestLadder::apply("returns-pipelined", &["1s"], &["1s"]).await;
+    let publisher = t.publisher().await;
+    let dead = t.ladder.dead();
+    let nowhere = |i: usize| format!("{}.no-such-queue.{i}", t.ladder.prefix);
+    let mut confirms = Vec::new();
+    for i in 0..3000 {
+        let key = if i % 3 == 0 { nowhere(i) } else { dead.clone() };
+        let e = event(&format!("evt_{i}"), "acme", "sub_a");
+        let confirm = publisher
+            .send("", &key, &e.body, e.properties(), true)
+            .await
+            .unwrap();
+        confirms.push(async move { (i, confirm.await) });
+    }
+    let results = futures_util::future::join_all(confirms).await;
+    assert_only_returned_fail(&results, nowhere);
     let routed = results.iter().filter(|(i, _)| i % 3 != 0).count() as u32;
     assert_eq!(t.depth(&dead).await, routed);
 }

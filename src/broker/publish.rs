@@ -3,23 +3,28 @@
 //! counts once the broker confirmed it and did not return it as unroutable, and a return is
 //! only ever attributed to the message it belongs to.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use deadpool_lapin::{Pool, PoolConfig, Runtime};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
-use tokio::sync::{Mutex, Semaphore};
+use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties, PublisherConfirm};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::config::SecretUrl;
 use crate::contract::envelope::{InvalidEnvelope, NewEvent};
-use crate::contract::headers::{FRAME_MAX, content_header_frame_len};
+use crate::contract::headers::{
+    FRAME_MAX, PUBLISH_ID_HEADER, content_header_frame_len, read_u64_header, with_publish_id,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -49,6 +54,16 @@ pub enum PublishError {
     TooLarge { len: usize, frame_max: usize },
     #[error("{what} is {len} bytes, over AMQP's 255-byte limit for it")]
     TooLong { what: &'static str, len: usize },
+    #[error(
+        "the publishing channel closed before the broker confirmed the message; it may or may \
+         not be stored"
+    )]
+    ChannelLost,
+    #[error(
+        "the broker returned a message without a publish id on this channel, so no publish on \
+         it can be told stored; the channel is closed"
+    )]
+    Unattributable,
     #[error("cannot reach the broker: {0}")]
     Connect(String),
     #[error("broker error: {0}")]
@@ -65,32 +80,33 @@ impl PublishError {
     }
 }
 
-/// How many [`Publisher::publish`] calls may await their confirm at once (one confirm-mode
-/// channel each).
-pub const EXACT_CHANNELS: usize = 64;
+/// Confirm-mode channels [`Publisher::publish`] spreads its publishes over, each with many in
+/// flight. [`Publisher::send`] has one more of its own, so its messages keep their order.
+pub const PUBLISH_CHANNELS: usize = 4;
+
+/// The most publishes that may await their confirm at once, over all channels: what a stalled
+/// broker can make the publisher hold in memory.
+pub const MAX_IN_FLIGHT: usize = 4096;
 
 /// Confirmed publishing on one pooled connection, re-created when the broker connection drops.
 /// Channels are opened on it concurrently: it is shared, not checked out per open.
 ///
 /// AMQP does not say which publish a `basic.return` belongs to: the broker sends it before the
-/// confirm, and a confirm may cover many publishes at once (`multiple`). So [`publish`] keeps at
-/// most one message awaiting its confirm on each of its channels, which makes the return that
-/// precedes the confirm unambiguously that message's. [`send`] pipelines many messages on one
-/// shared channel instead; a return there is reported with the returned message's own exchange
-/// and routing key, which need not be the message whose confirm carried it.
-///
-/// [`publish`]: Publisher::publish
-/// [`send`]: Publisher::send
+/// confirm, and a confirm may cover many publishes at once (`multiple`), so lapin hands a
+/// return to whichever confirm it resolves next. So every message carries an id of its own
+/// publish ([`PUBLISH_ID_HEADER`]), which the returned copy carries back, and each channel's
+/// [`ConfirmChannel`] settles a publish only once it has seen every return that can be that
+/// message's. Many messages are in flight on each channel.
 pub struct Publisher {
     pool: Pool,
     /// The connection taken from `pool`, shared by every channel open until it drops; then it
     /// goes back to the pool, which replaces it.
     conn: Mutex<Option<Arc<deadpool_lapin::Object>>>,
-    /// Confirm-mode channels with nothing in flight, for [`Publisher::publish`].
-    idle: std::sync::Mutex<Vec<Channel>>,
-    exact: Semaphore,
-    /// The shared channel [`Publisher::send`] pipelines on.
-    pipelined: Mutex<Option<Channel>>,
+    /// Slot 0 is [`Publisher::send`]'s; the others take [`Publisher::publish`] in turn.
+    slots: Vec<Mutex<Option<Arc<ConfirmChannel>>>>,
+    next_slot: AtomicUsize,
+    next_id: AtomicU64,
+    in_flight: Arc<Semaphore>,
     confirm_timeout: Duration,
     /// Set while the broker blocks the connection (a memory or disk alarm).
     blocked: Arc<AtomicBool>,
@@ -104,6 +120,239 @@ impl std::fmt::Debug for Publisher {
             .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// One confirm-mode channel and the publishes awaiting their confirm on it.
+struct ConfirmChannel {
+    channel: Channel,
+    /// Held from handing a message to lapin until its confirm is in the ledger, and by every
+    /// sweep: so a sweep sees the confirm of every message sent on the channel.
+    sending: Mutex<()>,
+    ledger: std::sync::Mutex<Ledger>,
+    /// The task that sweeps the ledger, woken by confirms and by new entries.
+    sweeper: std::sync::Mutex<Option<Waker>>,
+    /// A return named no publish of ours, or a message may have been sent without its confirm
+    /// reaching the ledger: nothing on this channel can be told stored any more.
+    poisoned: AtomicBool,
+}
+
+#[derive(Default)]
+struct Ledger {
+    pending: Vec<Awaiting>,
+    /// Returns seen, by publish id, until that publish's own confirm settles it.
+    returned: HashMap<u64, Returned>,
+}
+
+struct Awaiting {
+    id: u64,
+    confirm: PublisherConfirm,
+    reply: oneshot::Sender<Result<(), PublishError>>,
+    /// Released when the publish settles, not when its caller stops waiting.
+    _permit: OwnedSemaphorePermit,
+}
+
+struct Returned {
+    exchange: String,
+    routing_key: String,
+    reply: String,
+}
+
+type Outcome = Result<(), PublishError>;
+
+impl ConfirmChannel {
+    /// Wraps a confirm-mode channel and starts its sweeper.
+    fn start(channel: Channel) -> Arc<Self> {
+        let this = Arc::new(Self {
+            channel,
+            sending: Mutex::new(()),
+            ledger: std::sync::Mutex::new(Ledger::default()),
+            sweeper: std::sync::Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&this);
+        tokio::spawn(std::future::poll_fn(move |cx| Self::sweep(&weak, cx)));
+        this
+    }
+
+    fn usable(&self) -> bool {
+        self.channel.status().connected() && !self.poisoned.load(Ordering::SeqCst)
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake_sweeper(&self) {
+        let waker = self
+            .sweeper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Closes the channel: lapin then fails every confirm still awaited on it.
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        let channel = self.channel.clone();
+        tokio::spawn(async move {
+            let _ = channel.close(200, "confirms unattributable".into()).await;
+        });
+    }
+
+    /// Hands one message to lapin and puts its confirm in the ledger; the receiver gets the
+    /// outcome.
+    async fn put(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        id: u64,
+        message: Message<'_>,
+        after: Duration,
+    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+        let options = BasicPublishOptions {
+            mandatory: message.mandatory,
+            ..BasicPublishOptions::default()
+        };
+        let _sending = self.sending.lock().await;
+        // lapin registers the message's confirm as soon as the publish starts: if this future
+        // is dropped or fails before the confirm is in the ledger, a return could go to a
+        // confirm nobody sweeps.
+        let mut unsettled = PoisonOnDrop(Some(self));
+        let publish = self.channel.basic_publish(
+            message.exchange,
+            message.routing_key,
+            options,
+            message.body,
+            message.properties,
+        );
+        let confirm =
+            tokio::time::timeout(after, publish)
+                .await
+                .map_err(|_| PublishError::NoAnswer {
+                    what: "taking the message",
+                    after,
+                })??;
+        let (reply, outcome) = oneshot::channel();
+        self.ledger().pending.push(Awaiting {
+            id,
+            confirm,
+            reply,
+            _permit: permit,
+        });
+        unsettled.0 = None;
+        drop(_sending);
+        self.wake_sweeper();
+        Ok(outcome)
+    }
+
+    /// The sweeper's one step: settles every publish whose confirm came, once every return
+    /// that may be its own has been seen. Ends when the channel is gone.
+    fn sweep(this: &Weak<Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(this) = this.upgrade() else {
+            return Poll::Ready(());
+        };
+        // Before trying the lock, so a sender that holds it wakes us when it lets go.
+        *this.sweeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+        let Ok(_sending) = this.sending.try_lock() else {
+            return Poll::Pending;
+        };
+        let mut ledger = this.ledger();
+        // lapin attaches a return to the first confirm it resolves after the return arrived,
+        // which resolves no later than the returned message's own. So once a pass over the
+        // ledger finds nothing newly resolved, every return belonging to what was resolved
+        // before it has been seen.
+        let mut resolved = Vec::new();
+        loop {
+            let before = resolved.len();
+            let mut i = 0;
+            while i < ledger.pending.len() {
+                match Pin::new(&mut ledger.pending[i].confirm).poll(cx) {
+                    Poll::Ready(confirmation) => {
+                        resolved.push((ledger.pending.swap_remove(i), confirmation));
+                    }
+                    Poll::Pending => i += 1,
+                }
+            }
+            if resolved.len() == before {
+                break;
+            }
+        }
+        for (_, confirmation) in &mut resolved {
+            let (Ok(Confirmation::Ack(returned)) | Ok(Confirmation::Nack(returned))) = confirmation
+            else {
+                continue;
+            };
+            let Some(returned) = returned.take() else {
+                continue;
+            };
+            match read_u64_header(&returned.properties, PUBLISH_ID_HEADER) {
+                Some(id) => {
+                    ledger.returned.insert(
+                        id,
+                        Returned {
+                            exchange: returned.delivery.exchange.to_string(),
+                            routing_key: returned.delivery.routing_key.to_string(),
+                            reply: format!("{} {}", returned.reply_code, returned.reply_text),
+                        },
+                    );
+                }
+                None => {
+                    error!(exchange = %returned.delivery.exchange, routing_key = %returned.delivery.routing_key, "The broker returned a message without a publish id; closing the channel");
+                    this.poison();
+                }
+            }
+        }
+        let poisoned = this.poisoned.load(Ordering::SeqCst);
+        for (awaiting, confirmation) in resolved {
+            let outcome = match (confirmation, ledger.returned.remove(&awaiting.id)) {
+                (Err(e), _) => Err(PublishError::Broker(e)),
+                (Ok(_), Some(r)) => Err(PublishError::Unroutable {
+                    exchange: r.exchange,
+                    routing_key: r.routing_key,
+                    reply: r.reply,
+                }),
+                (Ok(_), None) if poisoned => Err(PublishError::Unattributable),
+                (Ok(Confirmation::Ack(_)), None) => Ok(()),
+                (Ok(Confirmation::Nack(_)), None) => Err(PublishError::Nacked),
+                (Ok(Confirmation::NotRequested), None) => {
+                    unreachable!("the channel is in confirm mode")
+                }
+            };
+            // The caller may have stopped waiting (its deadline passed): nothing to tell.
+            let _ = awaiting.reply.send(outcome);
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for ConfirmChannel {
+    fn drop(&mut self) {
+        // Lets the sweeper see the channel is gone and end.
+        self.wake_sweeper();
+    }
+}
+
+/// Poisons a channel unless disarmed (set to `None`) once a sent message's confirm is in the
+/// ledger.
+struct PoisonOnDrop<'a>(Option<&'a Arc<ConfirmChannel>>);
+
+impl Drop for PoisonOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(channel) = self.0 {
+            channel.poison();
+        }
+    }
+}
+
+/// One message as lapin takes it, checked.
+struct Message<'a> {
+    exchange: ShortString,
+    routing_key: ShortString,
+    body: &'a [u8],
+    properties: BasicProperties,
+    mandatory: bool,
 }
 
 impl Publisher {
@@ -127,15 +376,15 @@ impl Publisher {
         let publisher = Self {
             pool,
             conn: Mutex::new(None),
-            idle: std::sync::Mutex::new(Vec::new()),
-            exact: Semaphore::new(EXACT_CHANNELS),
-            pipelined: Mutex::new(None),
+            slots: (0..=PUBLISH_CHANNELS).map(|_| Mutex::new(None)).collect(),
+            next_slot: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             confirm_timeout,
             blocked: Arc::new(AtomicBool::new(false)),
             frame_max: AtomicUsize::new(FRAME_MAX),
         };
-        let channel = publisher.new_channel().await?;
-        publisher.give_back(channel);
+        publisher.lane(1).await?;
         Ok(publisher)
     }
 
@@ -183,35 +432,20 @@ impl Publisher {
         Ok(conn)
     }
 
-    /// An idle channel for one exact publish, or a new one.
-    async fn exact_channel(&self) -> Result<Channel, PublishError> {
-        loop {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            match idle {
-                Some(ch) if ch.status().connected() => return Ok(ch),
-                Some(_) => continue,
-                None => return self.new_channel().await,
-            }
-        }
-    }
-
-    fn give_back(&self, channel: Channel) {
-        self.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(channel);
-    }
-
-    async fn pipelined_channel(&self) -> Result<Channel, PublishError> {
-        let mut slot = self.pipelined.lock().await;
-        if let Some(ch) = slot.as_ref()
-            && ch.status().connected()
+    /// The channel of `slot`, or a new one in its place once it closed or was poisoned.
+    async fn lane(&self, slot: usize) -> Result<Arc<ConfirmChannel>, PublishError> {
+        let Some(slot) = self.slots.get(slot) else {
+            return Err(PublishError::Connect("no such publishing channel".into()));
+        };
+        let mut slot = slot.lock().await;
+        if let Some(lane) = slot.as_ref()
+            && lane.usable()
         {
-            return Ok(ch.clone());
+            return Ok(Arc::clone(lane));
         }
-        let ch = self.new_channel().await?;
-        *slot = Some(ch.clone());
-        Ok(ch)
+        let lane = ConfirmChannel::start(self.new_channel().await?);
+        *slot = Some(Arc::clone(&lane));
+        Ok(lane)
     }
 
     /// Follows a connection's events: a blocked connection (resource alarm) is logged and
@@ -244,12 +478,52 @@ impl Publisher {
         self.blocked.load(Ordering::SeqCst)
     }
 
+    /// Checks one message and hands it to the channel of `slot`, waiting for room if
+    /// [`MAX_IN_FLIGHT`] publishes await their confirm; the receiver gets its outcome.
+    async fn hand_over(
+        &self,
+        slot: usize,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<oneshot::Receiver<Outcome>, PublishError> {
+        // A routing key may come from a message (a tenant header, an `x-death` entry): over 255
+        // bytes it is an error for this message, not a panic in the AMQP client.
+        let short = |what, s: &str| {
+            ShortString::try_new(s).map_err(|_| PublishError::TooLong { what, len: s.len() })
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let properties = with_publish_id(properties, id);
+        // lapin sends the properties as one frame without looking at its size, and the broker
+        // closes the whole connection on one over frame_max: refuse this message alone instead.
+        let len = content_header_frame_len(&properties);
+        let frame_max = self.frame_max.load(Ordering::SeqCst);
+        if len > frame_max {
+            return Err(PublishError::TooLarge { len, frame_max });
+        }
+        let message = Message {
+            exchange: short("the exchange name", exchange)?,
+            routing_key: short("the routing key", routing_key)?,
+            body,
+            properties,
+            mandatory,
+        };
+        let permit = Arc::clone(&self.in_flight)
+            .acquire_owned()
+            .await
+            .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
+        let lane = self.lane(slot).await?;
+        lane.put(permit, id, message, self.confirm_timeout).await
+    }
+
     /// Publishes one message with `mandatory` and waits for the broker's confirm. `Ok` means
     /// the broker has it in at least one queue; `Unroutable` means this very message was
     /// returned.
     ///
-    /// One deadline, the confirm timeout, covers the whole publish: the wait for a free channel
-    /// (all [`EXACT_CHANNELS`] may be awaiting confirms), opening one, handing the message over
+    /// One deadline, the confirm timeout, covers the whole publish: the wait for room (all
+    /// [`MAX_IN_FLIGHT`] may be awaiting confirms), opening a channel, handing the message over
     /// and its confirm. So a publish never takes longer than the lease rule counts for it.
     pub async fn publish(
         &self,
@@ -260,115 +534,37 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let after = self.confirm_timeout;
         let deadline = tokio::time::Instant::now() + after;
-        let no_answer = |what| PublishError::NoAnswer { what, after };
-        let _permit = tokio::time::timeout_at(deadline, self.exact.acquire())
-            .await
-            .map_err(|_| no_answer("a free channel"))?
-            .map_err(|_| PublishError::Connect("the publisher is closed".into()))?;
-        let channel = tokio::time::timeout_at(deadline, self.exact_channel())
-            .await
-            .map_err(|_| no_answer("opening a channel"))??;
-        let sent = tokio::time::timeout_at(
+        let slot = 1 + self.next_slot.fetch_add(1, Ordering::Relaxed) % PUBLISH_CHANNELS;
+        let outcome = tokio::time::timeout_at(
             deadline,
-            self.send_on(&channel, exchange, routing_key, body, properties, true),
+            self.hand_over(slot, exchange, routing_key, body, properties, true),
         )
         .await
-        .unwrap_or(Err(no_answer("taking the message")));
-        let result = match sent {
-            Ok(confirm) => tokio::time::timeout_at(deadline, self.confirmed(confirm))
-                .await
-                .unwrap_or(Err(PublishError::ConfirmTimeout(after))),
-            Err(e) => Err(e),
-        };
-        match &result {
-            // The channel has nothing left in flight: reuse it.
-            Ok(()) | Err(PublishError::Unroutable { .. } | PublishError::Nacked) => {
-                self.give_back(channel);
-            }
-            // A confirm may still arrive on it and would be taken for the next message's.
-            _ => {
-                tokio::spawn(async move {
-                    let _ = channel.close(200, "confirm abandoned".into()).await;
-                });
-            }
-        }
-        result
+        .map_err(|_| PublishError::NoAnswer {
+            what: "taking the message",
+            after,
+        })??;
+        Self::confirmed(tokio::time::timeout_at(deadline, outcome).await, after)
     }
 
-    /// Hands one message to `channel`, within the confirm timeout.
-    async fn send_on(
-        &self,
-        channel: &Channel,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        properties: BasicProperties,
-        mandatory: bool,
-    ) -> Result<lapin::PublisherConfirm, PublishError> {
-        let after = self.confirm_timeout;
-        let options = BasicPublishOptions {
-            mandatory,
-            ..BasicPublishOptions::default()
-        };
-        // A routing key may come from a message (a tenant header, an `x-death` entry): over 255
-        // bytes it is an error for this message, not a panic in the AMQP client.
-        let short = |what, s: &str| {
-            ShortString::try_new(s).map_err(|_| PublishError::TooLong { what, len: s.len() })
-        };
-        // lapin sends the properties as one frame without looking at its size, and the broker
-        // closes the whole connection on one over frame_max: refuse this message alone instead.
-        let len = content_header_frame_len(&properties);
-        let frame_max = self.frame_max.load(Ordering::SeqCst);
-        if len > frame_max {
-            return Err(PublishError::TooLarge { len, frame_max });
-        }
-        let publish = channel.basic_publish(
-            short("the exchange name", exchange)?,
-            short("the routing key", routing_key)?,
-            options,
-            body,
-            properties,
-        );
-        tokio::time::timeout(after, publish)
-            .await
-            .map_err(|_| PublishError::NoAnswer {
-                what: "taking the message",
-                after,
-            })?
-            .map_err(PublishError::from)
-    }
-
-    /// Waits (up to the confirm timeout) for a confirm and says what it means.
+    /// What waiting for an outcome came to.
     fn confirmed(
-        &self,
-        confirm: lapin::PublisherConfirm,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send + 'static {
-        let timeout = self.confirm_timeout;
-        async move {
-            let confirmation = tokio::time::timeout(timeout, confirm)
-                .await
-                .map_err(|_| PublishError::ConfirmTimeout(timeout))??;
-            match confirmation {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                    Err(PublishError::Unroutable {
-                        exchange: returned.delivery.exchange.to_string(),
-                        routing_key: returned.delivery.routing_key.to_string(),
-                        reply: format!("{} {}", returned.reply_code, returned.reply_text),
-                    })
-                }
-                Confirmation::Nack(None) => Err(PublishError::Nacked),
-                Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
-            }
+        waited: Result<Result<Outcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+        after: Duration,
+    ) -> Outcome {
+        match waited {
+            Ok(Ok(outcome)) => outcome,
+            // The channel's ledger is gone: the channel closed and was replaced.
+            Ok(Err(_)) => Err(PublishError::ChannelLost),
+            Err(_) => Err(PublishError::ConfirmTimeout(after)),
         }
     }
 
-    /// Sends one message on the shared pipelined channel and returns the wait for its confirm,
-    /// so a caller can keep many in flight. Without `mandatory` an unroutable message is
-    /// confirmed and dropped by the broker (right for notices nobody may be listening to).
-    /// With it, an `Unroutable` error names the returned message's exchange and routing key,
-    /// which may be another message sent in the same confirm batch: use [`Publisher::publish`]
-    /// where it matters which.
+    /// Sends one message and returns the wait for its confirm, so a caller can keep many in
+    /// flight; messages sent this way keep their order (one channel of their own). Without
+    /// `mandatory` an unroutable message is confirmed and dropped by the broker (right for
+    /// notices nobody may be listening to). With it, `Unroutable` means this very message was
+    /// returned, as with [`Publisher::publish`].
     pub async fn send(
         &self,
         exchange: &str,
@@ -376,12 +572,18 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
         mandatory: bool,
-    ) -> Result<impl Future<Output = Result<(), PublishError>> + Send + 'static, PublishError> {
-        let channel = self.pipelined_channel().await?;
-        let confirm = self
-            .send_on(&channel, exchange, routing_key, body, properties, mandatory)
-            .await?;
-        Ok(self.confirmed(confirm))
+    ) -> Result<impl Future<Output = Outcome> + Send + 'static, PublishError> {
+        let after = self.confirm_timeout;
+        let outcome = tokio::time::timeout(
+            after,
+            self.hand_over(0, exchange, routing_key, body, properties, mandatory),
+        )
+        .await
+        .map_err(|_| PublishError::NoAnswer {
+            what: "taking the message",
+            after,
+        })??;
+        Ok(async move { Self::confirmed(tokio::time::timeout(after, outcome).await, after) })
     }
 
     /// Validates `event` against the envelope contract and publishes it to `ingress` with the
@@ -406,13 +608,11 @@ impl Publisher {
     }
 
     async fn close_all(&self) {
-        self.exact.close();
-        if let Some(ch) = self.pipelined.lock().await.take() {
-            let _ = ch.close(200, "bye".into()).await;
-        }
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        for ch in idle {
-            let _ = ch.close(200, "bye".into()).await;
+        self.in_flight.close();
+        for slot in &self.slots {
+            if let Some(lane) = slot.lock().await.take() {
+                let _ = lane.channel.close(200, "bye".into()).await;
+            }
         }
         if let Some(conn) = self.conn.lock().await.take() {
             let _ = conn.close(200, "bye".into()).await;

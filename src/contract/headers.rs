@@ -38,6 +38,10 @@ pub const REDRIVES_HEADER: &str = "x-hookrelay-redrives";
 /// When it was last redriven, in milliseconds since the epoch.
 pub const REDRIVEN_AT_HEADER: &str = "x-hookrelay-redriven-at-ms";
 
+/// Set by [`crate::broker::publish::Publisher`] on every message it publishes: an id of that one
+/// publish, which a `basic.return` carries back, so a return names the publish it belongs to.
+pub const PUBLISH_ID_HEADER: &str = "x-hookrelay-publish-id";
+
 /// On a copy that left producer headers out to fit the broker's frame size: which, and how big.
 pub const HEADERS_DROPPED_HEADER: &str = "x-hookrelay-headers-dropped";
 
@@ -64,7 +68,7 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
 /// rewrite.
-const SMALL_HEADERS: [&str; 13] = [
+const SMALL_HEADERS: [&str; 14] = [
     SUBSCRIPTION_HEADER,
     EVENT_ID_HEADER,
     ENDPOINT_HEADER,
@@ -78,6 +82,7 @@ const SMALL_HEADERS: [&str; 13] = [
     REDRIVES_HEADER,
     REDRIVEN_AT_HEADER,
     HEADERS_DROPPED_HEADER,
+    PUBLISH_ID_HEADER,
 ];
 
 /// Headers the broker adds while dead-lettering; dropped on every republish so they neither
@@ -322,6 +327,14 @@ fn put_u64(headers: &mut FieldTable, name: &str, value: u64) {
         name.into(),
         AMQPValue::LongLongInt(i64::try_from(value).unwrap_or(i64::MAX)),
     );
+}
+
+/// `properties` with [`PUBLISH_ID_HEADER`] set to `id` (replacing the one a consumed message
+/// carried from its own publish).
+pub fn with_publish_id(properties: BasicProperties, id: u64) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    put_u64(&mut headers, PUBLISH_ID_HEADER, id);
+    properties.with_headers(headers)
 }
 
 /// Properties for a republish into a tier: the original message with the attempt count, the

@@ -11,6 +11,12 @@
 //!
 //! Both consumers start on a backlog of N messages published beforehand, and deliveries per
 //! second are counted at the sink from the first delivery to the last.
+//!
+//! The **failure path** (`--failure-path`) does the same with a sink that answers every request
+//! 503 and the breaker out of reach: hookrelay moves each envelope into its retry tier (a
+//! confirmed republish, then the ack), against a raw loop that consumes, POSTs, publishes the
+//! message to a second queue with a confirm, and acks. Both count from the first request at the
+//! sink until the last message is in the queue it goes to.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,9 +29,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Serialize;
 
@@ -74,6 +81,8 @@ pub struct BenchOptions {
     pub throughput_only: bool,
     /// Bind a queue to the attempt log during the runs, as an operator keeping history would.
     pub keep_attempt_log: bool,
+    /// Also measure the failure path (every attempt answered 503).
+    pub failure_path: bool,
 }
 
 impl Default for BenchOptions {
@@ -90,6 +99,7 @@ impl Default for BenchOptions {
             isolation_events: 2_000,
             throughput_only: false,
             keep_attempt_log: false,
+            failure_path: false,
         }
     }
 }
@@ -128,6 +138,11 @@ pub struct BenchReport {
     pub attempt_log_kept: bool,
     /// Only throughput was measured.
     pub throughput_only: bool,
+    /// Every attempt answered 503: messages into their next queue per second, the raw loop's
+    /// and hookrelay's (into the retry tier), when measured.
+    pub failure_ceiling: Option<Throughput>,
+    pub failure_hookrelay: Option<Throughput>,
+    pub failure_ratio: f64,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
@@ -194,14 +209,14 @@ fn body_time(body: &[u8]) -> Option<u64> {
 }
 
 async fn sink_handler(State(sink): State<Arc<Sink>>, body: Bytes) -> StatusCode {
-    if let Some(wait) = sink.slow_fail {
-        tokio::time::sleep(wait).await;
-        return StatusCode::SERVICE_UNAVAILABLE;
-    }
     let now = sink.started.elapsed().as_nanos() as u64;
     sink.first_ns.fetch_min(now, Ordering::SeqCst);
     sink.last_ns.fetch_max(now, Ordering::SeqCst);
     sink.count.fetch_add(1, Ordering::SeqCst);
+    if let Some(wait) = sink.slow_fail {
+        tokio::time::sleep(wait).await;
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
     if sink.record.load(Ordering::Relaxed)
         && let Some(t) = body_time(&body)
     {
@@ -379,43 +394,19 @@ pub async fn run(
 
     // 1. The ceiling.
     let ceiling_queue = format!("{prefix}.ceiling");
-    channel
-        .queue_declare(
-            ceiling_queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            queue_args(options.queue_type),
-        )
-        .await?;
     say(&format!(
         "publishing {} messages for the ceiling loop",
         options.events
     ));
-    publish_many(&publisher, options.events, |i| {
-        (
-            String::new(),
-            ceiling_queue.clone(),
-            body(i),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-    })
-    .await?;
+    raw_backlog(&publisher, &channel, &ceiling_queue, options).await?;
     sink.reset();
-    let mut child = tokio::process::Command::new(&binaries.ceiling)
-        .args([
-            "bench-ceiling",
-            "--queue",
-            &ceiling_queue,
-            "--prefetch",
-            &options.prefetch.to_string(),
-            "--url",
-            &format!("http://{sink_addr}/ceiling"),
-        ])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = start_ceiling(
+        &binaries,
+        &ceiling_queue,
+        options.prefetch,
+        &format!("http://{sink_addr}/ceiling"),
+        None,
+    )?;
     let timeout = Duration::from_secs(600);
     wait_count(&sink, options.events as u64, timeout).await?;
     let rss = child.id().and_then(peak_rss_mib).unwrap_or(0.0);
@@ -474,6 +465,21 @@ pub async fn run(
     )
     .await;
     let _ = topology.delete(&channel).await;
+    let result = match result {
+        Ok(()) if options.failure_path => {
+            failure_path(
+                config,
+                options,
+                &binaries,
+                &prefix,
+                &publisher,
+                &channel,
+                &mut report,
+            )
+            .await
+        }
+        other => other,
+    };
     if options.keep_attempt_log {
         let _ = channel
             .queue_delete(history.as_str().into(), QueueDeleteOptions::default())
@@ -483,9 +489,79 @@ pub async fn run(
     let _ = conn.close(200, "bench done".into()).await;
     result?;
     report.ratio = report.hookrelay.per_second / report.ceiling.per_second.max(1e-9);
+    if let (Some(raw), Some(ours)) = (&report.failure_ceiling, &report.failure_hookrelay) {
+        report.failure_ratio = ours.per_second / raw.per_second.max(1e-9);
+    }
     report.isolation_ratio_p99 =
         report.first_attempt_with_backlog.p99_ms / report.first_attempt_baseline.p99_ms.max(1e-9);
     Ok(report)
+}
+
+/// A durable queue of the bench's queue type, for the raw loops.
+async fn declare_raw_queue(
+    channel: &lapin::Channel,
+    queue: &str,
+    queue_type: QueueType,
+) -> Result<(), BenchError> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            queue_args(queue_type),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `queue`, declared, holding `--events` persistent messages for a raw loop.
+async fn raw_backlog(
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    queue: &str,
+    options: &BenchOptions,
+) -> Result<(), BenchError> {
+    declare_raw_queue(channel, queue, options.queue_type).await?;
+    publish_many(publisher, options.events, |i| {
+        (
+            String::new(),
+            queue.to_owned(),
+            body(i),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+    })
+    .await
+}
+
+/// Starts the raw loop on `queue` (`hookrelay-dev bench-ceiling`), forwarding each message to
+/// `forward` before its ack when given.
+fn start_ceiling(
+    binaries: &Binaries,
+    queue: &str,
+    prefetch: u16,
+    url: &str,
+    forward: Option<&str>,
+) -> std::io::Result<tokio::process::Child> {
+    let prefetch = prefetch.to_string();
+    let mut args = vec![
+        "bench-ceiling",
+        "--queue",
+        queue,
+        "--prefetch",
+        &prefetch,
+        "--url",
+        url,
+    ];
+    if let Some(to) = forward {
+        args.extend(["--forward", to]);
+    }
+    tokio::process::Command::new(&binaries.ceiling)
+        .args(args)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
 }
 
 struct WorkerProcess {
@@ -499,6 +575,7 @@ async fn start_worker(
     ladder: &Ladder,
     prefetch: u16,
     subscriptions: &str,
+    env: &[(&str, String)],
 ) -> Result<WorkerProcess, BenchError> {
     let guard = tempfile::tempdir()?;
     let dir = guard.path();
@@ -523,6 +600,7 @@ async fn start_worker(
         "HOOKRELAY_METRICS_LISTEN",
         format!("127.0.0.1:{metrics_port}"),
     )
+    .envs(env.iter().map(|(k, v)| (k, v)))
     .stdout(Stdio::null())
     .spawn()?;
     Ok(WorkerProcess { child, _dir: guard })
@@ -577,7 +655,8 @@ async fn run_hookrelay(
     })
     .await?;
     sink.reset();
-    let mut worker = start_worker(exe, config, ladder, options.prefetch, &subscriptions).await?;
+    let mut worker =
+        start_worker(exe, config, ladder, options.prefetch, &subscriptions, &[]).await?;
     let pid = worker.child.id();
     wait_count(sink, options.events as u64, Duration::from_secs(600)).await?;
     let (n, secs) = sink.window();
@@ -646,6 +725,167 @@ async fn run_hookrelay(
     report.hookrelay.peak_rss_mib = pid.and_then(peak_rss_mib).unwrap_or(0.0);
     let _ = worker.child.kill().await;
     Ok(())
+}
+
+/// The failure path: every attempt answered 503, the breaker out of reach. First the raw loop
+/// (consume, POST, confirmed publish to a second queue, ack), then hookrelay moving each
+/// envelope into its retry tier; each counted from the first request at the sink until the
+/// last message is in the queue it goes to.
+#[allow(clippy::too_many_arguments)]
+async fn failure_path(
+    config: &Config,
+    options: &BenchOptions,
+    binaries: &Binaries,
+    prefix: &str,
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    report: &mut BenchReport,
+) -> Result<(), BenchError> {
+    let n = options.events;
+    let sink = Sink::new(Some(Duration::ZERO));
+    let sink_addr = start_sink(Arc::clone(&sink)).await?;
+    let timeout = Duration::from_secs(600);
+
+    let from = format!("{prefix}.failing");
+    let to = format!("{prefix}.failing-next");
+    declare_raw_queue(channel, &to, options.queue_type).await?;
+    say(&format!(
+        "failure path: publishing {n} messages for the raw loop"
+    ));
+    raw_backlog(publisher, channel, &from, options).await?;
+    sink.reset();
+    let mut child = start_ceiling(
+        binaries,
+        &from,
+        options.prefetch,
+        &format!("http://{sink_addr}/failing"),
+        Some(&to),
+    )?;
+    let raw = moved(channel, &sink, &to, n, timeout).await;
+    let _ = child.kill().await;
+    for queue in [&from, &to] {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    report.failure_ceiling = Some(raw?);
+
+    // Tiers long enough that nothing comes back during the run.
+    let ladder = Ladder::build(
+        &format!("{prefix}-failing"),
+        options.queue_type,
+        &["10m"],
+        &["10m", "10m"],
+    )?;
+    ladder.objects().apply(channel).await?;
+    let result = failure_path_hookrelay(
+        config, options, binaries, &ladder, publisher, channel, &sink, sink_addr,
+    )
+    .await;
+    let _ = ladder.objects().delete(channel).await;
+    report.failure_hookrelay = Some(result?);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn failure_path_hookrelay(
+    config: &Config,
+    options: &BenchOptions,
+    binaries: &Binaries,
+    ladder: &Ladder,
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    sink: &Arc<Sink>,
+    sink_addr: std::net::SocketAddr,
+) -> Result<Throughput, BenchError> {
+    let n = options.events;
+    let secret_dir = tempfile::tempdir()?;
+    let secret_file = secret_dir.path().join("bench.whsec");
+    std::fs::write(&secret_file, generate_secret())?;
+    let subscriptions = subscription_entry(
+        "bench_failing",
+        &format!("http://{sink_addr}/hook"),
+        &secret_file,
+    );
+    let ingress = ladder.ingress();
+    say(&format!(
+        "failure path: publishing {n} events through {ingress}"
+    ));
+    publish_many(publisher, n, |i| {
+        to_ingress(
+            &ingress,
+            NewEvent {
+                id: format!("fail_{i}"),
+                tenant: "bench".into(),
+                event_type: "bench.event".into(),
+                subscription: Some("bench_failing".into()),
+                timestamp: None,
+                body: body(i),
+            },
+        )
+    })
+    .await?;
+    let tier = ladder
+        .tier_ids()
+        .next()
+        .map(|tier| ladder.tier_queue(tier))
+        .ok_or_else(|| BenchError::Other("the bench ladder has no tier".into()))?;
+    sink.reset();
+    // Every attempt is made: the breaker never opens, and no envelope waits for a slot.
+    let env = [
+        ("HOOKRELAY_ENDPOINTS_BREAKER_FAILURES", u32::MAX.to_string()),
+        ("HOOKRELAY_ENDPOINTS_MAX_CONCURRENT", "100000".to_owned()),
+    ];
+    let mut worker = start_worker(
+        &binaries.worker,
+        config,
+        ladder,
+        options.prefetch,
+        &subscriptions,
+        &env,
+    )
+    .await?;
+    let result = moved(channel, sink, &tier, n, Duration::from_secs(600)).await;
+    let _ = worker.child.kill().await;
+    result
+}
+
+/// Waits until `queue` holds `n` messages and measures from the sink's first request until
+/// then.
+async fn moved(
+    channel: &lapin::Channel,
+    sink: &Sink,
+    queue: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<Throughput, BenchError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let depth = hookrelay::ops::mover::depth(channel, queue).await? as usize;
+        if depth >= n {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::Other(format!(
+                "only {depth} of {n} messages reached {queue} within {}s",
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let end = sink.started.elapsed().as_nanos() as u64;
+    let first = sink.first_ns.load(Ordering::SeqCst);
+    let seconds = end.saturating_sub(first) as f64 / 1e9;
+    say(&format!(
+        "failure path: {n} into {queue} at {:.0}/s",
+        n as f64 / seconds.max(1e-9)
+    ));
+    Ok(Throughput {
+        deliveries: n as u64,
+        seconds,
+        per_second: n as f64 / seconds.max(1e-9),
+        peak_rss_mib: 0.0,
+    })
 }
 
 async fn fresh_first_attempts(
@@ -768,10 +1008,21 @@ pub async fn ceiling_loop(
     queue: &str,
     prefetch: u16,
     url: &str,
+    forward: Option<&str>,
 ) -> Result<(), BenchError> {
     let conn =
         Connection::connect(config.amqp.url.expose(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
+    // The failure path's loop: every message on to `forward`, confirmed, before the ack; all on
+    // one channel with as many confirms in flight as deliveries.
+    let forward = match forward {
+        Some(queue) => {
+            let out = conn.create_channel().await?;
+            out.confirm_select(ConfirmSelectOptions::default()).await?;
+            Some((out, ShortString::from(queue.to_owned())))
+        }
+        None => None,
+    };
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
@@ -792,8 +1043,27 @@ pub async fn ceiling_loop(
         let delivery = delivery?;
         let client = client.clone();
         let url = url.clone();
+        let forward = forward.clone();
         tokio::spawn(async move {
-            let _ = client.post(url).body(delivery.data).send().await;
+            let _ = client.post(url).body(delivery.data.clone()).send().await;
+            if let Some((out, queue)) = forward {
+                let confirmed = match out
+                    .basic_publish(
+                        "".into(),
+                        queue,
+                        BasicPublishOptions::default(),
+                        &delivery.data,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                {
+                    Ok(confirm) => confirm.await.is_ok_and(|c| c.is_ack()),
+                    Err(_) => false,
+                };
+                if !confirmed {
+                    return;
+                }
+            }
             let _ = delivery.acker.ack(BasicAckOptions::default()).await;
         });
     }
@@ -864,10 +1134,26 @@ impl BenchReport {
             wn = self.first_attempt_with_backlog.count,
             iso = self.isolation_ratio_p99,
         );
-        if self.throughput_only {
+        let table = if self.throughput_only {
             // The lines after the ratio were not measured.
-            return table.split("\n\n").take(2).collect::<Vec<_>>().join("\n\n") + "\n";
+            table.split("\n\n").take(2).collect::<Vec<_>>().join("\n\n") + "\n"
+        } else {
+            table
+        };
+        match (&self.failure_ceiling, &self.failure_hookrelay) {
+            (Some(raw), Some(ours)) => format!(
+                "{table}\n\
+                 failure path (every attempt 503)      into next queue/s   seconds\n\
+                 raw loop (POST, confirmed publish)   {r:>12.0}   {rs:>7.2}\n\
+                 hookrelay worker (into retry tier)   {h:>12.0}   {hs:>7.2}\n\
+                 ratio hookrelay/raw                  {ratio:>12.2}\n",
+                r = raw.per_second,
+                rs = raw.seconds,
+                h = ours.per_second,
+                hs = ours.seconds,
+                ratio = self.failure_ratio,
+            ),
+            _ => table,
         }
-        table
     }
 }

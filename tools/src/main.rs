@@ -56,6 +56,9 @@ enum Command {
         prefetch: u16,
         #[arg(long)]
         url: String,
+        /// Publish each message to this queue, confirmed, before the ack (the failure path).
+        #[arg(long)]
+        forward: Option<String>,
     },
 }
 
@@ -95,6 +98,11 @@ struct BenchArgs {
     /// Measure throughput only (skips latency, promotion precision and isolation).
     #[arg(long)]
     throughput_only: bool,
+    /// Also measure the failure path: every attempt answered 503, the breaker out of reach,
+    /// envelopes into their retry tier against a raw loop that POSTs and publishes each message
+    /// on, confirmed.
+    #[arg(long)]
+    failure_path: bool,
     /// The hookrelay binary the worker runs from; by default the one beside this binary.
     #[arg(long, value_name = "FILE")]
     worker_bin: Option<PathBuf>,
@@ -164,6 +172,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 throughput_only: args.throughput_only,
                 precision_rate: args.precision_rate,
                 keep_attempt_log: args.keep_attempt_log,
+                failure_path: args.failure_path,
                 ..Default::default()
             };
             let exe = std::env::current_exe().context("cannot find the hookrelay-dev binary")?;
@@ -198,8 +207,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             queue,
             prefetch,
             url,
+            forward,
         } => {
-            bench::ceiling_loop(&config, &queue, prefetch, &url).await?;
+            bench::ceiling_loop(&config, &queue, prefetch, &url, forward.as_deref()).await?;
             Ok(ExitCode::SUCCESS)
         }
     }
