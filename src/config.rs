@@ -435,8 +435,12 @@ pub struct EgressConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EndpointConfig {
-    /// Attempts at once per endpoint (host and port); a subscription may set its own.
+    /// Attempts at once per endpoint (scheme, host, port and path); a subscription may set its
+    /// own.
     pub max_concurrent: u32,
+    /// Attempts at once per host and port, across all its endpoints: protects a host many
+    /// subscriptions share. Filling it defers, never opens a breaker.
+    pub max_concurrent_per_host: u32,
     /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
     /// the attempt budget the lease rule checks.
     #[serde(with = "humantime_serde")]
@@ -456,6 +460,7 @@ impl Default for EndpointConfig {
     fn default() -> Self {
         Self {
             max_concurrent: 64,
+            max_concurrent_per_host: 256,
             wait: Duration::from_secs(5),
             breaker_failures: 20,
             breaker_cooldown: Duration::from_secs(30),
@@ -587,9 +592,12 @@ impl Config {
                 "must not be shorter than amqp.reconnect_min",
             ));
         }
-        if self.endpoints.max_concurrent == 0 || self.endpoints.breaker_failures == 0 {
+        if self.endpoints.max_concurrent == 0
+            || self.endpoints.max_concurrent_per_host == 0
+            || self.endpoints.breaker_failures == 0
+        {
             return Err(ConfigError::invalid(
-                "endpoints.max_concurrent/breaker_failures",
+                "endpoints.max_concurrent/max_concurrent_per_host/breaker_failures",
                 "must be at least 1",
             ));
         }

@@ -478,3 +478,79 @@ async fn deleting_a_retired_lane_under_load_ends_only_its_consumer_and_lanes_are
     t.owns_queue(&big_first);
     t.owns_queue(&big_retry);
 }
+
+#[tokio::test]
+async fn one_paths_failures_never_defer_another_paths_deliveries() {
+    // Three subscriptions of one tenant on three paths of one host, as hooks.slack.com-style
+    // shared hosts are: one path fails, one takes everything, one rejects.
+    let t = TestLadder::apply("paths", &["300ms", "2s"], &["300ms"; 8]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |r| match r.path {
+        "/hook/flaky" => Reply::Status(503),
+        "/hook/reject" => Reply::Status(400),
+        _ => Reply::Status(204),
+    })
+    .await
+    .unwrap();
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 3;
+    config.endpoints.breaker_cooldown = Duration::from_secs(60);
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![
+            subscription("sub_flaky", "acme", &receiver.url("/hook/flaky"), &s),
+            subscription("sub_ok", "acme", &receiver.url("/hook/ok"), &s),
+            subscription("sub_reject", "acme", &receiver.url("/hook/reject"), &s),
+        ],
+    )
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_flaky_{i}"), "acme", "sub_flaky")))
+        .await;
+    // The flaky path's breaker is open before the others' events arrive.
+    let m = worker.metrics.clone();
+    wait_until(WAIT, async || {
+        m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) >= 1
+    })
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_ok_{i}"), "acme", "sub_ok")))
+        .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_reject_{i}"), "acme", "sub_reject")))
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| {
+                r.records()
+                    .iter()
+                    .filter(|x| x.path != "/hook/flaky")
+                    .count()
+                    >= 15
+            })
+            .await,
+        "every envelope of the healthy paths reached its endpoint"
+    );
+    worker.stop().await;
+    // Each got its request on its first attempt: nothing was deferred behind the flaky path.
+    for r in receiver
+        .records()
+        .iter()
+        .filter(|r| r.path != "/hook/flaky")
+    {
+        assert_eq!(r.attempt, 1, "{} to {} was deferred first", r.id, r.path);
+    }
+    assert_eq!(receiver.delivered_count(), 10);
+    let mut rejected = 0;
+    for dead in t.drain_dead().await {
+        let p = &dead.delivery.properties;
+        let sub = headers::read_str_header(p, headers::SUBSCRIPTION_HEADER).unwrap_or_default();
+        if sub != "sub_reject" {
+            continue;
+        }
+        assert_eq!(
+            headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
+            Some("rejected")
+        );
+        rejected += 1;
+    }
+    assert_eq!(rejected, 5, "every 400 was dead-lettered as rejected");
+}

@@ -1,6 +1,12 @@
 //! Per-endpoint limits, so one tenant's endpoint cannot take the whole worker: a cap on
-//! concurrent attempts per endpoint (host and port), and a circuit breaker that stops making
-//! attempts to an endpoint that keeps failing, then probes it with one.
+//! concurrent attempts per endpoint, and a circuit breaker that stops making attempts to an
+//! endpoint that keeps failing, then probes it with one.
+//!
+//! An endpoint is what a subscription points at: scheme, host, port and path ([`EndpointKey`]).
+//! Many endpoints share a host (hooks.slack.com, one SaaS's ingestion host for all its
+//! customers), and one customer's broken path must not stop deliveries to the others, so health
+//! is per endpoint. A separate cap per host (`endpoints.max_concurrent_per_host`) protects a
+//! shared host from the sum of its endpoints; it never opens a breaker.
 //!
 //! An envelope that cannot be attempted (no slot within `endpoints.wait`, or the breaker open) is
 //! *deferred*: it moves to the next tier without an HTTP request, and the deferral counts as one
@@ -116,8 +122,9 @@ pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
 
 /// A slot for one attempt; report how it went with [`Slot::finish`].
 pub struct Slot {
-    key: String,
+    key: EndpointKey,
     _permit: OwnedSemaphorePermit,
+    _host_permit: OwnedSemaphorePermit,
     endpoints: Arc<EndpointsInner>,
 }
 
@@ -134,12 +141,14 @@ struct EndpointsInner {
     config: EndpointConfig,
     /// When the next deferral may be settled.
     next_deferral: Mutex<tokio::time::Instant>,
-    limits: Mutex<HashMap<(String, u32), Arc<Semaphore>>>,
-    breakers: Mutex<HashMap<String, Breaker>>,
+    limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
+    /// The per-host caps, by `host:port`.
+    host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    breakers: Mutex<HashMap<EndpointKey, Breaker>>,
 }
 
 impl EndpointsInner {
-    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Breaker>> {
+    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Breaker>> {
         self.breakers.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -163,8 +172,15 @@ pub enum Deferral {
         endpoint: String,
         retry_in: Duration,
     },
+    /// The endpoint's own cap was full.
     OverCap {
         endpoint: String,
+        cap: u32,
+        waited: Duration,
+    },
+    /// The cap of the host the endpoint shares with others was full.
+    HostOverCap {
+        host: String,
         cap: u32,
         waited: Duration,
     },
@@ -175,6 +191,7 @@ impl Deferral {
         match self {
             Deferral::BreakerOpen { .. } => "breaker_open",
             Deferral::OverCap { .. } => "concurrency",
+            Deferral::HostOverCap { .. } => "host_concurrency",
         }
     }
 
@@ -182,7 +199,7 @@ impl Deferral {
     pub fn wait(&self) -> Option<Duration> {
         match self {
             Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
-            Deferral::OverCap { .. } => None,
+            Deferral::OverCap { .. } | Deferral::HostOverCap { .. } => None,
         }
     }
 }
@@ -204,17 +221,53 @@ impl std::fmt::Display for Deferral {
                 "deferred: {endpoint} had {cap} attempts in flight for {}",
                 crate::units::fmt_duration(*waited)
             ),
+            Deferral::HostOverCap { host, cap, waited } => write!(
+                f,
+                "deferred: host {host} had {cap} attempts in flight for {}",
+                crate::units::fmt_duration(*waited)
+            ),
         }
     }
 }
 
-/// The key limits and breakers go by: `host:port`.
-pub fn endpoint_key(url: &reqwest::Url) -> String {
-    format!(
-        "{}:{}",
-        url.host_str().unwrap_or_default(),
-        url.port_or_known_default().unwrap_or(0)
-    )
+/// The endpoint a subscription points at, as caps and breakers know it: scheme, host, port and
+/// path. The query is left out (it varies per customer far less often than it carries a
+/// token), and so are credentials and the fragment, which do not name another endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    /// `scheme://host:port/path`: never shown, since the path may be a secret (Slack's is).
+    endpoint: String,
+    /// `host:port`, the per-host cap's key.
+    host: String,
+}
+
+impl EndpointKey {
+    pub fn of(url: &reqwest::Url) -> Self {
+        let host = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or(0)
+        );
+        Self {
+            endpoint: format!("{}://{host}{}", url.scheme(), url.path()),
+            host,
+        }
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// How logs, errors and metrics name the endpoint: `host:port#` and a hash of the whole
+    /// key, so two paths of one host are told apart without showing either.
+    pub fn label(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.endpoint.as_bytes());
+        format!(
+            "{}#{:02x}{:02x}{:02x}{:02x}",
+            self.host, digest[0], digest[1], digest[2], digest[3]
+        )
+    }
 }
 
 impl Endpoints {
@@ -223,14 +276,15 @@ impl Endpoints {
             next_deferral: Mutex::new(tokio::time::Instant::now()),
             config,
             limits: Mutex::new(HashMap::new()),
+            host_limits: Mutex::new(HashMap::new()),
             breakers: Mutex::new(HashMap::new()),
         }))
     }
 
-    /// Waits for a slot at `url`'s endpoint (at most `endpoints.wait`), unless its breaker is
-    /// open. `cap` overrides the configured cap.
+    /// Waits for a slot at `url`'s endpoint and its host (at most `endpoints.wait` in all),
+    /// unless the endpoint's breaker is open. `cap` overrides the configured per-endpoint cap.
     pub async fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
-        let key = endpoint_key(url);
+        let key = EndpointKey::of(url);
         let config = &self.0.config;
         let admitted = {
             let mut breakers = self.0.lock_breakers();
@@ -241,40 +295,65 @@ impl Endpoints {
         };
         if let Admit::Refused { retry_in } = admitted {
             return Err(Deferral::BreakerOpen {
-                endpoint: key,
+                endpoint: key.label(),
                 retry_in,
             });
         }
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
-        let semaphore = {
+        let host_cap = config.max_concurrent_per_host.max(1);
+        let (semaphore, host_semaphore) = {
             let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(
+            let endpoint = Arc::clone(
                 limits
                     .entry((key.clone(), cap))
                     .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
-            )
+            );
+            drop(limits);
+            let mut hosts = self.0.host_limits.lock().unwrap_or_else(|p| p.into_inner());
+            let host = Arc::clone(
+                hosts
+                    .entry(key.host.clone())
+                    .or_insert_with(|| Arc::new(Semaphore::new(host_cap as usize))),
+            );
+            (endpoint, host)
         };
-        let permit = match tokio::time::timeout(config.wait, semaphore.acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            _ => {
+        let deadline = tokio::time::Instant::now() + config.wait;
+        // The endpoint's slot first: an endpoint at its own cap does not take host slots that
+        // its neighbours could use.
+        let acquired = match tokio::time::timeout_at(deadline, semaphore.acquire_owned()).await {
+            Ok(Ok(permit)) => {
+                match tokio::time::timeout_at(deadline, host_semaphore.acquire_owned()).await {
+                    Ok(Ok(host_permit)) => Ok((permit, host_permit)),
+                    _ => Err(Deferral::HostOverCap {
+                        host: key.host.clone(),
+                        cap: host_cap,
+                        waited: config.wait,
+                    }),
+                }
+            }
+            _ => Err(Deferral::OverCap {
+                endpoint: key.label(),
+                cap,
+                waited: config.wait,
+            }),
+        };
+        match acquired {
+            Ok((permit, host_permit)) => Ok(Slot {
+                key,
+                _permit: permit,
+                _host_permit: host_permit,
+                endpoints: Arc::clone(&self.0),
+            }),
+            Err(deferral) => {
                 // A probe that could not go out must not leave the breaker waiting for it.
                 if admitted == Admit::Probe
                     && let Some(b) = self.0.lock_breakers().get_mut(&key)
                 {
                     b.record(true, Instant::now());
                 }
-                return Err(Deferral::OverCap {
-                    endpoint: key,
-                    cap,
-                    waited: config.wait,
-                });
+                Err(deferral)
             }
-        };
-        Ok(Slot {
-            key,
-            _permit: permit,
-            endpoints: Arc::clone(&self.0),
-        })
+        }
     }
 
     /// Waits for this deferral's turn under `endpoints.defer_rate`. The wait is short (the
@@ -403,13 +482,64 @@ mod tests {
         let _b = endpoints.admit(&url, None).await.unwrap();
         let third = endpoints.admit(&url, None).await.err().unwrap();
         assert_eq!(third.kind(), "concurrency");
-        assert_eq!(
-            third.to_string(),
-            "deferred: hooks.example:443 had 2 attempts in flight for 50ms"
+        assert!(
+            third
+                .to_string()
+                .starts_with("deferred: hooks.example:443#"),
+            "{third}"
+        );
+        assert!(
+            third
+                .to_string()
+                .ends_with(" had 2 attempts in flight for 50ms")
         );
         // A subscription's own cap is its own budget.
         let _own = endpoints.admit(&url, Some(1)).await.unwrap();
         a.finish(&AttemptResult::Timeout);
         assert!(endpoints.admit(&url, None).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn paths_of_one_host_have_their_own_breakers_and_share_the_host_cap() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            breaker_failures: 1,
+            max_concurrent_per_host: 2,
+            wait: Duration::from_millis(50),
+            ..EndpointConfig::default()
+        });
+        let url = |s: &str| reqwest::Url::parse(s).unwrap();
+        let flaky = url("https://hooks.example/flaky");
+        let ok = url("https://hooks.example/ok?token=1");
+        endpoints
+            .admit(&flaky, None)
+            .await
+            .unwrap()
+            .finish(&AttemptResult::Timeout);
+        let refused = endpoints.admit(&flaky, None).await.err().unwrap();
+        assert_eq!(refused.kind(), "breaker_open");
+        // Another path of the same host is another endpoint.
+        let a = endpoints.admit(&ok, None).await.unwrap();
+        let _b = endpoints
+            .admit(&url("https://hooks.example/ok"), None)
+            .await
+            .unwrap();
+        // Two in flight on the host: a third path waits for the host, not for its own cap.
+        let third = endpoints.admit(&url("https://hooks.example/c"), None).await;
+        assert_eq!(third.err().unwrap().kind(), "host_concurrency");
+        a.finish(&AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        });
+        assert!(
+            endpoints
+                .admit(&url("https://hooks.example/c"), None)
+                .await
+                .is_ok()
+        );
+        // The label tells paths apart without showing them.
+        let (k1, k2) = (EndpointKey::of(&flaky), EndpointKey::of(&ok));
+        assert_ne!(k1.label(), k2.label());
+        assert!(!k1.label().contains("flaky"));
+        assert_eq!(k1.host(), "hooks.example:443");
     }
 }
