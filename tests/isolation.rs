@@ -189,7 +189,7 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
 }
 
 #[tokio::test]
-async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long() {
+async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full() {
     let t = TestLadder::apply("cap", &["300ms"], &["300ms"; 6]).await;
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
@@ -199,9 +199,7 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     .unwrap();
     let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
     capped.max_concurrent = Some(3);
-    let mut config = t.config.clone();
-    config.endpoints.wait = Duration::from_millis(300);
-    let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
+    let worker = RunningWorker::start(&t, vec![capped]).await;
     t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
         .await;
     // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
@@ -213,8 +211,8 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
-    // 30 envelopes at 3 x 200 ms cannot all get a slot within 300 ms: some were deferred to a
-    // tier, with no request made.
+    // 30 envelopes at 3 x 200 ms cannot all get a slot at once: some were deferred to a tier,
+    // with no request made.
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
     assert_eq!(
         receiver.request_count(),
@@ -553,4 +551,73 @@ async fn one_paths_failures_never_defer_another_paths_deliveries() {
         rejected += 1;
     }
     assert_eq!(rejected, 5, "every 400 was dead-lettered as rejected");
+}
+
+/// An endpoint that accepts connections and never answers, until dropped.
+struct Hang {
+    url: String,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hang {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        Self {
+            url,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for Hang {
+    fn drop(&mut self) {
+        // The held sockets close: a request still waiting fails at once.
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_over_its_endpoints_cap_leaves_the_lane_at_once() {
+    let t = TestLadder::apply("nowait", &["1s"], &["1s"; 4]).await;
+    let s = secret();
+    let hang = Hang::start().await;
+    let healthy = common::ok_receiver(&s).await;
+    let mut a = subscription("sub_a", "acme", &hang.url, &s);
+    a.max_concurrent = Some(1);
+    let mut config = t.config.clone();
+    config.http.request_timeout = Duration::from_secs(60);
+    config.worker.shutdown_grace = Duration::from_secs(90);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![a, subscription("sub_b", "bravo", &healthy.url("/"), &s)],
+    )
+    .await;
+    // A's backlog first: one attempt hangs at A's endpoint, the rest find A's cap full.
+    t.publish_all((0..20).map(|i| event(&format!("evt_a_{i:02}"), "acme", "sub_a")))
+        .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_b_{i}"), "bravo", "sub_b")))
+        .await;
+    assert!(
+        healthy.wait_until(WAIT, |r| r.delivered_count() == 5).await,
+        "B's events were delivered while A's one attempt still hangs"
+    );
+    assert_eq!(hang.accepted.load(Ordering::SeqCst), 1, "A's cap is 1");
+    let m = worker.metrics.clone();
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) >= 1);
+    drop(hang);
+    worker.stop().await;
 }

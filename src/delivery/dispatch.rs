@@ -218,14 +218,13 @@ impl Dispatcher {
             ));
             return (result, None);
         }
-        let slot = match self.endpoints.admit(&sub.url, sub.max_concurrent).await {
+        let slot = match self.endpoints.admit(&sub.url, sub.max_concurrent) {
             Ok(slot) => slot,
             Err(deferral) => {
                 self.metrics
                     .deferrals
                     .with_label_values(&[deferral.kind()])
                     .inc();
-                self.endpoints.pace_deferral().await;
                 let result = AttemptResult::Deferred {
                     reason: deferral.to_string(),
                     wait: deferral.wait(),

@@ -8,8 +8,9 @@
 //! is per endpoint. A separate cap per host (`endpoints.max_concurrent_per_host`) protects a
 //! shared host from the sum of its endpoints; it never opens a breaker.
 //!
-//! An envelope that cannot be attempted (no slot within `endpoints.wait`, or the breaker open) is
-//! *deferred*: it moves to the next tier without an HTTP request, and the deferral counts as one
+//! An envelope that cannot be attempted (its endpoint or host at its cap, or the breaker open) is
+//! *deferred* at once: waiting for a slot would hold a slot of the lane, shared with every other
+//! tenant, for an endpoint that is slow or down. It moves to the next tier without an HTTP request, and the deferral counts as one
 //! of its attempts. That keeps the promise that every envelope ends within its schedule; an
 //! endpoint down for longer than the schedule exhausts envelopes just as failing attempts would.
 
@@ -139,8 +140,6 @@ impl Slot {
 
 struct EndpointsInner {
     config: EndpointConfig,
-    /// When the next deferral may be settled.
-    next_deferral: Mutex<tokio::time::Instant>,
     limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
     /// The per-host caps, by `host:port`.
     host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -173,17 +172,9 @@ pub enum Deferral {
         retry_in: Duration,
     },
     /// The endpoint's own cap was full.
-    OverCap {
-        endpoint: String,
-        cap: u32,
-        waited: Duration,
-    },
+    OverCap { endpoint: String, cap: u32 },
     /// The cap of the host the endpoint shares with others was full.
-    HostOverCap {
-        host: String,
-        cap: u32,
-        waited: Duration,
-    },
+    HostOverCap { host: String, cap: u32 },
 }
 
 impl Deferral {
@@ -212,20 +203,12 @@ impl std::fmt::Display for Deferral {
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
                 crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
             ),
-            Deferral::OverCap {
-                endpoint,
-                cap,
-                waited,
-            } => write!(
-                f,
-                "deferred: {endpoint} had {cap} attempts in flight for {}",
-                crate::units::fmt_duration(*waited)
-            ),
-            Deferral::HostOverCap { host, cap, waited } => write!(
-                f,
-                "deferred: host {host} had {cap} attempts in flight for {}",
-                crate::units::fmt_duration(*waited)
-            ),
+            Deferral::OverCap { endpoint, cap } => {
+                write!(f, "deferred: {endpoint} had {cap} attempts in flight")
+            }
+            Deferral::HostOverCap { host, cap } => {
+                write!(f, "deferred: host {host} had {cap} attempts in flight")
+            }
         }
     }
 }
@@ -273,7 +256,6 @@ impl EndpointKey {
 impl Endpoints {
     pub fn new(config: EndpointConfig) -> Self {
         Self(Arc::new(EndpointsInner {
-            next_deferral: Mutex::new(tokio::time::Instant::now()),
             config,
             limits: Mutex::new(HashMap::new()),
             host_limits: Mutex::new(HashMap::new()),
@@ -281,9 +263,10 @@ impl Endpoints {
         }))
     }
 
-    /// Waits for a slot at `url`'s endpoint and its host (at most `endpoints.wait` in all),
-    /// unless the endpoint's breaker is open. `cap` overrides the configured per-endpoint cap.
-    pub async fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
+    /// A slot at `url`'s endpoint and its host, now or never: unless the endpoint's breaker is
+    /// open or either cap is full, in which case the delivery is deferred at once rather than
+    /// wait inside its lane. `cap` overrides the configured per-endpoint cap.
+    pub fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
         let admitted = {
@@ -301,40 +284,35 @@ impl Endpoints {
         }
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let host_cap = config.max_concurrent_per_host.max(1);
-        let (semaphore, host_semaphore) = {
+        let semaphore = {
             let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
-            let endpoint = Arc::clone(
+            Arc::clone(
                 limits
                     .entry((key.clone(), cap))
                     .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
-            );
-            drop(limits);
+            )
+        };
+        let host_semaphore = {
             let mut hosts = self.0.host_limits.lock().unwrap_or_else(|p| p.into_inner());
-            let host = Arc::clone(
+            Arc::clone(
                 hosts
                     .entry(key.host.clone())
                     .or_insert_with(|| Arc::new(Semaphore::new(host_cap as usize))),
-            );
-            (endpoint, host)
+            )
         };
-        let deadline = tokio::time::Instant::now() + config.wait;
-        // The endpoint's slot first: an endpoint at its own cap does not take host slots that
-        // its neighbours could use.
-        let acquired = match tokio::time::timeout_at(deadline, semaphore.acquire_owned()).await {
-            Ok(Ok(permit)) => {
-                match tokio::time::timeout_at(deadline, host_semaphore.acquire_owned()).await {
-                    Ok(Ok(host_permit)) => Ok((permit, host_permit)),
-                    _ => Err(Deferral::HostOverCap {
-                        host: key.host.clone(),
-                        cap: host_cap,
-                        waited: config.wait,
-                    }),
-                }
-            }
-            _ => Err(Deferral::OverCap {
+        // The endpoint's slot first: an endpoint at its own cap takes no host slot that its
+        // neighbours could use.
+        let acquired = match semaphore.try_acquire_owned() {
+            Ok(permit) => match host_semaphore.try_acquire_owned() {
+                Ok(host_permit) => Ok((permit, host_permit)),
+                Err(_) => Err(Deferral::HostOverCap {
+                    host: key.host.clone(),
+                    cap: host_cap,
+                }),
+            },
+            Err(_) => Err(Deferral::OverCap {
                 endpoint: key.label(),
                 cap,
-                waited: config.wait,
             }),
         };
         match acquired {
@@ -354,27 +332,6 @@ impl Endpoints {
                 Err(deferral)
             }
         }
-    }
-
-    /// Waits for this deferral's turn under `endpoints.defer_rate`. The wait is short (the
-    /// worker holds at most its prefetch of deferrals) and stays within the attempt budget.
-    pub async fn pace_deferral(&self) {
-        let rate = self.0.config.defer_rate;
-        if rate == 0 {
-            return;
-        }
-        let step = Duration::from_secs(1) / rate;
-        let at = {
-            let mut next = self
-                .0
-                .next_deferral
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let at = (*next).max(tokio::time::Instant::now());
-            *next = at + step;
-            at
-        };
-        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -456,31 +413,16 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn deferrals_are_paced() {
-        let endpoints = Endpoints::new(EndpointConfig {
-            defer_rate: 100,
-            ..EndpointConfig::default()
-        });
-        let started = tokio::time::Instant::now();
-        for _ in 0..11 {
-            endpoints.pace_deferral().await;
-        }
-        // The first goes at once, the next ten 10 ms apart.
-        assert!(started.elapsed() >= Duration::from_millis(100));
-    }
-
-    #[tokio::test]
-    async fn the_cap_defers_what_cannot_get_a_slot_in_time() {
+    #[test]
+    fn the_cap_defers_what_cannot_get_a_slot_at_once() {
         let endpoints = Endpoints::new(EndpointConfig {
             max_concurrent: 2,
-            wait: Duration::from_millis(50),
             ..EndpointConfig::default()
         });
         let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
-        let a = endpoints.admit(&url, None).await.unwrap();
-        let _b = endpoints.admit(&url, None).await.unwrap();
-        let third = endpoints.admit(&url, None).await.err().unwrap();
+        let a = endpoints.admit(&url, None).unwrap();
+        let _b = endpoints.admit(&url, None).unwrap();
+        let third = endpoints.admit(&url, None).err().unwrap();
         assert_eq!(third.kind(), "concurrency");
         assert!(
             third
@@ -488,23 +430,18 @@ mod tests {
                 .starts_with("deferred: hooks.example:443#"),
             "{third}"
         );
-        assert!(
-            third
-                .to_string()
-                .ends_with(" had 2 attempts in flight for 50ms")
-        );
+        assert!(third.to_string().ends_with(" had 2 attempts in flight"));
         // A subscription's own cap is its own budget.
-        let _own = endpoints.admit(&url, Some(1)).await.unwrap();
+        let _own = endpoints.admit(&url, Some(1)).unwrap();
         a.finish(&AttemptResult::Timeout);
-        assert!(endpoints.admit(&url, None).await.is_ok());
+        assert!(endpoints.admit(&url, None).is_ok());
     }
 
-    #[tokio::test]
-    async fn paths_of_one_host_have_their_own_breakers_and_share_the_host_cap() {
+    #[test]
+    fn paths_of_one_host_have_their_own_breakers_and_share_the_host_cap() {
         let endpoints = Endpoints::new(EndpointConfig {
             breaker_failures: 1,
             max_concurrent_per_host: 2,
-            wait: Duration::from_millis(50),
             ..EndpointConfig::default()
         });
         let url = |s: &str| reqwest::Url::parse(s).unwrap();
@@ -512,19 +449,17 @@ mod tests {
         let ok = url("https://hooks.example/ok?token=1");
         endpoints
             .admit(&flaky, None)
-            .await
             .unwrap()
             .finish(&AttemptResult::Timeout);
-        let refused = endpoints.admit(&flaky, None).await.err().unwrap();
+        let refused = endpoints.admit(&flaky, None).err().unwrap();
         assert_eq!(refused.kind(), "breaker_open");
         // Another path of the same host is another endpoint.
-        let a = endpoints.admit(&ok, None).await.unwrap();
+        let a = endpoints.admit(&ok, None).unwrap();
         let _b = endpoints
             .admit(&url("https://hooks.example/ok"), None)
-            .await
             .unwrap();
         // Two in flight on the host: a third path waits for the host, not for its own cap.
-        let third = endpoints.admit(&url("https://hooks.example/c"), None).await;
+        let third = endpoints.admit(&url("https://hooks.example/c"), None);
         assert_eq!(third.err().unwrap().kind(), "host_concurrency");
         a.finish(&AttemptResult::Response {
             status: 204,
@@ -533,7 +468,6 @@ mod tests {
         assert!(
             endpoints
                 .admit(&url("https://hooks.example/c"), None)
-                .await
                 .is_ok()
         );
         // The label tells paths apart without showing them.
