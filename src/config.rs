@@ -446,6 +446,12 @@ pub struct EndpointConfig {
     /// How long an open breaker refuses attempts before it lets one probe through.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
+    /// The delivery horizon: how long after its first try an envelope that is being deferred
+    /// is dead-lettered `horizon_expired`. Deferrals are not attempts, so without it an endpoint down
+    /// for good would keep envelopes forever. `0s`: the schedule's span (the ladder's waits
+    /// added up).
+    #[serde(with = "humantime_serde")]
+    pub horizon: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -455,6 +461,7 @@ impl Default for EndpointConfig {
             max_concurrent_per_host: 256,
             breaker_failures: 20,
             breaker_cooldown: Duration::from_secs(30),
+            horizon: Duration::ZERO,
         }
     }
 }

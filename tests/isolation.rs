@@ -199,36 +199,32 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
     .unwrap();
     let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
     capped.max_concurrent = Some(3);
-    let worker = RunningWorker::start(&t, vec![capped]).await;
+    let mut config = t.config.clone();
+    // Longer than this ladder's 1.8 s span: deferrals are not attempts, so every envelope is
+    // delivered in the end.
+    config.endpoints.horizon = Duration::from_secs(120);
+    let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
     t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
         .await;
-    // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
-    let ended = |r: &Receiver| r.delivered_count();
-    wait_until(WAIT, async || {
-        ended(&receiver) + t.depth(&t.ladder.dead()).await as usize == 30
-    })
-    .await;
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(60), |r| r.delivered_count() == 30)
+            .await
+    );
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
     // 30 envelopes at 3 x 200 ms cannot all get a slot at once: some were deferred to a tier,
-    // with no request made.
+    // with no request made, and none was charged an attempt for it.
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
     assert_eq!(
         receiver.request_count(),
         receiver.delivered_count(),
         "no request was made for a deferral"
     );
+    assert!(receiver.records().iter().all(|r| r.attempt == 1));
     assert_eq!(receiver.duplicates(), 0);
-    for dead in t.drain_dead().await {
-        let p = &dead.delivery.properties;
-        assert_eq!(
-            headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
-            Some("exhausted")
-        );
-        let error = headers::read_str_header(p, headers::LAST_ERROR_HEADER).unwrap();
-        assert!(error.starts_with("deferred: 127.0.0.1:"), "{error}");
-    }
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }
 
 #[tokio::test]
@@ -250,6 +246,8 @@ async fn the_breaker_opens_refuses_probes_and_closes() {
     let mut config = t.config.clone();
     config.endpoints.breaker_failures = 3;
     config.endpoints.breaker_cooldown = Duration::from_secs(2);
+    // Deferred envelopes outlive this ladder's 1.6 s span, the default horizon.
+    config.endpoints.horizon = Duration::from_secs(60);
     config.worker.in_flight = 4; // few at once, so the breaker sees failures in sequence
     let worker = RunningWorker::start_with(
         &t,
@@ -311,7 +309,11 @@ async fn retry_after_is_honoured_under_load() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    // Room for all at once: an envelope over the endpoint's cap would be deferred (at once,
+    // into the shortest tier) rather than wait, which is not what this test is about.
+    let mut sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    sub.max_concurrent = Some(N as u32);
+    let worker = RunningWorker::start(&t, vec![sub]).await;
     t.publish_all((0..N).map(|i| event(&format!("evt_{i:03}"), "acme", "sub_a")))
         .await;
     assert!(
@@ -620,4 +622,58 @@ async fn a_delivery_over_its_endpoints_cap_leaves_the_lane_at_once() {
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) >= 1);
     drop(hang);
     worker.stop().await;
+}
+
+#[tokio::test]
+async fn deferrals_are_not_attempts_and_the_horizon_ends_them() {
+    let t = TestLadder::apply("horizon", &["200ms", "400ms", "800ms"], &["200ms"; 3]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(503))
+        .await
+        .unwrap();
+    let mut config = t.config.clone();
+    // The first failure opens the breaker for longer than the test: from then on every
+    // envelope is deferred, never attempted.
+    config.endpoints.breaker_failures = 1;
+    config.endpoints.breaker_cooldown = Duration::from_secs(3600);
+    config.endpoints.horizon = Duration::from_secs(3);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
+    assert!(t.wait_dead(10, WAIT).await, "every envelope ended");
+    worker.stop().await;
+    let dead = t.drain_dead().await;
+    assert_eq!(dead.len(), 10);
+    for d in dead {
+        let p = &d.delivery.properties;
+        let id = p.message_id().as_ref().unwrap().to_string();
+        let reason = headers::read_str_header(p, headers::REASON_HEADER).unwrap();
+        let attempts = headers::read_u64_header(p, headers::ATTEMPTS_HEADER).unwrap();
+        // The budget counts the requests the endpoint saw, nothing else.
+        let requests = receiver.records_for(&id).len() as u64;
+        assert_eq!(
+            attempts, requests,
+            "{id}: {reason} with {attempts} attempts"
+        );
+        assert_ne!(
+            (reason.as_str(), attempts),
+            ("exhausted", 0),
+            "{id} was exhausted without a request"
+        );
+        assert_eq!(reason, "horizon_expired", "{id}");
+        let deferrals = headers::read_u64_header(p, headers::DEFERRALS_HEADER).unwrap();
+        assert!(deferrals >= 1, "{id}");
+        // Not before its horizon.
+        let first = headers::read_u64_header(p, headers::FIRST_TRY_HEADER).unwrap();
+        let dead_at = headers::read_u64_header(p, headers::DEAD_AT_HEADER).unwrap();
+        assert!(dead_at - first >= 3_000, "{id} expired early");
+        let error = headers::read_str_header(p, headers::LAST_ERROR_HEADER).unwrap();
+        assert!(error.contains("the delivery horizon 3s passed"), "{error}");
+    }
 }

@@ -19,7 +19,7 @@ use crate::contract::ladder::Ladder;
 use crate::delivery::endpoint::Endpoints;
 use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{AttemptResult, Outcome, Route, decide, route};
+use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use crate::delivery::signing::signature_header;
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
 use crate::observe::events::Notices;
@@ -190,11 +190,30 @@ impl Dispatcher {
             );
         }
         let (result, latency) = self.send(lane, envelope, &sub, body).await;
+        let outcome = match &result {
+            AttemptResult::Deferred { reason, wait } => defer(
+                &self.ladder,
+                envelope,
+                reason,
+                *wait,
+                self.horizon(),
+                now_ms(),
+            ),
+            made => decide(&self.ladder, envelope.attempts_made, made),
+        };
         Attempted {
-            outcome: decide(&self.ladder, envelope.attempts_made, &result),
+            outcome,
             endpoint: Some(endpoint),
             result: Some(result),
             latency,
+        }
+    }
+
+    /// The delivery horizon: as configured, or the schedule's span.
+    fn horizon(&self) -> Duration {
+        match self.config.endpoints.horizon {
+            Duration::ZERO => self.ladder.span(),
+            configured => configured,
         }
     }
 

@@ -83,7 +83,7 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub latency_ms: Option<u64>,
     /// `delivered`, `retried`, `rejected`, `exhausted`, `invalid`, `cancelled`, `gone`,
-    /// `egress_denied`, `fanned_out`.
+    /// `egress_denied`, `horizon_expired`, `fanned_out`.
     pub outcome: String,
     /// The tier a retry waits in.
     pub tier: Option<String>,

@@ -13,7 +13,7 @@ use prometheus::{
 pub struct Metrics {
     pub registry: Registry,
     /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, `exhausted`,
-    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `fanned_out`).
+    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `fanned_out`).
     pub outcomes: IntCounterVec,
     /// Retries by the tier they were sent to.
     pub retries: IntCounterVec,
