@@ -57,6 +57,9 @@ pub fn config() -> Config {
     // Tests that fail endpoints on purpose would otherwise trip breakers; those that test the
     // breaker set their own threshold.
     config.endpoints.breaker_failures = 100_000;
+    // Test ladders span seconds, the default horizon: an envelope deferred because its endpoint's
+    // cap was full under load must not expire on that account. The horizon's tests set their own.
+    config.endpoints.horizon = Duration::from_secs(600);
     config.worker.shutdown_grace = Duration::from_secs(10);
     config.worker.requeue_delay = Duration::from_millis(200);
     config.amqp.reconnect_min = Duration::from_millis(100);
