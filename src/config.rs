@@ -452,6 +452,10 @@ pub struct EndpointConfig {
     /// added up).
     #[serde(with = "humantime_serde")]
     pub horizon: Duration,
+    /// How long a breaker stays open before its endpoint is announced quarantined
+    /// (`endpoint.quarantined`; `endpoint.recovered` when it closes).
+    #[serde(with = "humantime_serde")]
+    pub quarantine_after: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -462,6 +466,7 @@ impl Default for EndpointConfig {
             breaker_failures: 20,
             breaker_cooldown: Duration::from_secs(30),
             horizon: Duration::ZERO,
+            quarantine_after: Duration::from_secs(300),
         }
     }
 }

@@ -677,3 +677,116 @@ async fn deferrals_are_not_attempts_and_the_horizon_ends_them() {
         assert!(error.contains("the delivery horizon 3s passed"), "{error}");
     }
 }
+
+/// The operational events published on the events exchange whose key matches `pattern`, from
+/// the moment the queue is bound.
+async fn events_queue(t: &TestLadder, pattern: &str) -> String {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    let q = t
+        .channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    t.channel
+        .queue_bind(
+            q.name().clone(),
+            t.ladder.events_exchange().as_str().into(),
+            pattern.into(),
+            QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.name().to_string()
+}
+
+async fn next_events(t: &TestLadder, queue: &str, seen: &mut Vec<serde_json::Value>) {
+    while let Some(m) = t
+        .channel
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        seen.push(serde_json::from_slice(&m.delivery.data).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn an_endpoint_open_too_long_is_quarantined_then_recovers() {
+    let t = TestLadder::apply("quarantine", &["200ms", "1s"], &["200ms"; 3]).await;
+    let s = secret();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&healthy);
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::Status(200)
+        } else {
+            Reply::Status(503)
+        }
+    })
+    .await
+    .unwrap();
+    let events = events_queue(&t, "endpoint.*").await;
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 1;
+    config.endpoints.breaker_cooldown = Duration::from_millis(300);
+    config.endpoints.quarantine_after = Duration::from_secs(1);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![subscription("sub_a", "acme", &receiver.url("/hook"), &s)],
+    )
+    .await;
+    t.publish_all((0..3).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
+    let mut seen = Vec::new();
+    wait_until(WAIT, async || {
+        next_events(&t, &events, &mut seen).await;
+        !seen.is_empty()
+    })
+    .await;
+    assert_eq!(seen[0]["event"], "endpoint.quarantined", "{seen:?}");
+    let endpoint = seen[0]["endpoint"].as_str().unwrap().to_owned();
+    assert!(
+        endpoint.starts_with("127.0.0.1:") && endpoint.contains('#'),
+        "{endpoint}"
+    );
+    assert!(!endpoint.contains("/hook"), "the path is not shown");
+    let m = worker.metrics.clone();
+    assert_eq!(m.endpoints_quarantined.get(), 1);
+    assert_eq!(
+        m.endpoint_quarantined
+            .with_label_values(&[endpoint.as_str()])
+            .get(),
+        1
+    );
+    // It recovers: the next probe closes the breaker, once announced.
+    healthy.store(true, Ordering::SeqCst);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 3)
+            .await
+    );
+    wait_until(WAIT, async || {
+        next_events(&t, &events, &mut seen).await;
+        seen.len() >= 2
+    })
+    .await;
+    worker.stop().await;
+    next_events(&t, &events, &mut seen).await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["endpoint.quarantined", "endpoint.recovered"]);
+    assert_eq!(seen[1]["endpoint"], endpoint.as_str());
+    assert_eq!(m.endpoints_quarantined.get(), 0);
+}

@@ -56,6 +56,26 @@ pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: State,
+    /// When it last opened from closed; `None` while closed.
+    open_since: Option<Instant>,
+    /// Whether this opening was announced as a quarantine.
+    quarantined: bool,
+}
+
+/// A change in an endpoint's health that operators are told of (`endpoint.quarantined`,
+/// `endpoint.recovered`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthSignal {
+    /// Its breaker has been open for `open_for`, at least `endpoints.quarantine_after`.
+    Quarantined {
+        endpoint: String,
+        open_for: Duration,
+    },
+    /// A quarantined endpoint's breaker closed after `open_for`.
+    Recovered {
+        endpoint: String,
+        open_for: Duration,
+    },
 }
 
 impl Breaker {
@@ -64,7 +84,20 @@ impl Breaker {
             threshold: threshold.max(1),
             cooldown,
             state: State::Closed { failures: 0 },
+            open_since: None,
+            quarantined: false,
         }
+    }
+
+    /// How long it has been open, the first time that is `after` or longer in this opening:
+    /// the moment to announce a quarantine, once.
+    pub fn quarantine_due(&mut self, now: Instant, after: Duration) -> Option<Duration> {
+        let open_for = now.saturating_duration_since(self.open_since?);
+        if self.quarantined || open_for < after {
+            return None;
+        }
+        self.quarantined = true;
+        Some(open_for)
     }
 
     pub fn admit(&mut self, now: Instant) -> Admit {
@@ -88,7 +121,9 @@ impl Breaker {
     }
 
     /// Records an attempt's result: `failed` for the failures that say the endpoint is unwell.
-    pub fn record(&mut self, failed: bool, now: Instant) {
+    /// Returns how long it had been open when a success closes a quarantined breaker.
+    pub fn record(&mut self, failed: bool, now: Instant) -> Option<Duration> {
+        let was_open = !matches!(self.state, State::Closed { .. });
         self.state = match (self.state, failed) {
             (_, false) => State::Closed { failures: 0 },
             (State::Closed { failures }, true) if failures + 1 < self.threshold => State::Closed {
@@ -98,6 +133,15 @@ impl Breaker {
                 until: now + self.cooldown,
             },
         };
+        let open = !matches!(self.state, State::Closed { .. });
+        if open && !was_open {
+            self.open_since = Some(now);
+        }
+        if open {
+            return None;
+        }
+        let since = self.open_since.take()?;
+        std::mem::take(&mut self.quarantined).then(|| now.saturating_duration_since(since))
     }
 
     /// Only tests look at the state: deliveries ask [`Breaker::admit`].
@@ -132,8 +176,13 @@ pub struct Slot {
 impl Slot {
     pub fn finish(self, result: &AttemptResult) {
         let mut breakers = self.endpoints.lock_breakers();
-        if let Some(b) = breakers.get_mut(&self.key) {
-            b.record(is_endpoint_failure(result), Instant::now());
+        if let Some(b) = breakers.get_mut(&self.key)
+            && let Some(open_for) = b.record(is_endpoint_failure(result), Instant::now())
+        {
+            self.endpoints.signal(HealthSignal::Recovered {
+                endpoint: self.key.label(),
+                open_for,
+            });
         }
     }
 }
@@ -144,9 +193,18 @@ struct EndpointsInner {
     /// The per-host caps, by `host:port`.
     host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
     breakers: Mutex<HashMap<EndpointKey, Breaker>>,
+    /// Health changes not yet announced; the dispatcher takes them ([`Endpoints::take_signals`]).
+    signals: Mutex<Vec<HealthSignal>>,
 }
 
 impl EndpointsInner {
+    fn signal(&self, signal: HealthSignal) {
+        self.signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(signal);
+    }
+
     fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Breaker>> {
         self.breakers.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -259,8 +317,14 @@ impl Endpoints {
             config,
             limits: Mutex::new(HashMap::new()),
             host_limits: Mutex::new(HashMap::new()),
+            signals: Mutex::new(Vec::new()),
             breakers: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// The health changes since the last call, oldest first.
+    pub fn take_signals(&self) -> Vec<HealthSignal> {
+        std::mem::take(&mut *self.0.signals.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// A slot at `url`'s endpoint and its host, now or never: unless the endpoint's breaker is
@@ -269,13 +333,25 @@ impl Endpoints {
     pub fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
-        let admitted = {
+        let now = Instant::now();
+        let (admitted, quarantine) = {
             let mut breakers = self.0.lock_breakers();
-            breakers
+            let breaker = breakers
                 .entry(key.clone())
-                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown))
-                .admit(Instant::now())
+                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown));
+            let admitted = breaker.admit(now);
+            // Seen at the deliveries that reach it: an endpoint nobody sends to is nobody's worry.
+            (
+                admitted,
+                breaker.quarantine_due(now, config.quarantine_after),
+            )
         };
+        if let Some(open_for) = quarantine {
+            self.0.signal(HealthSignal::Quarantined {
+                endpoint: key.label(),
+                open_for,
+            });
+        }
         if let Admit::Refused { retry_in } = admitted {
             return Err(Deferral::BreakerOpen {
                 endpoint: key.label(),
@@ -327,7 +403,7 @@ impl Endpoints {
                 if admitted == Admit::Probe
                     && let Some(b) = self.0.lock_breakers().get_mut(&key)
                 {
-                    b.record(true, Instant::now());
+                    b.record(true, now);
                 }
                 Err(deferral)
             }
@@ -374,6 +450,29 @@ mod tests {
         b.record(false, t2);
         assert_eq!(b.admit(t2), Admit::Allowed);
         assert!(!b.is_open());
+    }
+
+    #[test]
+    fn a_breaker_open_long_enough_is_quarantined_once_and_recovers_once() {
+        let t0 = Instant::now();
+        let cool = Duration::from_secs(5);
+        let after = Duration::from_secs(60);
+        let mut b = Breaker::new(1, cool);
+        assert_eq!(b.quarantine_due(t0, after), None, "closed");
+        assert_eq!(b.record(true, t0), None);
+        assert_eq!(b.quarantine_due(t0 + cool, after), None, "not yet");
+        // Failed probes keep it open since its first opening.
+        let t1 = t0 + Duration::from_secs(30);
+        assert_eq!(b.admit(t1), Admit::Probe);
+        assert_eq!(b.record(true, t1), None);
+        let t2 = t0 + after;
+        assert_eq!(b.quarantine_due(t2, after), Some(after));
+        assert_eq!(b.quarantine_due(t2, after), None, "announced once");
+        assert_eq!(b.admit(t2), Admit::Probe);
+        assert_eq!(b.record(false, t2), Some(after));
+        // A short opening that closes is no news.
+        assert_eq!(b.record(true, t2), None);
+        assert_eq!(b.record(false, t2 + cool), None);
     }
 
     #[test]
