@@ -435,31 +435,38 @@ pub struct EgressConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EndpointConfig {
-    /// Attempts at once per endpoint (host and port); a subscription may set its own.
+    /// Attempts at once per endpoint (scheme, host, port and path); a subscription may set its
+    /// own.
     pub max_concurrent: u32,
-    /// How long an envelope may wait for a slot before it is deferred to the next tier. Part of
-    /// the attempt budget the lease rule checks.
-    #[serde(with = "humantime_serde")]
-    pub wait: Duration,
+    /// Attempts at once per host and port, across all its endpoints: protects a host many
+    /// subscriptions share. Filling it defers, never opens a breaker.
+    pub max_concurrent_per_host: u32,
     /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
     pub breaker_failures: u32,
     /// How long an open breaker refuses attempts before it lets one probe through.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
-    /// Deferrals moved to their tier per second at most, per worker (0: no limit). A dead
-    /// endpoint's backlog then drains into the tiers at this pace instead of as fast as the
-    /// broker allows, which would load the broker and the worker at other tenants' expense.
-    pub defer_rate: u32,
+    /// The delivery horizon: how long after its first try an envelope that is being deferred
+    /// is dead-lettered `horizon_expired`. Deferrals are not attempts, so without it an endpoint down
+    /// for good would keep envelopes forever. `0s`: the schedule's span (the ladder's waits
+    /// added up).
+    #[serde(with = "humantime_serde")]
+    pub horizon: Duration,
+    /// How long a breaker stays open before its endpoint is announced quarantined
+    /// (`endpoint.quarantined`; `endpoint.recovered` when it closes).
+    #[serde(with = "humantime_serde")]
+    pub quarantine_after: Duration,
 }
 
 impl Default for EndpointConfig {
     fn default() -> Self {
         Self {
             max_concurrent: 64,
-            wait: Duration::from_secs(5),
+            max_concurrent_per_host: 256,
             breaker_failures: 20,
             breaker_cooldown: Duration::from_secs(30),
-            defer_rate: 500,
+            horizon: Duration::ZERO,
+            quarantine_after: Duration::from_secs(300),
         }
     }
 }
@@ -587,9 +594,12 @@ impl Config {
                 "must not be shorter than amqp.reconnect_min",
             ));
         }
-        if self.endpoints.max_concurrent == 0 || self.endpoints.breaker_failures == 0 {
+        if self.endpoints.max_concurrent == 0
+            || self.endpoints.max_concurrent_per_host == 0
+            || self.endpoints.breaker_failures == 0
+        {
             return Err(ConfigError::invalid(
-                "endpoints.max_concurrent/breaker_failures",
+                "endpoints.max_concurrent/max_concurrent_per_host/breaker_failures",
                 "must be at least 1",
             ));
         }
@@ -619,19 +629,15 @@ impl Config {
             return Err(ConfigError::invalid(
                 "broker.consumer_timeout",
                 format!(
-                    "the longest a delivery is held before its outcome is first published (endpoint \
-                     wait {} + the attempt, lookup through a proxy {} + connect {} + request {}, or \
-                     a paced deferral's turn {} \
-                     + one publish {} + slack {} = {}) must stay below the broker's \
-                     consumer_timeout ({}); a publish that fails is tried again only while another \
-                     fits before consumer_timeout less the slack. Raise consumer_timeout in \
-                     rabbitmq.conf, or lower the timeouts, worker.in_flight or raise \
-                     endpoints.defer_rate",
-                    fmt_duration(self.endpoints.wait),
+                    "the longest a delivery is held before its outcome is first published (the \
+                     attempt, lookup through a proxy {} + connect {} + request {}, + one publish \
+                     {} + slack {} = {}) must stay below the broker's consumer_timeout ({}); a \
+                     publish that fails is tried again only while another fits before \
+                     consumer_timeout less the slack. Raise consumer_timeout in rabbitmq.conf, or \
+                     lower the timeouts",
                     fmt_duration(self.lookup_budget()),
                     fmt_duration(self.http.connect_timeout),
                     fmt_duration(self.http.request_timeout),
-                    fmt_duration(self.deferral_turn()),
                     fmt_duration(self.publish_budget()),
                     fmt_duration(self.worker.lease_slack),
                     fmt_duration(lease),
@@ -643,9 +649,8 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.shutdown_grace",
                 format!(
-                    "must be longer than one attempt and its publish (endpoint wait + lookup \
-                     through a proxy + connect + request, or a paced deferral's turn, + confirm = \
-                     {}) so a drain can finish what is in flight",
+                    "must be longer than one attempt and its publish (lookup through a proxy + \
+                     connect + request + confirm = {}) so a drain can finish what is in flight",
                     fmt_duration(self.attempt_budget())
                 ),
             ));
@@ -653,26 +658,15 @@ impl Config {
         Ok(())
     }
 
-    /// The longest a paced deferral waits for its turn: a worker holds at most
-    /// `worker.in_flight` deferrals, let go at `endpoints.defer_rate` per second (rounded up to
-    /// whole milliseconds).
-    pub fn deferral_turn(&self) -> Duration {
-        match self.endpoints.defer_rate {
-            0 => Duration::ZERO,
-            rate => Duration::from_millis(
-                (u64::from(self.worker.in_flight) * 1000).div_ceil(u64::from(rate)),
-            ),
-        }
-    }
-
     /// The longest one delivery can be held before its outcome is first published, and that
-    /// publish: the wait for an endpoint slot; then the HTTP attempt, or instead a deferral's
-    /// turn under `endpoints.defer_rate`; and one publish ([`Config::publish_budget`]). A
-    /// publish that fails is tried again within [`Config::lease`], not within this.
+    /// publish: the HTTP attempt and one publish ([`Config::publish_budget`]). Nothing else
+    /// waits while holding the delivery: an endpoint at its cap or with its breaker open defers
+    /// at once, unpaced (a deferral is one confirmed publish, like a retry). A publish that
+    /// fails is tried again within [`Config::lease`], not within this.
     pub fn attempt_budget(&self) -> Duration {
-        self.endpoints.wait
-            + (self.lookup_budget() + self.http.connect_timeout + self.http.request_timeout)
-                .max(self.deferral_turn())
+        self.lookup_budget()
+            + self.http.connect_timeout
+            + self.http.request_timeout
             + self.publish_budget()
     }
 
@@ -906,18 +900,16 @@ mod tests {
     #[test]
     fn the_lease_rule_counts_every_wait_a_delivery_can_make() {
         let defaults = Config::default();
-        // Endpoint wait 5s + the attempt (3s + 10s; a paced deferral's turn, 300 at 500/s, is
-        // shorter) + one publish under one deadline 5s, then 30s slack.
-        assert_eq!(defaults.deferral_turn(), Duration::from_millis(600));
-        assert_eq!(defaults.attempt_budget(), Duration::from_secs(23));
-        assert_eq!(defaults.lease_window(), Duration::from_secs(53));
+        // The attempt (3s + 10s) + one publish under one deadline 5s, then 30s slack. No wait
+        // for an endpoint slot and no deferral pacing: both would hold a lane slot.
+        assert_eq!(defaults.attempt_budget(), Duration::from_secs(18));
+        assert_eq!(defaults.lease_window(), Duration::from_secs(48));
         assert_eq!(defaults.lease(), Duration::from_secs(270));
-        // A deferral's turn counts where it is longer than the attempt it replaces.
-        let mut slow_deferrals = Config::default();
-        slow_deferrals.endpoints.defer_rate = 1;
-        let refused = slow_deferrals.validate().unwrap_err().to_string();
+        let mut slow = Config::default();
+        slow.http.request_timeout = Duration::from_secs(300);
+        let refused = slow.validate().unwrap_err().to_string();
         assert!(
-            refused.contains("broker.consumer_timeout") && refused.contains("turn 5m"),
+            refused.contains("broker.consumer_timeout") && refused.contains("request 5m"),
             "{refused}"
         );
         // Through a proxy, the pre-send lookup of the target (bounded by the connect timeout)
@@ -927,13 +919,13 @@ mod tests {
             &env(&[("HOOKRELAY_EGRESS_PROXY", "http://proxy.internal:3128")]),
         )
         .unwrap();
-        assert_eq!(proxied.attempt_budget(), Duration::from_secs(26));
+        assert_eq!(proxied.attempt_budget(), Duration::from_secs(21));
         // The drain must have room for an attempt and its publish.
         let mut short_grace = Config::default();
-        short_grace.worker.shutdown_grace = Duration::from_secs(20);
+        short_grace.worker.shutdown_grace = Duration::from_secs(15);
         let refused = short_grace.validate().unwrap_err().to_string();
         assert!(
-            refused.contains("worker.shutdown_grace") && refused.contains("23s"),
+            refused.contains("worker.shutdown_grace") && refused.contains("18s"),
             "{refused}"
         );
     }

@@ -189,7 +189,7 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
 }
 
 #[tokio::test]
-async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long() {
+async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full() {
     let t = TestLadder::apply("cap", &["300ms"], &["300ms"; 6]).await;
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
@@ -200,37 +200,31 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_waits_too_long(
     let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
     capped.max_concurrent = Some(3);
     let mut config = t.config.clone();
-    config.endpoints.wait = Duration::from_millis(300);
+    // Longer than this ladder's 1.8 s span: deferrals are not attempts, so every envelope is
+    // delivered in the end.
+    config.endpoints.horizon = Duration::from_secs(120);
     let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
     t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
         .await;
-    // Every envelope ends delivered, or exhausted by deferrals (each one counts as an attempt).
-    let ended = |r: &Receiver| r.delivered_count();
-    wait_until(WAIT, async || {
-        ended(&receiver) + t.depth(&t.ladder.dead()).await as usize == 30
-    })
-    .await;
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(60), |r| r.delivered_count() == 30)
+            .await
+    );
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
-    // 30 envelopes at 3 x 200 ms cannot all get a slot within 300 ms: some were deferred to a
-    // tier, with no request made.
+    // 30 envelopes at 3 x 200 ms cannot all get a slot at once: some were deferred to a tier,
+    // with no request made, and none was charged an attempt for it.
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
     assert_eq!(
         receiver.request_count(),
         receiver.delivered_count(),
         "no request was made for a deferral"
     );
+    assert!(receiver.records().iter().all(|r| r.attempt == 1));
     assert_eq!(receiver.duplicates(), 0);
-    for dead in t.drain_dead().await {
-        let p = &dead.delivery.properties;
-        assert_eq!(
-            headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
-            Some("exhausted")
-        );
-        let error = headers::read_str_header(p, headers::LAST_ERROR_HEADER).unwrap();
-        assert!(error.starts_with("deferred: 127.0.0.1:"), "{error}");
-    }
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }
 
 #[tokio::test]
@@ -252,6 +246,8 @@ async fn the_breaker_opens_refuses_probes_and_closes() {
     let mut config = t.config.clone();
     config.endpoints.breaker_failures = 3;
     config.endpoints.breaker_cooldown = Duration::from_secs(2);
+    // Deferred envelopes outlive this ladder's 1.6 s span, the default horizon.
+    config.endpoints.horizon = Duration::from_secs(60);
     config.worker.in_flight = 4; // few at once, so the breaker sees failures in sequence
     let worker = RunningWorker::start_with(
         &t,
@@ -313,7 +309,11 @@ async fn retry_after_is_honoured_under_load() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    // Room for all at once: an envelope over the endpoint's cap would be deferred (at once,
+    // into the shortest tier) rather than wait, which is not what this test is about.
+    let mut sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    sub.max_concurrent = Some(N as u32);
+    let worker = RunningWorker::start(&t, vec![sub]).await;
     t.publish_all((0..N).map(|i| event(&format!("evt_{i:03}"), "acme", "sub_a")))
         .await;
     assert!(
@@ -477,4 +477,316 @@ async fn deleting_a_retired_lane_under_load_ends_only_its_consumer_and_lanes_are
     // The ladder the test removes does not name bigco's lanes.
     t.owns_queue(&big_first);
     t.owns_queue(&big_retry);
+}
+
+#[tokio::test]
+async fn one_paths_failures_never_defer_another_paths_deliveries() {
+    // Three subscriptions of one tenant on three paths of one host, as hooks.slack.com-style
+    // shared hosts are: one path fails, one takes everything, one rejects.
+    let t = TestLadder::apply("paths", &["300ms", "2s"], &["300ms"; 8]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |r| match r.path {
+        "/hook/flaky" => Reply::Status(503),
+        "/hook/reject" => Reply::Status(400),
+        _ => Reply::Status(204),
+    })
+    .await
+    .unwrap();
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 3;
+    config.endpoints.breaker_cooldown = Duration::from_secs(60);
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![
+            subscription("sub_flaky", "acme", &receiver.url("/hook/flaky"), &s),
+            subscription("sub_ok", "acme", &receiver.url("/hook/ok"), &s),
+            subscription("sub_reject", "acme", &receiver.url("/hook/reject"), &s),
+        ],
+    )
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_flaky_{i}"), "acme", "sub_flaky")))
+        .await;
+    // The flaky path's breaker is open before the others' events arrive.
+    let m = worker.metrics.clone();
+    wait_until(WAIT, async || {
+        m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) >= 1
+    })
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_ok_{i}"), "acme", "sub_ok")))
+        .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_reject_{i}"), "acme", "sub_reject")))
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| {
+                r.records()
+                    .iter()
+                    .filter(|x| x.path != "/hook/flaky")
+                    .count()
+                    >= 15
+            })
+            .await,
+        "every envelope of the healthy paths reached its endpoint"
+    );
+    worker.stop().await;
+    // Each got its request on its first attempt: nothing was deferred behind the flaky path.
+    for r in receiver
+        .records()
+        .iter()
+        .filter(|r| r.path != "/hook/flaky")
+    {
+        assert_eq!(r.attempt, 1, "{} to {} was deferred first", r.id, r.path);
+    }
+    assert_eq!(receiver.delivered_count(), 10);
+    let mut rejected = 0;
+    for dead in t.drain_dead().await {
+        let p = &dead.delivery.properties;
+        let sub = headers::read_str_header(p, headers::SUBSCRIPTION_HEADER).unwrap_or_default();
+        if sub != "sub_reject" {
+            continue;
+        }
+        assert_eq!(
+            headers::read_str_header(p, headers::REASON_HEADER).as_deref(),
+            Some("rejected")
+        );
+        rejected += 1;
+    }
+    assert_eq!(rejected, 5, "every 400 was dead-lettered as rejected");
+}
+
+/// An endpoint that accepts connections and never answers, until dropped.
+struct Hang {
+    url: String,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hang {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        Self {
+            url,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for Hang {
+    fn drop(&mut self) {
+        // The held sockets close: a request still waiting fails at once.
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_over_its_endpoints_cap_leaves_the_lane_at_once() {
+    let t = TestLadder::apply("nowait", &["1s"], &["1s"; 4]).await;
+    let s = secret();
+    let hang = Hang::start().await;
+    let healthy = common::ok_receiver(&s).await;
+    let mut a = subscription("sub_a", "acme", &hang.url, &s);
+    a.max_concurrent = Some(1);
+    let mut config = t.config.clone();
+    config.http.request_timeout = Duration::from_secs(60);
+    config.worker.shutdown_grace = Duration::from_secs(90);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![a, subscription("sub_b", "bravo", &healthy.url("/"), &s)],
+    )
+    .await;
+    // A's backlog first: one attempt hangs at A's endpoint, the rest find A's cap full.
+    t.publish_all((0..20).map(|i| event(&format!("evt_a_{i:02}"), "acme", "sub_a")))
+        .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_b_{i}"), "bravo", "sub_b")))
+        .await;
+    assert!(
+        healthy.wait_until(WAIT, |r| r.delivered_count() == 5).await,
+        "B's events were delivered while A's one attempt still hangs"
+    );
+    assert_eq!(hang.accepted.load(Ordering::SeqCst), 1, "A's cap is 1");
+    let m = worker.metrics.clone();
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) >= 1);
+    drop(hang);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn deferrals_are_not_attempts_and_the_horizon_ends_them() {
+    let t = TestLadder::apply("horizon", &["200ms", "400ms", "800ms"], &["200ms"; 3]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(503))
+        .await
+        .unwrap();
+    let mut config = t.config.clone();
+    // The first failure opens the breaker for longer than the test: from then on every
+    // envelope is deferred, never attempted.
+    config.endpoints.breaker_failures = 1;
+    config.endpoints.breaker_cooldown = Duration::from_secs(3600);
+    config.endpoints.horizon = Duration::from_secs(3);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    t.publish_all((0..10).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
+    assert!(t.wait_dead(10, WAIT).await, "every envelope ended");
+    worker.stop().await;
+    let dead = t.drain_dead().await;
+    assert_eq!(dead.len(), 10);
+    for d in dead {
+        let p = &d.delivery.properties;
+        let id = p.message_id().as_ref().unwrap().to_string();
+        let reason = headers::read_str_header(p, headers::REASON_HEADER).unwrap();
+        let attempts = headers::read_u64_header(p, headers::ATTEMPTS_HEADER).unwrap();
+        // The budget counts the requests the endpoint saw, nothing else.
+        let requests = receiver.records_for(&id).len() as u64;
+        assert_eq!(
+            attempts, requests,
+            "{id}: {reason} with {attempts} attempts"
+        );
+        assert_ne!(
+            (reason.as_str(), attempts),
+            ("exhausted", 0),
+            "{id} was exhausted without a request"
+        );
+        assert_eq!(reason, "horizon_expired", "{id}");
+        let deferrals = headers::read_u64_header(p, headers::DEFERRALS_HEADER).unwrap();
+        assert!(deferrals >= 1, "{id}");
+        // Not before its horizon.
+        let first = headers::read_u64_header(p, headers::FIRST_TRY_HEADER).unwrap();
+        let dead_at = headers::read_u64_header(p, headers::DEAD_AT_HEADER).unwrap();
+        assert!(dead_at - first >= 3_000, "{id} expired early");
+        let error = headers::read_str_header(p, headers::LAST_ERROR_HEADER).unwrap();
+        assert!(error.contains("the delivery horizon 3s passed"), "{error}");
+    }
+}
+
+/// The operational events published on the events exchange whose key matches `pattern`, from
+/// the moment the queue is bound.
+async fn events_queue(t: &TestLadder, pattern: &str) -> String {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    let q = t
+        .channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    t.channel
+        .queue_bind(
+            q.name().clone(),
+            t.ladder.events_exchange().as_str().into(),
+            pattern.into(),
+            QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.name().to_string()
+}
+
+async fn next_events(t: &TestLadder, queue: &str, seen: &mut Vec<serde_json::Value>) {
+    while let Some(m) = t
+        .channel
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        seen.push(serde_json::from_slice(&m.delivery.data).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn an_endpoint_open_too_long_is_quarantined_then_recovers() {
+    let t = TestLadder::apply("quarantine", &["200ms", "1s"], &["200ms"; 3]).await;
+    let s = secret();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&healthy);
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::Status(200)
+        } else {
+            Reply::Status(503)
+        }
+    })
+    .await
+    .unwrap();
+    let events = events_queue(&t, "endpoint.*").await;
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 1;
+    config.endpoints.breaker_cooldown = Duration::from_millis(300);
+    config.endpoints.quarantine_after = Duration::from_secs(1);
+    config.worker.in_flight = 4;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![subscription("sub_a", "acme", &receiver.url("/hook"), &s)],
+    )
+    .await;
+    t.publish_all((0..3).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
+    let mut seen = Vec::new();
+    wait_until(WAIT, async || {
+        next_events(&t, &events, &mut seen).await;
+        !seen.is_empty()
+    })
+    .await;
+    assert_eq!(seen[0]["event"], "endpoint.quarantined", "{seen:?}");
+    let endpoint = seen[0]["endpoint"].as_str().unwrap().to_owned();
+    assert!(
+        endpoint.starts_with("127.0.0.1:") && endpoint.contains('#'),
+        "{endpoint}"
+    );
+    assert!(!endpoint.contains("/hook"), "the path is not shown");
+    let m = worker.metrics.clone();
+    assert_eq!(m.endpoints_quarantined.get(), 1);
+    assert_eq!(
+        m.endpoint_quarantined
+            .with_label_values(&[endpoint.as_str()])
+            .get(),
+        1
+    );
+    // It recovers: the next probe closes the breaker, once announced.
+    healthy.store(true, Ordering::SeqCst);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 3)
+            .await
+    );
+    wait_until(WAIT, async || {
+        next_events(&t, &events, &mut seen).await;
+        seen.len() >= 2
+    })
+    .await;
+    worker.stop().await;
+    next_events(&t, &events, &mut seen).await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["endpoint.quarantined", "endpoint.recovered"]);
+    assert_eq!(seen[1]["endpoint"], endpoint.as_str());
+    assert_eq!(m.endpoints_quarantined.get(), 0);
 }

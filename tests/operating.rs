@@ -302,7 +302,6 @@ async fn sigterm_with_a_republish_in_flight_exits_within_the_grace() {
         )
         .env("HOOKRELAY_HTTP_CONNECT_TIMEOUT", "1s")
         .env("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "2s")
-        .env("HOOKRELAY_ENDPOINTS_WAIT", "1s")
         .env("HOOKRELAY_AMQP_CONFIRM_TIMEOUT", "1s")
         .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{port}"))
         .env("HOOKRELAY_LOG_LEVEL", "warn")

@@ -149,8 +149,8 @@ pub struct RedriveArgs {
     pub tenant: Option<String>,
     #[arg(long)]
     pub subscription: Option<String>,
-    /// hookrelay's rejected, exhausted, invalid, gone, egress_denied; or, for what a lane
-    /// dead-lettered, the broker's expired, rejected, maxlen, delivery_limit.
+    /// hookrelay's rejected, exhausted, invalid, gone, egress_denied, horizon_expired; or, for
+    /// what a lane dead-lettered, the broker's expired, rejected, maxlen, delivery_limit.
     #[arg(long)]
     pub reason: Option<crate::ops::redrive::SinkReason>,
     /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (2h).

@@ -11,8 +11,9 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::contract::headers::{
-    ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER, SUBSCRIPTION_HEADER,
-    TENANT_HEADER, check_header_sizes, header_str, header_u64,
+    ATTEMPTS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER,
+    FIRST_TRY_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER, check_header_sizes, header_str,
+    header_u64,
 };
 use crate::units::{now_ms, shorten};
 
@@ -229,6 +230,10 @@ pub struct Envelope {
     pub due_ms: Option<u64>,
     /// Where the previous attempt went ([`endpoint_fingerprint`]).
     pub last_endpoint: Option<String>,
+    /// Deferrals so far (no request made); not part of the attempt budget.
+    pub deferrals: u32,
+    /// When it first went to a tier: the start of its delivery horizon.
+    pub first_try_ms: Option<u64>,
 }
 
 impl Envelope {
@@ -283,6 +288,15 @@ impl Envelope {
             }
         };
         let due_ms = header_u64(headers, DUE_HEADER)?;
+        let deferrals = match header_u64(headers, DEFERRALS_HEADER)? {
+            None => 0,
+            Some(n) => u32::try_from(n).map_err(|_| InvalidEnvelope::BadHeader {
+                header: DEFERRALS_HEADER,
+                expected: "a deferral count hookrelay wrote",
+                found: n.to_string(),
+            })?,
+        };
+        let first_try_ms = header_u64(headers, FIRST_TRY_HEADER)?;
         check_body(body, max_body)?;
         Ok(Self {
             id,
@@ -293,6 +307,8 @@ impl Envelope {
             attempts_made,
             due_ms,
             last_endpoint: last_endpoint.map(str::to_owned),
+            deferrals,
+            first_try_ms,
         })
     }
 
@@ -379,6 +395,8 @@ pub(crate) mod tests {
                 attempts_made: 0,
                 due_ms: None,
                 last_endpoint: None,
+                deferrals: 0,
+                first_try_ms: None,
             }
         );
     }

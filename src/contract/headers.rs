@@ -25,6 +25,12 @@ pub const TENANT_HEADER: &str = "x-hookrelay-tenant";
 pub const ATTEMPTS_HEADER: &str = "x-hookrelay-attempts";
 /// When the next attempt is due, in milliseconds since the epoch.
 pub const DUE_HEADER: &str = "x-hookrelay-due-ms";
+/// Deferrals so far: times the envelope went to a tier without a request (its endpoint's
+/// breaker open, or a cap full). Counted apart from attempts, which the budget bounds.
+pub const DEFERRALS_HEADER: &str = "x-hookrelay-deferrals";
+/// When the envelope first went to a tier (ms since the epoch): its delivery horizon runs
+/// from there.
+pub const FIRST_TRY_HEADER: &str = "x-hookrelay-first-try-ms";
 /// The error of the last failed attempt.
 pub const LAST_ERROR_HEADER: &str = "x-hookrelay-last-error";
 /// Why a message is in the dead sink: `rejected`, `exhausted`, `invalid`, ...
@@ -68,8 +74,10 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
 /// rewrite.
-const SMALL_HEADERS: [&str; 14] = [
+const SMALL_HEADERS: [&str; 16] = [
     SUBSCRIPTION_HEADER,
+    DEFERRALS_HEADER,
+    FIRST_TRY_HEADER,
     EVENT_ID_HEADER,
     ENDPOINT_HEADER,
     TENANT_HEADER,
@@ -362,6 +370,19 @@ pub fn retry_properties(
     props.with_headers(headers)
 }
 
+/// Adds the deferral accounting to a retry's or a dead letter's properties: the deferrals so
+/// far and when the envelope first went to a tier (its horizon's start).
+pub fn with_deferrals(
+    properties: BasicProperties,
+    deferrals: u32,
+    first_try_ms: u64,
+) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    put_u64(&mut headers, DEFERRALS_HEADER, deferrals.into());
+    put_u64(&mut headers, FIRST_TRY_HEADER, first_try_ms);
+    properties.with_headers(headers)
+}
+
 /// What the dead sink records about a message beside its body and original headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter<'a> {
@@ -461,6 +482,8 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
     let (props, carried_headers) = carried(dead);
     let forget = [
         ATTEMPTS_HEADER,
+        DEFERRALS_HEADER,
+        FIRST_TRY_HEADER,
         DUE_HEADER,
         LAST_ERROR_HEADER,
         REASON_HEADER,

@@ -305,6 +305,11 @@ impl Ladder {
         u32::try_from(self.schedule.len()).unwrap_or(u32::MAX - 1) + 1
     }
 
+    /// The schedule's span: the sum of its waits, from the first attempt to the last.
+    pub fn span(&self) -> Duration {
+        self.schedule.iter().map(|id| self.tier(*id).delay).sum()
+    }
+
     /// The tier to wait in after `attempts_made` attempts, or `None` when the budget is spent.
     pub fn tier_after(&self, attempts_made: u32) -> Option<TierId> {
         let step = usize::try_from(attempts_made).ok()?.checked_sub(1)?;

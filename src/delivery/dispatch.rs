@@ -17,13 +17,14 @@ use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
 use crate::delivery::endpoint::Endpoints;
+use crate::delivery::endpoint::HealthSignal;
 use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{AttemptResult, Outcome, Route, decide, route};
+use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use crate::delivery::signing::signature_header;
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
-use crate::observe::events::Notices;
-use crate::observe::metrics::Metrics;
+use crate::observe::events::{Notices, OperationalEvent};
+use crate::observe::metrics::{MAX_QUARANTINE_SERIES, Metrics};
 use crate::units::now_ms;
 
 /// Everything a delivery's task needs, shared by all of them.
@@ -199,8 +200,19 @@ impl Dispatcher {
             );
         }
         let (result, latency) = self.send(lane, envelope, &sub, body).await;
+        let outcome = match &result {
+            AttemptResult::Deferred { reason, wait } => defer(
+                &self.ladder,
+                envelope,
+                reason,
+                *wait,
+                self.horizon(),
+                now_ms(),
+            ),
+            made => decide(&self.ladder, envelope.attempts_made, made),
+        };
         Attempted {
-            outcome: decide(&self.ladder, envelope.attempts_made, &result),
+            outcome,
             endpoint: Some(endpoint),
             result: Some(result),
             latency,
@@ -225,6 +237,57 @@ impl Dispatcher {
         Attempted::without_attempt(Outcome::Parked { subscription })
     }
 
+    /// Announces what the endpoints' breakers reported on the events exchange, and keeps the
+    /// quarantine gauges.
+    fn announce_health(&self) {
+        for signal in self.endpoints.take_signals() {
+            let (event, endpoint, open_for) = match &signal {
+                HealthSignal::Quarantined { endpoint, open_for } => {
+                    self.metrics.endpoints_quarantined.inc();
+                    let labelled =
+                        prometheus::core::Collector::collect(&self.metrics.endpoint_quarantined)
+                            .first()
+                            .map_or(0, |family| family.get_metric().len());
+                    if labelled < MAX_QUARANTINE_SERIES {
+                        self.metrics
+                            .endpoint_quarantined
+                            .with_label_values(&[endpoint.as_str()])
+                            .set(1);
+                    }
+                    warn!(endpoint = %endpoint, open_for_ms = open_for.as_millis() as u64, "Endpoint quarantined");
+                    ("endpoint.quarantined", endpoint, open_for)
+                }
+                HealthSignal::Recovered { endpoint, open_for } => {
+                    self.metrics.endpoints_quarantined.dec();
+                    // Absent when it was over the series bound.
+                    let _ = self
+                        .metrics
+                        .endpoint_quarantined
+                        .remove_label_values(&[endpoint.as_str()]);
+                    info!(endpoint = %endpoint, open_for_ms = open_for.as_millis() as u64, "Endpoint recovered");
+                    ("endpoint.recovered", endpoint, open_for)
+                }
+            };
+            let detail = format!(
+                "circuit breaker open for {}",
+                crate::units::fmt_duration(Duration::from_millis(open_for.as_millis() as u64))
+            );
+            self.notices.operational(
+                OperationalEvent::new(event, "breaker")
+                    .endpoint(endpoint)
+                    .detail(&detail),
+            );
+        }
+    }
+
+    /// The delivery horizon: as configured, or the schedule's span.
+    fn horizon(&self) -> Duration {
+        match self.config.endpoints.horizon {
+            Duration::ZERO => self.ladder.span(),
+            configured => configured,
+        }
+    }
+
     /// Signs with every unexpired secret that resolves now, and sends.
     async fn send(
         &self,
@@ -245,14 +308,15 @@ impl Dispatcher {
             ));
             return (result, None);
         }
-        let slot = match self.endpoints.admit(&sub.url, sub.max_concurrent).await {
+        let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent);
+        self.announce_health();
+        let slot = match admitted {
             Ok(slot) => slot,
             Err(deferral) => {
                 self.metrics
                     .deferrals
                     .with_label_values(&[deferral.kind()])
                     .inc();
-                self.endpoints.pace_deferral().await;
                 let result = AttemptResult::Deferred {
                     reason: deferral.to_string(),
                     wait: deferral.wait(),
@@ -279,6 +343,7 @@ impl Dispatcher {
             })
             .await;
         slot.finish(&report.result);
+        self.announce_health();
         lane.metrics
             .attempt_seconds
             .observe(report.latency.as_secs_f64());

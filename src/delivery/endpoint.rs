@@ -1,9 +1,16 @@
 //! Per-endpoint limits, so one tenant's endpoint cannot take the whole worker: a cap on
-//! concurrent attempts per endpoint (host and port), and a circuit breaker that stops making
-//! attempts to an endpoint that keeps failing, then probes it with one.
+//! concurrent attempts per endpoint, and a circuit breaker that stops making attempts to an
+//! endpoint that keeps failing, then probes it with one.
 //!
-//! An envelope that cannot be attempted (no slot within `endpoints.wait`, or the breaker open) is
-//! *deferred*: it moves to the next tier without an HTTP request, and the deferral counts as one
+//! An endpoint is what a subscription points at: scheme, host, port and path ([`EndpointKey`]).
+//! Many endpoints share a host (hooks.slack.com, one SaaS's ingestion host for all its
+//! customers), and one customer's broken path must not stop deliveries to the others, so health
+//! is per endpoint. A separate cap per host (`endpoints.max_concurrent_per_host`) protects a
+//! shared host from the sum of its endpoints; it never opens a breaker.
+//!
+//! An envelope that cannot be attempted (its endpoint or host at its cap, or the breaker open) is
+//! *deferred* at once: waiting for a slot would hold a slot of the lane, shared with every other
+//! tenant, for an endpoint that is slow or down. It moves to the next tier without an HTTP request, and the deferral counts as one
 //! of its attempts. That keeps the promise that every envelope ends within its schedule; an
 //! endpoint down for longer than the schedule exhausts envelopes just as failing attempts would.
 
@@ -49,6 +56,26 @@ pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: State,
+    /// When it last opened from closed; `None` while closed.
+    open_since: Option<Instant>,
+    /// Whether this opening was announced as a quarantine.
+    quarantined: bool,
+}
+
+/// A change in an endpoint's health that operators are told of (`endpoint.quarantined`,
+/// `endpoint.recovered`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthSignal {
+    /// Its breaker has been open for `open_for`, at least `endpoints.quarantine_after`.
+    Quarantined {
+        endpoint: String,
+        open_for: Duration,
+    },
+    /// A quarantined endpoint's breaker closed after `open_for`.
+    Recovered {
+        endpoint: String,
+        open_for: Duration,
+    },
 }
 
 impl Breaker {
@@ -57,7 +84,20 @@ impl Breaker {
             threshold: threshold.max(1),
             cooldown,
             state: State::Closed { failures: 0 },
+            open_since: None,
+            quarantined: false,
         }
+    }
+
+    /// How long it has been open, the first time that is `after` or longer in this opening:
+    /// the moment to announce a quarantine, once.
+    pub fn quarantine_due(&mut self, now: Instant, after: Duration) -> Option<Duration> {
+        let open_for = now.saturating_duration_since(self.open_since?);
+        if self.quarantined || open_for < after {
+            return None;
+        }
+        self.quarantined = true;
+        Some(open_for)
     }
 
     pub fn admit(&mut self, now: Instant) -> Admit {
@@ -81,7 +121,9 @@ impl Breaker {
     }
 
     /// Records an attempt's result: `failed` for the failures that say the endpoint is unwell.
-    pub fn record(&mut self, failed: bool, now: Instant) {
+    /// Returns how long it had been open when a success closes a quarantined breaker.
+    pub fn record(&mut self, failed: bool, now: Instant) -> Option<Duration> {
+        let was_open = !matches!(self.state, State::Closed { .. });
         self.state = match (self.state, failed) {
             (_, false) => State::Closed { failures: 0 },
             (State::Closed { failures }, true) if failures + 1 < self.threshold => State::Closed {
@@ -91,6 +133,15 @@ impl Breaker {
                 until: now + self.cooldown,
             },
         };
+        let open = !matches!(self.state, State::Closed { .. });
+        if open && !was_open {
+            self.open_since = Some(now);
+        }
+        if open {
+            return None;
+        }
+        let since = self.open_since.take()?;
+        std::mem::take(&mut self.quarantined).then(|| now.saturating_duration_since(since))
     }
 
     /// Only tests look at the state: deliveries ask [`Breaker::admit`].
@@ -116,30 +167,45 @@ pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
 
 /// A slot for one attempt; report how it went with [`Slot::finish`].
 pub struct Slot {
-    key: String,
+    key: EndpointKey,
     _permit: OwnedSemaphorePermit,
+    _host_permit: OwnedSemaphorePermit,
     endpoints: Arc<EndpointsInner>,
 }
 
 impl Slot {
     pub fn finish(self, result: &AttemptResult) {
         let mut breakers = self.endpoints.lock_breakers();
-        if let Some(b) = breakers.get_mut(&self.key) {
-            b.record(is_endpoint_failure(result), Instant::now());
+        if let Some(b) = breakers.get_mut(&self.key)
+            && let Some(open_for) = b.record(is_endpoint_failure(result), Instant::now())
+        {
+            self.endpoints.signal(HealthSignal::Recovered {
+                endpoint: self.key.label(),
+                open_for,
+            });
         }
     }
 }
 
 struct EndpointsInner {
     config: EndpointConfig,
-    /// When the next deferral may be settled.
-    next_deferral: Mutex<tokio::time::Instant>,
-    limits: Mutex<HashMap<(String, u32), Arc<Semaphore>>>,
-    breakers: Mutex<HashMap<String, Breaker>>,
+    limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
+    /// The per-host caps, by `host:port`.
+    host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    breakers: Mutex<HashMap<EndpointKey, Breaker>>,
+    /// Health changes not yet announced; the dispatcher takes them ([`Endpoints::take_signals`]).
+    signals: Mutex<Vec<HealthSignal>>,
 }
 
 impl EndpointsInner {
-    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Breaker>> {
+    fn signal(&self, signal: HealthSignal) {
+        self.signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(signal);
+    }
+
+    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Breaker>> {
         self.breakers.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -163,11 +229,10 @@ pub enum Deferral {
         endpoint: String,
         retry_in: Duration,
     },
-    OverCap {
-        endpoint: String,
-        cap: u32,
-        waited: Duration,
-    },
+    /// The endpoint's own cap was full.
+    OverCap { endpoint: String, cap: u32 },
+    /// The cap of the host the endpoint shares with others was full.
+    HostOverCap { host: String, cap: u32 },
 }
 
 impl Deferral {
@@ -175,6 +240,7 @@ impl Deferral {
         match self {
             Deferral::BreakerOpen { .. } => "breaker_open",
             Deferral::OverCap { .. } => "concurrency",
+            Deferral::HostOverCap { .. } => "host_concurrency",
         }
     }
 
@@ -182,7 +248,7 @@ impl Deferral {
     pub fn wait(&self) -> Option<Duration> {
         match self {
             Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
-            Deferral::OverCap { .. } => None,
+            Deferral::OverCap { .. } | Deferral::HostOverCap { .. } => None,
         }
     }
 }
@@ -195,57 +261,105 @@ impl std::fmt::Display for Deferral {
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
                 crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
             ),
-            Deferral::OverCap {
-                endpoint,
-                cap,
-                waited,
-            } => write!(
-                f,
-                "deferred: {endpoint} had {cap} attempts in flight for {}",
-                crate::units::fmt_duration(*waited)
-            ),
+            Deferral::OverCap { endpoint, cap } => {
+                write!(f, "deferred: {endpoint} had {cap} attempts in flight")
+            }
+            Deferral::HostOverCap { host, cap } => {
+                write!(f, "deferred: host {host} had {cap} attempts in flight")
+            }
         }
     }
 }
 
-/// The key limits and breakers go by: `host:port`.
-pub fn endpoint_key(url: &reqwest::Url) -> String {
-    format!(
-        "{}:{}",
-        url.host_str().unwrap_or_default(),
-        url.port_or_known_default().unwrap_or(0)
-    )
+/// The endpoint a subscription points at, as caps and breakers know it: scheme, host, port and
+/// path. The query is left out (it varies per customer far less often than it carries a
+/// token), and so are credentials and the fragment, which do not name another endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    /// `scheme://host:port/path`: never shown, since the path may be a secret (Slack's is).
+    endpoint: String,
+    /// `host:port`, the per-host cap's key.
+    host: String,
+}
+
+impl EndpointKey {
+    pub fn of(url: &reqwest::Url) -> Self {
+        let host = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or(0)
+        );
+        Self {
+            endpoint: format!("{}://{host}{}", url.scheme(), url.path()),
+            host,
+        }
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// How logs, errors and metrics name the endpoint: `host:port#` and a hash of the whole
+    /// key, so two paths of one host are told apart without showing either.
+    pub fn label(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.endpoint.as_bytes());
+        format!(
+            "{}#{:02x}{:02x}{:02x}{:02x}",
+            self.host, digest[0], digest[1], digest[2], digest[3]
+        )
+    }
 }
 
 impl Endpoints {
     pub fn new(config: EndpointConfig) -> Self {
         Self(Arc::new(EndpointsInner {
-            next_deferral: Mutex::new(tokio::time::Instant::now()),
             config,
             limits: Mutex::new(HashMap::new()),
+            host_limits: Mutex::new(HashMap::new()),
+            signals: Mutex::new(Vec::new()),
             breakers: Mutex::new(HashMap::new()),
         }))
     }
 
-    /// Waits for a slot at `url`'s endpoint (at most `endpoints.wait`), unless its breaker is
-    /// open. `cap` overrides the configured cap.
-    pub async fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
-        let key = endpoint_key(url);
+    /// The health changes since the last call, oldest first.
+    pub fn take_signals(&self) -> Vec<HealthSignal> {
+        std::mem::take(&mut *self.0.signals.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A slot at `url`'s endpoint and its host, now or never: unless the endpoint's breaker is
+    /// open or either cap is full, in which case the delivery is deferred at once rather than
+    /// wait inside its lane. `cap` overrides the configured per-endpoint cap.
+    pub fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
+        let key = EndpointKey::of(url);
         let config = &self.0.config;
-        let admitted = {
+        let now = Instant::now();
+        let (admitted, quarantine) = {
             let mut breakers = self.0.lock_breakers();
-            breakers
+            let breaker = breakers
                 .entry(key.clone())
-                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown))
-                .admit(Instant::now())
+                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown));
+            let admitted = breaker.admit(now);
+            // Seen at the deliveries that reach it: an endpoint nobody sends to is nobody's worry.
+            (
+                admitted,
+                breaker.quarantine_due(now, config.quarantine_after),
+            )
         };
+        if let Some(open_for) = quarantine {
+            self.0.signal(HealthSignal::Quarantined {
+                endpoint: key.label(),
+                open_for,
+            });
+        }
         if let Admit::Refused { retry_in } = admitted {
             return Err(Deferral::BreakerOpen {
-                endpoint: key,
+                endpoint: key.label(),
                 retry_in,
             });
         }
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
+        let host_cap = config.max_concurrent_per_host.max(1);
         let semaphore = {
             let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(
@@ -254,48 +368,46 @@ impl Endpoints {
                     .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
             )
         };
-        let permit = match tokio::time::timeout(config.wait, semaphore.acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            _ => {
+        let host_semaphore = {
+            let mut hosts = self.0.host_limits.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                hosts
+                    .entry(key.host.clone())
+                    .or_insert_with(|| Arc::new(Semaphore::new(host_cap as usize))),
+            )
+        };
+        // The endpoint's slot first: an endpoint at its own cap takes no host slot that its
+        // neighbours could use.
+        let acquired = match semaphore.try_acquire_owned() {
+            Ok(permit) => match host_semaphore.try_acquire_owned() {
+                Ok(host_permit) => Ok((permit, host_permit)),
+                Err(_) => Err(Deferral::HostOverCap {
+                    host: key.host.clone(),
+                    cap: host_cap,
+                }),
+            },
+            Err(_) => Err(Deferral::OverCap {
+                endpoint: key.label(),
+                cap,
+            }),
+        };
+        match acquired {
+            Ok((permit, host_permit)) => Ok(Slot {
+                key,
+                _permit: permit,
+                _host_permit: host_permit,
+                endpoints: Arc::clone(&self.0),
+            }),
+            Err(deferral) => {
                 // A probe that could not go out must not leave the breaker waiting for it.
                 if admitted == Admit::Probe
                     && let Some(b) = self.0.lock_breakers().get_mut(&key)
                 {
-                    b.record(true, Instant::now());
+                    b.record(true, now);
                 }
-                return Err(Deferral::OverCap {
-                    endpoint: key,
-                    cap,
-                    waited: config.wait,
-                });
+                Err(deferral)
             }
-        };
-        Ok(Slot {
-            key,
-            _permit: permit,
-            endpoints: Arc::clone(&self.0),
-        })
-    }
-
-    /// Waits for this deferral's turn under `endpoints.defer_rate`. The wait is short (the
-    /// worker holds at most its prefetch of deferrals) and stays within the attempt budget.
-    pub async fn pace_deferral(&self) {
-        let rate = self.0.config.defer_rate;
-        if rate == 0 {
-            return;
         }
-        let step = Duration::from_secs(1) / rate;
-        let at = {
-            let mut next = self
-                .0
-                .next_deferral
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let at = (*next).max(tokio::time::Instant::now());
-            *next = at + step;
-            at
-        };
-        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -341,6 +453,29 @@ mod tests {
     }
 
     #[test]
+    fn a_breaker_open_long_enough_is_quarantined_once_and_recovers_once() {
+        let t0 = Instant::now();
+        let cool = Duration::from_secs(5);
+        let after = Duration::from_secs(60);
+        let mut b = Breaker::new(1, cool);
+        assert_eq!(b.quarantine_due(t0, after), None, "closed");
+        assert_eq!(b.record(true, t0), None);
+        assert_eq!(b.quarantine_due(t0 + cool, after), None, "not yet");
+        // Failed probes keep it open since its first opening.
+        let t1 = t0 + Duration::from_secs(30);
+        assert_eq!(b.admit(t1), Admit::Probe);
+        assert_eq!(b.record(true, t1), None);
+        let t2 = t0 + after;
+        assert_eq!(b.quarantine_due(t2, after), Some(after));
+        assert_eq!(b.quarantine_due(t2, after), None, "announced once");
+        assert_eq!(b.admit(t2), Admit::Probe);
+        assert_eq!(b.record(false, t2), Some(after));
+        // A short opening that closes is no news.
+        assert_eq!(b.record(true, t2), None);
+        assert_eq!(b.record(false, t2 + cool), None);
+    }
+
+    #[test]
     fn a_probe_that_never_reports_does_not_wedge_the_breaker() {
         let t0 = Instant::now();
         let cool = Duration::from_secs(5);
@@ -377,39 +512,67 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn deferrals_are_paced() {
-        let endpoints = Endpoints::new(EndpointConfig {
-            defer_rate: 100,
-            ..EndpointConfig::default()
-        });
-        let started = tokio::time::Instant::now();
-        for _ in 0..11 {
-            endpoints.pace_deferral().await;
-        }
-        // The first goes at once, the next ten 10 ms apart.
-        assert!(started.elapsed() >= Duration::from_millis(100));
-    }
-
-    #[tokio::test]
-    async fn the_cap_defers_what_cannot_get_a_slot_in_time() {
+    #[test]
+    fn the_cap_defers_what_cannot_get_a_slot_at_once() {
         let endpoints = Endpoints::new(EndpointConfig {
             max_concurrent: 2,
-            wait: Duration::from_millis(50),
             ..EndpointConfig::default()
         });
         let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
-        let a = endpoints.admit(&url, None).await.unwrap();
-        let _b = endpoints.admit(&url, None).await.unwrap();
-        let third = endpoints.admit(&url, None).await.err().unwrap();
+        let a = endpoints.admit(&url, None).unwrap();
+        let _b = endpoints.admit(&url, None).unwrap();
+        let third = endpoints.admit(&url, None).err().unwrap();
         assert_eq!(third.kind(), "concurrency");
-        assert_eq!(
-            third.to_string(),
-            "deferred: hooks.example:443 had 2 attempts in flight for 50ms"
+        assert!(
+            third
+                .to_string()
+                .starts_with("deferred: hooks.example:443#"),
+            "{third}"
         );
+        assert!(third.to_string().ends_with(" had 2 attempts in flight"));
         // A subscription's own cap is its own budget.
-        let _own = endpoints.admit(&url, Some(1)).await.unwrap();
+        let _own = endpoints.admit(&url, Some(1)).unwrap();
         a.finish(&AttemptResult::Timeout);
-        assert!(endpoints.admit(&url, None).await.is_ok());
+        assert!(endpoints.admit(&url, None).is_ok());
+    }
+
+    #[test]
+    fn paths_of_one_host_have_their_own_breakers_and_share_the_host_cap() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            breaker_failures: 1,
+            max_concurrent_per_host: 2,
+            ..EndpointConfig::default()
+        });
+        let url = |s: &str| reqwest::Url::parse(s).unwrap();
+        let flaky = url("https://hooks.example/flaky");
+        let ok = url("https://hooks.example/ok?token=1");
+        endpoints
+            .admit(&flaky, None)
+            .unwrap()
+            .finish(&AttemptResult::Timeout);
+        let refused = endpoints.admit(&flaky, None).err().unwrap();
+        assert_eq!(refused.kind(), "breaker_open");
+        // Another path of the same host is another endpoint.
+        let a = endpoints.admit(&ok, None).unwrap();
+        let _b = endpoints
+            .admit(&url("https://hooks.example/ok"), None)
+            .unwrap();
+        // Two in flight on the host: a third path waits for the host, not for its own cap.
+        let third = endpoints.admit(&url("https://hooks.example/c"), None);
+        assert_eq!(third.err().unwrap().kind(), "host_concurrency");
+        a.finish(&AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        });
+        assert!(
+            endpoints
+                .admit(&url("https://hooks.example/c"), None)
+                .is_ok()
+        );
+        // The label tells paths apart without showing them.
+        let (k1, k2) = (EndpointKey::of(&flaky), EndpointKey::of(&ok));
+        assert_ne!(k1.label(), k2.label());
+        assert!(!k1.label().contains("flaky"));
+        assert_eq!(k1.host(), "hooks.example:443");
     }
 }

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::contract::envelope::{self, Envelope, InvalidEnvelope};
-use crate::contract::headers::{ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER};
+use crate::contract::headers::{
+    ATTEMPTS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER,
+    FIRST_TRY_HEADER,
+};
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
 use crate::delivery::subscriptions::{Subscription, Subscriptions};
@@ -32,9 +35,9 @@ pub enum AttemptResult {
     NotSent(String),
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
-    /// No attempt was made: the endpoint's breaker is open or its concurrency cap was full.
-    /// Handled like a failed attempt (next tier, one attempt of the budget), waiting at least
-    /// `wait` (until the breaker's next probe) where that is known.
+    /// No attempt was made: the endpoint's breaker is open or a concurrency cap was full.
+    /// Not an attempt: [`defer`] decides what follows, waiting at least `wait` (until the
+    /// breaker's next probe) where that is known.
     Deferred {
         reason: String,
         wait: Option<Duration>,
@@ -67,16 +70,20 @@ pub enum DeadReason {
     Gone,
     /// The egress policy refuses the endpoint's address.
     EgressDenied,
+    /// The delivery horizon passed while the envelope was being deferred. Named
+    /// `horizon_expired`: the broker's own `expired` (a message TTL) is another reason.
+    Expired,
 }
 
 impl DeadReason {
     /// Every reason, for those who parse or list them (`redrive --reason`).
-    pub const ALL: [DeadReason; 5] = [
+    pub const ALL: [DeadReason; 6] = [
         DeadReason::Rejected,
         DeadReason::Exhausted,
         DeadReason::Invalid,
         DeadReason::Gone,
         DeadReason::EgressDenied,
+        DeadReason::Expired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,6 +93,7 @@ impl DeadReason {
             DeadReason::Invalid => "invalid",
             DeadReason::Gone => "gone",
             DeadReason::EgressDenied => "egress_denied",
+            DeadReason::Expired => "horizon_expired",
         }
     }
 }
@@ -117,11 +125,13 @@ impl CancelReason {
 pub enum Outcome {
     /// 2xx: acknowledge.
     Delivered { status: u16 },
-    /// Republish into `tier` carrying `attempts_made`, then acknowledge.
+    /// Republish into `tier` carrying `attempts_made`, then acknowledge. `deferred`: no
+    /// request was made, so the envelope's deferrals, not its attempts, grow by one.
     Retry {
         tier: TierId,
         attempts_made: u32,
         error: String,
+        deferred: bool,
     },
     /// Acknowledge without delivering; recorded with its reason.
     Cancelled {
@@ -260,11 +270,13 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
     if lane == LaneKind::First
         && (envelope.attempts_made > 0
             || envelope.due_ms.is_some()
-            || envelope.last_endpoint.is_some())
+            || envelope.last_endpoint.is_some()
+            || envelope.deferrals > 0
+            || envelope.first_try_ms.is_some())
     {
         return Err(format!(
-            "headers {ATTEMPTS_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are hookrelay's own \
-             and never on a first attempt"
+            "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {FIRST_TRY_HEADER}, {DUE_HEADER} and \
+             {ENDPOINT_HEADER} are hookrelay's own and never on a first attempt"
         ));
     }
     if let Some(event_id) = &envelope.event_id {
@@ -380,6 +392,54 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
         tier,
         attempts_made,
         error: result.describe(),
+        deferred: false,
+    }
+}
+
+/// Decides what follows a deferral (no request made, so no attempt counted). The envelope
+/// waits in a tier that grows with its deferrals (the shortest after the first, the next after
+/// the second, up to the longest), so a long outage does not cycle it every few seconds; never
+/// shorter than the wait until the breaker's next probe. Deferrals alone would never exhaust the
+/// budget, so the delivery horizon ends it: `horizon` after its first try (`now_ms` if this is
+/// its first), it is dead-lettered `horizon_expired`.
+pub fn defer(
+    ladder: &Ladder,
+    envelope: &Envelope,
+    reason: &str,
+    wait: Option<Duration>,
+    horizon: Duration,
+    now_ms: u64,
+) -> Outcome {
+    let deferrals = envelope.deferrals.saturating_add(1);
+    let since = envelope.first_try_ms.unwrap_or(now_ms);
+    let age = Duration::from_millis(now_ms.saturating_sub(since));
+    if age >= horizon {
+        return Outcome::Dead {
+            reason: DeadReason::Expired,
+            status: None,
+            error: format!(
+                "{reason}; the delivery horizon {} passed with {} attempts made and {deferrals} \
+                 deferrals",
+                crate::units::fmt_duration(horizon),
+                envelope.attempts_made
+            ),
+            attempts_made: envelope.attempts_made,
+        };
+    }
+    let longest = ladder.tier_not_shorter_than(Duration::MAX);
+    let escalated = usize::try_from(deferrals - 1)
+        .ok()
+        .and_then(|i| ladder.tier_at(i))
+        .unwrap_or(longest);
+    let tier = match wait {
+        Some(wait) => escalated.max(ladder.tier_not_shorter_than(wait)),
+        None => escalated,
+    };
+    Outcome::Retry {
+        tier,
+        attempts_made: envelope.attempts_made,
+        error: reason.to_owned(),
+        deferred: true,
     }
 }
 
@@ -434,10 +494,6 @@ mod tests {
             AttemptResult::Timeout,
             AttemptResult::Transport("connection refused".into()),
             AttemptResult::NotSent("no secret".into()),
-            AttemptResult::Deferred {
-                reason: "deferred: over the cap".into(),
-                wait: None,
-            },
         ];
         for result in &retryable {
             for (before, tier) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (8, 4)] {
@@ -544,32 +600,48 @@ mod tests {
     }
 
     #[test]
-    fn a_deferral_waits_out_the_breaker() {
+    fn a_deferral_is_not_an_attempt_escalates_and_ends_at_the_horizon() {
         let l = ladder();
-        let deferred = |secs| AttemptResult::Deferred {
-            reason: "deferred: the circuit breaker of x:443 is open".into(),
-            wait: Some(Duration::from_secs(secs)),
-        };
-        // The breaker probes again in 30 s: the 1m tier rather than the scheduled 10s.
+        let horizon = l.span();
+        let mut e = before_the_attempt::envelope(Some("s1"));
+        e.attempts_made = 9; // one attempt left of the budget
+        let now = 1_000_000_000_000;
+        // Not counted: the attempts stay as they were, the deferral is marked.
+        let first = defer(&l, &e, "deferred: x", None, horizon, now);
         assert!(matches!(
-            decide(&l, 0, &deferred(30)),
-            Outcome::Retry {
-                tier,
-                attempts_made: 1,
-                ..
-            } if tier.index() == 1
+            first,
+            Outcome::Retry { tier, attempts_made: 9, deferred: true, .. } if tier.index() == 0
         ));
+        // Each deferral waits longer, up to the longest tier.
+        e.first_try_ms = Some(now);
+        for (deferrals, tier) in [(1, 1), (2, 2), (3, 3), (4, 4), (40, 4)] {
+            e.deferrals = deferrals;
+            assert!(matches!(
+                defer(&l, &e, "deferred: x", None, horizon, now + 1),
+                Outcome::Retry { tier: t, .. } if t.index() == tier
+            ));
+        }
+        // The breaker probes again in 30 s: at least the 1m tier.
+        e.deferrals = 0;
         assert!(matches!(
-            decide(&l, 3, &deferred(30)),
-            Outcome::Retry { tier, .. } if tier.index() == 3
+            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), horizon, now),
+            Outcome::Retry { tier, .. } if tier.index() == 1
         ));
-        assert!(matches!(
-            decide(&l, 9, &deferred(30)),
+        // The horizon ends it, however few attempts were made.
+        e.deferrals = 7;
+        let late = now + horizon.as_millis() as u64;
+        match defer(&l, &e, "deferred: x", None, horizon, late) {
             Outcome::Dead {
-                reason: DeadReason::Exhausted,
+                reason: DeadReason::Expired,
+                attempts_made: 9,
+                error,
                 ..
-            }
-        ));
+            } => assert!(
+                error.contains("with 9 attempts made and 8 deferrals"),
+                "{error}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -593,7 +665,7 @@ mod tests {
         use super::*;
         use crate::delivery::subscriptions::SecretRef;
 
-        fn envelope(subscription: Option<&str>) -> Envelope {
+        pub(super) fn envelope(subscription: Option<&str>) -> Envelope {
             Envelope {
                 id: crate::contract::envelope::EnvelopeId::parse("evt_1").unwrap(),
                 tenant: "acme".into(),
@@ -603,6 +675,8 @@ mod tests {
                 attempts_made: 0,
                 due_ms: None,
                 last_endpoint: None,
+                deferrals: 0,
+                first_try_ms: None,
             }
         }
 
@@ -707,7 +781,9 @@ mod tests {
         fn accounting_headers_are_not_believed_on_a_first_attempt() {
             let none = subs(vec![]);
             let all = subs(vec![sub("s1", "acme")]);
-            let forgeries: [fn(&mut Envelope); 3] = [
+            let forgeries: [fn(&mut Envelope); 5] = [
+                |e| e.deferrals = 2,
+                |e| e.first_try_ms = Some(1),
                 |e| e.attempts_made = 3,
                 |e| e.due_ms = Some(1),
                 |e| e.last_endpoint = Some("h#00000000".into()),

@@ -69,21 +69,27 @@ pub fn replacement(
             tier,
             attempts_made,
             error,
+            deferred,
         } => {
             let envelope = envelope.ok_or(Unsettleable("retry without envelope"))?;
             let spec = ladder.tier(*tier);
+            let properties = headers::retry_properties(
+                properties,
+                &envelope.tenant,
+                *attempts_made,
+                now_ms + spec.delay.as_millis() as u64,
+                error,
+                endpoint,
+            );
             Replacement::Publish {
                 target: spec.name.clone(),
                 messages: vec![Republish {
                     exchange: ladder.delay_exchange(),
                     routing_key: ladder.tier_routing_key(*tier, &envelope.tenant),
-                    properties: headers::retry_properties(
+                    properties: headers::with_deferrals(
                         properties,
-                        &envelope.tenant,
-                        *attempts_made,
-                        now_ms + spec.delay.as_millis() as u64,
-                        error,
-                        endpoint,
+                        envelope.deferrals + u32::from(*deferred),
+                        envelope.first_try_ms.unwrap_or(now_ms),
                     ),
                 }],
             }
@@ -93,23 +99,35 @@ pub fn replacement(
             status,
             error,
             attempts_made,
-        } => Replacement::Publish {
-            target: "dead".into(),
-            messages: vec![Republish {
-                exchange: String::new(),
-                routing_key: ladder.dead(),
-                properties: headers::dead_properties(
+        } => {
+            let mut properties = headers::dead_properties(
+                properties,
+                &DeadLetter {
+                    reason: reason.as_str(),
+                    error,
+                    status: *status,
+                    attempts_made: *attempts_made,
+                    tenant: envelope.map(|e| e.tenant.as_str()),
+                },
+            );
+            if let Some(e) = envelope {
+                // An expiry is decided at a deferral, which it counts.
+                let deferrals = e.deferrals + u32::from(*reason == DeadReason::Expired);
+                properties = headers::with_deferrals(
                     properties,
-                    &DeadLetter {
-                        reason: reason.as_str(),
-                        error,
-                        status: *status,
-                        attempts_made: *attempts_made,
-                        tenant: envelope.map(|e| e.tenant.as_str()),
-                    },
-                ),
-            }],
-        },
+                    deferrals,
+                    e.first_try_ms.unwrap_or(now_ms),
+                );
+            }
+            Replacement::Publish {
+                target: "dead".into(),
+                messages: vec![Republish {
+                    exchange: String::new(),
+                    routing_key: ladder.dead(),
+                    properties,
+                }],
+            }
+        }
         // Exactly as it came: its id, body and attempt count are what resume returns.
         Outcome::Parked { subscription } => {
             let envelope = envelope.ok_or(Unsettleable("parking without envelope"))?;
@@ -261,6 +279,7 @@ impl Dispatcher {
                 tier,
                 attempts_made,
                 error,
+                ..
             } => {
                 let tier = &self.ladder.tier(*tier).name;
                 self.metrics
@@ -308,9 +327,10 @@ impl Dispatcher {
             (None, Outcome::Cancelled { detail, .. }) => (None, Some(detail.clone())),
             (None, _) => (None, None),
         };
+        // A deferral made no request: attempt 0, as for no attempt at all.
         let attempt = match &attempted.result {
+            Some(AttemptResult::Deferred { .. }) | None => 0,
             Some(_) => envelope.map_or(0, |e| e.attempts_made + 1),
-            None => 0,
         };
         AttemptRecord {
             envelope: properties.message_id().as_ref().map(|m| m.to_string()),
@@ -530,6 +550,7 @@ mod tests {
             tier: ladder().tier_at(1).unwrap(),
             attempts_made: 2,
             error: "HTTP 503".into(),
+            deferred: false,
         };
         let (target, messages) = published(
             replacement(
@@ -645,6 +666,7 @@ mod tests {
             tier: l.tier_at(0).unwrap(),
             attempts_made: 1,
             error: "timeout".into(),
+            deferred: false,
         };
         assert!(build(&retry, None).is_err());
         let fan_out = Outcome::FanOut {

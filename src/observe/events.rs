@@ -35,6 +35,9 @@ pub struct OperationalEvent {
     pub tenant: Option<String>,
     pub subscription: Option<String>,
     pub envelope: Option<String>,
+    /// For an endpoint's health: the endpoint, `host:port#hash` (its path may be a secret).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     pub reason: String,
     /// What happened, in words (the last error, the cancellation's cause).
     pub detail: Option<String>,
@@ -49,6 +52,7 @@ impl OperationalEvent {
             tenant: None,
             subscription: None,
             envelope: None,
+            endpoint: None,
             reason: reason.into(),
             detail: None,
             at: now_rfc3339(),
@@ -57,6 +61,11 @@ impl OperationalEvent {
 
     pub fn detail(mut self, detail: &str) -> Self {
         self.detail = Some(detail.to_owned());
+        self
+    }
+
+    pub fn endpoint(mut self, endpoint: &str) -> Self {
+        self.endpoint = Some(endpoint.to_owned());
         self
     }
 
@@ -83,7 +92,7 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub latency_ms: Option<u64>,
     /// `delivered`, `retried`, `rejected`, `exhausted`, `invalid`, `cancelled`, `gone`,
-    /// `egress_denied`, `fanned_out`, `parked`.
+    /// `egress_denied`, `horizon_expired`, `fanned_out`, `parked`.
     pub outcome: String,
     /// The tier a retry waits in.
     pub tier: Option<String>,

@@ -13,7 +13,7 @@ use prometheus::{
 pub struct Metrics {
     pub registry: Registry,
     /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, `exhausted`,
-    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `fanned_out`, `parked`).
+    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `fanned_out`, `parked`).
     pub outcomes: IntCounterVec,
     /// Retries by the tier they were sent to.
     pub retries: IntCounterVec,
@@ -59,7 +59,16 @@ pub struct Metrics {
     pub notices_dropped: IntCounter,
     /// Notices the broker did not confirm.
     pub notices_failed: IntCounter,
+    /// Endpoints whose breaker has been open longer than `endpoints.quarantine_after`.
+    pub endpoints_quarantined: IntGauge,
+    /// 1 per quarantined endpoint, labelled `host:port#hash`; a series exists only while its
+    /// endpoint is quarantined, and at most [`MAX_QUARANTINE_SERIES`] at once (the rest are in
+    /// `endpoints_quarantined` alone), so the label's cardinality is bounded.
+    pub endpoint_quarantined: IntGaugeVec,
 }
+
+/// The most labelled series `hookrelay_endpoint_quarantined` holds at once.
+pub const MAX_QUARANTINE_SERIES: usize = 100;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,7 +106,9 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 21] = [
+    let collectors: [&dyn Collector; 23] = [
+        &m.endpoints_quarantined,
+        &m.endpoint_quarantined,
         &m.outcomes,
         &m.retries,
         &m.rejections,
@@ -293,6 +304,20 @@ impl Metrics {
                     "Operational events and attempt-log entries the broker did not confirm",
                 )
                 .expect("valid metric"),
+            ),
+            endpoints_quarantined: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_endpoints_quarantined",
+                    "Endpoints whose breaker has been open longer than endpoints.quarantine_after",
+                )
+                .expect("valid metric"),
+            ),
+            endpoint_quarantined: gauges(
+                &r,
+                "hookrelay_endpoint_quarantined",
+                "1 per quarantined endpoint (host:port#hash), at most 100 series",
+                &["endpoint"],
             ),
             registry: r,
         }

@@ -54,10 +54,12 @@ pub fn config() -> Config {
     let mut config = Config::load(None, &ProcessEnv).expect("test configuration");
     config.http.connect_timeout = Duration::from_secs(1);
     config.http.request_timeout = Duration::from_secs(2);
-    config.endpoints.wait = Duration::from_secs(1);
     // Tests that fail endpoints on purpose would otherwise trip breakers; those that test the
     // breaker set their own threshold.
     config.endpoints.breaker_failures = 100_000;
+    // Test ladders span seconds, the default horizon: an envelope deferred because its endpoint's
+    // cap was full under load must not expire on that account. The horizon's tests set their own.
+    config.endpoints.horizon = Duration::from_secs(600);
     config.worker.shutdown_grace = Duration::from_secs(10);
     config.worker.requeue_delay = Duration::from_millis(200);
     config.amqp.reconnect_min = Duration::from_millis(100);

@@ -171,7 +171,6 @@ async fn run_inside(
     let mut worker_config = config.clone();
     worker_config.http.connect_timeout = Duration::from_secs(1);
     worker_config.http.request_timeout = Duration::from_secs(1);
-    worker_config.endpoints.wait = Duration::from_secs(1);
     worker_config.worker.shutdown_grace = Duration::from_secs(10);
     // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
     worker_config.egress.allow.push(
