@@ -203,13 +203,13 @@ impl Dispatcher {
             // A cancellation is a terminal state only the records hold: they are confirmed
             // before the ack, as a dead letter is.
             Replacement::Records => {
-                self.store(id, "attempts", vec![()], lease_end, |()| {
+                self.store(id, acker, "attempts", vec![()], lease_end, |()| {
                     self.record_cancellation(lane, properties, envelope, &attempted)
                 })
                 .await
             }
             Replacement::Publish { target, messages } => {
-                self.store(id, &target, messages, lease_end, |m| async move {
+                self.store(id, acker, &target, messages, lease_end, |m| async move {
                     self.publisher
                         .publish(&m.exchange, &m.routing_key, body, m.properties)
                         .await
@@ -398,10 +398,12 @@ impl Dispatcher {
     /// (a resource alarm, a tier not yet applied) holds its lease instead of being POSTed again
     /// on every redelivery. While the broker blocks the publishing connection nothing is sent
     /// (a publish there would only time out, and might still be stored after the alarm, as a
-    /// duplicate). Gives up, with the last error, only when the lease is nearly spent.
+    /// duplicate). Gives up, with the last error, only when the lease is nearly spent or the
+    /// delivery's channel has closed (`held`).
     async fn store<T, F, Fut>(
         &self,
         id: &str,
+        held: &Acker,
         target: &str,
         mut pending: Vec<T>,
         lease_end: Instant,
@@ -417,6 +419,17 @@ impl Dispatcher {
         let mut tries = 0u32;
         let mut last = String::from("the broker blocks publishing (resource alarm)");
         loop {
+            // Once the delivery's channel has closed, the broker hands the original out again:
+            // a copy stored now could never be followed by its ack, and would be a second copy
+            // of the envelope on its way (a duplicate beyond the deliveries in flight).
+            if held.poisoned() {
+                let closed = "the delivery's channel closed, so the broker delivers it again";
+                return Err(if tries == 0 {
+                    closed.to_owned()
+                } else {
+                    format!("{last}; {closed}")
+                });
+            }
             if !self.publisher.is_blocked() {
                 tries += 1;
                 let results = futures_util::future::join_all(pending.iter().cloned().map(|item| {
