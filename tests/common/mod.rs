@@ -573,12 +573,16 @@ impl SubsFile {
 
 /// `hookrelay worker` as a process of its own (see `kit::worker_command`).
 pub fn worker_process(name: &str, ladder: &Path, subscriptions: &Path) -> tokio::process::Command {
-    kit::worker_command(
+    let mut command = kit::worker_command(
         Path::new(env!("CARGO_BIN_EXE_hookrelay")),
         name,
         ladder,
         subscriptions,
-    )
+    );
+    // As in [`config`]: envelopes deferred for a full endpoint cap under load must not expire at
+    // a test ladder's span of seconds.
+    command.env("HOOKRELAY_ENDPOINTS_HORIZON", "10m");
+    command
 }
 
 /// Runs the hookrelay binary with `args`; (exit code, stdout, stderr).

@@ -125,7 +125,9 @@ async fn a_redrive_killed_mid_pass_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tier_release_killed_mid_pass_loses_nothing() {
     const M: usize = 150;
-    let t = TestLadder::apply("releasekill", &["1s"], &["1s"]).await;
+    let mut t = TestLadder::apply("releasekill", &["1s"], &["1s"]).await;
+    // Every first attempt is made: none of the burst is deferred for a full endpoint cap.
+    t.config.endpoints.max_concurrent = M as u32;
     let dir = tempfile::tempdir().unwrap();
     let ladder = common::ladder_file(&t, &dir);
     let ladder = ladder.to_str().unwrap();
