@@ -456,6 +456,10 @@ pub struct EndpointConfig {
     /// (`endpoint.quarantined`; `endpoint.recovered` when it closes).
     #[serde(with = "humantime_serde")]
     pub quarantine_after: Duration,
+    /// Attempts at once an endpoint is allowed when its breaker closes. The limit grows by one
+    /// with each success and halves with each failure (or 429) until it reaches the endpoint's
+    /// cap, so a recovered endpoint is not met with its whole backlog at once. `0`: no ramp.
+    pub recovery_start: u32,
 }
 
 impl Default for EndpointConfig {
@@ -467,6 +471,7 @@ impl Default for EndpointConfig {
             breaker_cooldown: Duration::from_secs(30),
             horizon: Duration::ZERO,
             quarantine_after: Duration::from_secs(300),
+            recovery_start: 2,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Isolation on the real broker: the retry lane's bounded share, dedicated tenant lanes (routing,
-//! retry return, removal without loss), the per-endpoint cap, the circuit breaker's states, and
-//! Retry-After under load.
+//! retry return, removal without loss), the per-endpoint cap, the circuit breaker's states, the
+//! ramp after an endpoint recovers, and Retry-After under load.
 
 mod common;
 
@@ -227,22 +227,28 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }
 
-#[tokio::test]
-async fn the_breaker_opens_refuses_probes_and_closes() {
-    // The 2s tier is where deferred envelopes wait out the breaker's cool-down.
-    let t = TestLadder::apply("breaker", &["200ms", "2s"], &["200ms"; 8]).await;
-    let s = secret();
+/// An endpoint that answers 503 until the flag is set, then as `recovered`.
+async fn down_until_healthy(s: &common::Secret, recovered: Reply) -> (Receiver, Arc<AtomicBool>) {
     let healthy = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&healthy);
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
         if flag.load(Ordering::SeqCst) {
-            Reply::Status(200)
+            recovered.clone()
         } else {
             Reply::Status(503)
         }
     })
     .await
     .unwrap();
+    (receiver, healthy)
+}
+
+#[tokio::test]
+async fn the_breaker_opens_refuses_probes_and_closes() {
+    // The 2s tier is where deferred envelopes wait out the breaker's cool-down.
+    let t = TestLadder::apply("breaker", &["200ms", "2s"], &["200ms"; 8]).await;
+    let s = secret();
+    let (receiver, healthy) = down_until_healthy(&s, Reply::Status(200)).await;
     let mut config = t.config.clone();
     config.endpoints.breaker_failures = 3;
     config.endpoints.breaker_cooldown = Duration::from_secs(2);
@@ -725,17 +731,7 @@ async fn next_events(t: &TestLadder, queue: &str, seen: &mut Vec<serde_json::Val
 async fn an_endpoint_open_too_long_is_quarantined_then_recovers() {
     let t = TestLadder::apply("quarantine", &["200ms", "1s"], &["200ms"; 3]).await;
     let s = secret();
-    let healthy = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&healthy);
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |_| {
-        if flag.load(Ordering::SeqCst) {
-            Reply::Status(200)
-        } else {
-            Reply::Status(503)
-        }
-    })
-    .await
-    .unwrap();
+    let (receiver, healthy) = down_until_healthy(&s, Reply::Status(200)).await;
     let events = events_queue(&t, "endpoint.*").await;
     let mut config = t.config.clone();
     config.endpoints.breaker_failures = 1;
@@ -789,4 +785,74 @@ async fn an_endpoint_open_too_long_is_quarantined_then_recovers() {
     assert_eq!(kinds, ["endpoint.quarantined", "endpoint.recovered"]);
     assert_eq!(seen[1]["endpoint"], endpoint.as_str());
     assert_eq!(m.endpoints_quarantined.get(), 0);
+}
+
+#[tokio::test]
+async fn a_recovered_endpoint_is_ramped_up_not_stampeded() {
+    const N: usize = 40;
+    const CAP: usize = 8;
+    // The 1s tier is where envelopes wait out the breaker's cool-down, and they come back from
+    // it together; the 200ms tier paces those that find the recovering endpoint at its limit.
+    let t = TestLadder::apply("ramp", &["200ms", "1s"], &["200ms"; 8]).await;
+    let s = secret();
+    // Slow enough that what is sent together is answered together.
+    let (receiver, healthy) =
+        down_until_healthy(&s, Reply::Slow(Duration::from_millis(200), 200)).await;
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 3;
+    config.endpoints.breaker_cooldown = Duration::from_secs(1);
+    let start = config.endpoints.recovery_start as usize; // the default
+    assert!((1..CAP / 2).contains(&start));
+    let mut sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    sub.max_concurrent = Some(CAP as u32);
+    let worker = RunningWorker::start_with(&t, config, vec![sub]).await;
+    t.publish_all((0..N).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
+        .await;
+    // The outage: the breaker opens and the backlog waits in the tiers.
+    let m = worker.metrics.clone();
+    assert!(
+        wait_until(WAIT, async || {
+            m.count("hookrelay_deferrals_total", &[("reason", "breaker_open")]) >= N as u64
+        })
+        .await
+    );
+    healthy.store(true, Ordering::SeqCst);
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(60), |r| r.delivered_count() == N)
+            .await,
+        "delivered {} of {N}",
+        receiver.delivered_count()
+    );
+    worker.stop().await;
+
+    // After the probe that closed the breaker (the first 200), in arrival order: when k requests
+    // have gone out and c of them were answered, the limit is start + c and k - c are out at
+    // once, so the k-th found at most (k + start) / 2. With the full cap at once, the backlog
+    // coming back together finds 1, 2, ... 8 at once.
+    let mut records = receiver.records();
+    records.sort_by_key(|r| r.arrival);
+    let probe = records.iter().position(|r| r.status == 200).unwrap();
+    let after: Vec<usize> = records[probe + 1..].iter().map(|r| r.concurrent).collect();
+    assert!(
+        records[probe + 1..].iter().all(|r| r.status == 200),
+        "nothing failed after the recovery"
+    );
+    for (k, concurrent) in (1..).zip(&after) {
+        assert!(
+            2 * concurrent <= k + start,
+            "request {k} after the recovery found {concurrent} at once (start {start}): {after:?}"
+        );
+    }
+    assert!(
+        after[..4].iter().all(|&c| c <= start + 1),
+        "the first requests after the recovery came few at a time: {after:?}"
+    );
+    // It grew to the cap, and the ramp ended there.
+    assert_eq!(after.iter().max(), Some(&CAP), "{after:?}");
+    assert_eq!(m.endpoints_recovering.get(), 0);
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "recovery")]) > 0);
+    // Every envelope exactly once, none dead-lettered.
+    assert_eq!(receiver.duplicates(), 0);
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }

@@ -121,12 +121,16 @@ fn results() -> impl Strategy<Value = AttemptResult> {
         ".{0,20}".prop_map(AttemptResult::Transport),
         ".{0,20}".prop_map(AttemptResult::NotSent),
         ".{0,20}".prop_map(AttemptResult::EgressDenied),
-        (".{0,20}", proptest::option::of(0u64..200_000)).prop_map(|(reason, wait)| {
-            AttemptResult::Deferred {
+        (
+            ".{0,20}",
+            proptest::option::of(0u64..200_000),
+            proptest::bool::ANY
+        )
+            .prop_map(|(reason, wait, escalate)| AttemptResult::Deferred {
                 reason,
                 wait: wait.map(Duration::from_secs),
-            }
-        }),
+                escalate,
+            }),
     ]
 }
 

@@ -201,11 +201,16 @@ impl Dispatcher {
         }
         let (result, latency) = self.send(lane, envelope, &sub, body).await;
         let outcome = match &result {
-            AttemptResult::Deferred { reason, wait } => defer(
+            AttemptResult::Deferred {
+                reason,
+                wait,
+                escalate,
+            } => defer(
                 &self.ladder,
                 envelope,
                 reason,
                 *wait,
+                *escalate,
                 self.horizon(),
                 now_ms(),
             ),
@@ -238,8 +243,11 @@ impl Dispatcher {
     }
 
     /// Announces what the endpoints' breakers reported on the events exchange, and keeps the
-    /// quarantine gauges.
+    /// quarantine and recovery gauges.
     fn announce_health(&self) {
+        self.metrics
+            .endpoints_recovering
+            .set(self.endpoints.recovering() as i64);
         for signal in self.endpoints.take_signals() {
             let (event, endpoint, open_for) = match &signal {
                 HealthSignal::Quarantined { endpoint, open_for } => {
@@ -320,6 +328,7 @@ impl Dispatcher {
                 let result = AttemptResult::Deferred {
                     reason: deferral.to_string(),
                     wait: deferral.wait(),
+                    escalate: deferral.escalates(),
                 };
                 return (result, None);
             }

@@ -1,6 +1,7 @@
 //! Per-endpoint limits, so one tenant's endpoint cannot take the whole worker: a cap on
-//! concurrent attempts per endpoint, and a circuit breaker that stops making attempts to an
-//! endpoint that keeps failing, then probes it with one.
+//! concurrent attempts per endpoint, a circuit breaker that stops making attempts to an
+//! endpoint that keeps failing, then probes it with one, and a ramp that brings a recovered
+//! endpoint back to its cap gradually.
 //!
 //! An endpoint is what a subscription points at: scheme, host, port and path ([`EndpointKey`]).
 //! Many endpoints share a host (hooks.slack.com, one SaaS's ingestion host for all its
@@ -8,17 +9,26 @@
 //! is per endpoint. A separate cap per host (`endpoints.max_concurrent_per_host`) protects a
 //! shared host from the sum of its endpoints; it never opens a breaker.
 //!
-//! An envelope that cannot be attempted (its endpoint or host at its cap, or the breaker open) is
-//! *deferred* at once: waiting for a slot would hold a slot of the lane, shared with every other
-//! tenant, for an endpoint that is slow or down. It moves to the next tier without an HTTP request, and the deferral counts as one
-//! of its attempts. That keeps the promise that every envelope ends within its schedule; an
-//! endpoint down for longer than the schedule exhausts envelopes just as failing attempts would.
+//! An envelope that cannot be attempted (its endpoint or host at its cap, the breaker open, or
+//! the endpoint at its recovery limit) is *deferred* at once: waiting for a slot would hold a
+//! slot of the lane, shared with every other tenant, for an endpoint that is slow or down. It
+//! moves to a tier without an HTTP request; a deferral is not an attempt, and the delivery
+//! horizon ends an envelope that is deferred for too long.
+//!
+//! When a breaker closes, the envelopes held back during the outage (in the tiers, or parked)
+//! come back together. Rather than meet them with its whole cap, the endpoint gets a [`Ramp`]:
+//! a limit that starts at `endpoints.recovery_start`, grows by one with each success and halves
+//! with each failure (AIMD, as TCP's congestion window and adaptive concurrency limiters do),
+//! and ends when it reaches the cap. An envelope over that limit is deferred into the shortest
+//! tier: the endpoint is up, so it is paced, not held back as during the outage.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::info;
 
 use crate::config::EndpointConfig;
 use crate::delivery::route::AttemptResult;
@@ -144,10 +154,117 @@ impl Breaker {
         std::mem::take(&mut self.quarantined).then(|| now.saturating_duration_since(since))
     }
 
-    /// Only tests look at the state: deliveries ask [`Breaker::admit`].
-    #[cfg(test)]
+    /// Whether it refuses attempts (open, or waiting for a probe). Deliveries ask
+    /// [`Breaker::admit`]; recording asks this to see a breaker close.
     fn is_open(&self) -> bool {
         !matches!(self.state, State::Closed { .. })
+    }
+}
+
+/// A recovering endpoint's concurrency limit: additive increase, multiplicative decrease
+/// (AIMD). A pure state machine; [`Endpoints`] asks it at admission and tells it every result.
+///
+/// It grows by one with each success, as Netflix's concurrency-limits `AIMDLimit` does, so with
+/// a backlog keeping it full it about doubles with each round of answers; it halves with each
+/// failure, never below one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ramp {
+    limit: u32,
+}
+
+impl Ramp {
+    pub fn new(start: u32) -> Self {
+        Self {
+            limit: start.max(1),
+        }
+    }
+
+    /// Attempts allowed at once now.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    pub fn on_success(&mut self) {
+        self.limit = self.limit.saturating_add(1);
+    }
+
+    pub fn on_failure(&mut self) {
+        self.limit = (self.limit / 2).max(1);
+    }
+}
+
+/// Whether a result tells a recovering endpoint's ramp to back off: the failures the breaker
+/// counts, and 429, which the breaker does not count (the endpoint is up) but which says it has
+/// more than it can take.
+fn is_overload(result: &AttemptResult) -> bool {
+    is_endpoint_failure(result) || matches!(result, AttemptResult::Response { status: 429, .. })
+}
+
+/// What a result did to an endpoint's ramp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RampChange {
+    Unchanged,
+    /// The breaker closed: a ramp starts at this limit.
+    Started(u32),
+    /// The limit reached the cap: the endpoint is back to its cap.
+    Finished,
+    /// The breaker opened again; the next close starts over.
+    Abandoned,
+}
+
+/// What admission knows of one endpoint.
+#[derive(Debug)]
+struct Health {
+    breaker: Breaker,
+    /// Set while it recovers from an opening of its breaker.
+    ramp: Option<Ramp>,
+    /// Attempts out now, under whatever cap (a subscription's own or the default).
+    in_flight: u32,
+}
+
+impl Health {
+    fn new(breaker: Breaker) -> Self {
+        Self {
+            breaker,
+            ramp: None,
+            in_flight: 0,
+        }
+    }
+
+    /// Records an attempt's result into the breaker and the ramp. `cap` is the cap the attempt
+    /// was admitted under, `start` the ramp's first limit (0: no ramp). Returns how long a
+    /// quarantined breaker had been open when this closes it, and what changed in the ramp.
+    fn record(
+        &mut self,
+        result: &AttemptResult,
+        cap: u32,
+        start: u32,
+        now: Instant,
+    ) -> (Option<Duration>, RampChange) {
+        let was_open = self.breaker.is_open();
+        let recovered = self.breaker.record(is_endpoint_failure(result), now);
+        let was_ramping = self.ramp.is_some();
+        if self.breaker.is_open() {
+            self.ramp = None;
+        } else if was_open {
+            self.ramp = (start > 0 && start < cap).then(|| Ramp::new(start));
+        } else if let Some(ramp) = &mut self.ramp {
+            if is_overload(result) {
+                ramp.on_failure();
+            } else if matches!(result, AttemptResult::Response { .. }) {
+                ramp.on_success();
+            }
+            if ramp.limit() >= cap {
+                self.ramp = None;
+            }
+        }
+        let change = match (was_ramping, self.ramp) {
+            (false, Some(ramp)) => RampChange::Started(ramp.limit()),
+            (true, None) if self.breaker.is_open() => RampChange::Abandoned,
+            (true, None) => RampChange::Finished,
+            _ => RampChange::Unchanged,
+        };
+        (recovered, change)
     }
 }
 
@@ -165,24 +282,63 @@ pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
     }
 }
 
-/// A slot for one attempt; report how it went with [`Slot::finish`].
+/// A slot for one attempt; report how it went with [`Slot::finish`]. Dropped unfinished (the
+/// delivery's task ended), it gives its place back without a result.
 pub struct Slot {
     key: EndpointKey,
+    /// The cap it was admitted under: where a ramp ends.
+    cap: u32,
     _permit: OwnedSemaphorePermit,
     _host_permit: OwnedSemaphorePermit,
     endpoints: Arc<EndpointsInner>,
+    finished: bool,
 }
 
 impl Slot {
-    pub fn finish(self, result: &AttemptResult) {
-        let mut breakers = self.endpoints.lock_breakers();
-        if let Some(b) = breakers.get_mut(&self.key)
-            && let Some(open_for) = b.record(is_endpoint_failure(result), Instant::now())
-        {
-            self.endpoints.signal(HealthSignal::Recovered {
+    pub fn finish(mut self, result: &AttemptResult) {
+        self.finished = true;
+        let inner = &self.endpoints;
+        let (recovered, change) = {
+            let mut all = inner.lock_health();
+            let Some(health) = all.get_mut(&self.key) else {
+                return;
+            };
+            health.in_flight = health.in_flight.saturating_sub(1);
+            health.record(
+                result,
+                self.cap,
+                inner.config.recovery_start,
+                Instant::now(),
+            )
+        };
+        if let Some(open_for) = recovered {
+            inner.signal(HealthSignal::Recovered {
                 endpoint: self.key.label(),
                 open_for,
             });
+        }
+        match change {
+            RampChange::Unchanged => {}
+            RampChange::Started(limit) => {
+                inner.recovering.fetch_add(1, Ordering::Relaxed);
+                info!(endpoint = %self.key.label(), limit, cap = self.cap, "Endpoint recovered; ramping its concurrency up");
+            }
+            RampChange::Finished | RampChange::Abandoned => {
+                inner.recovering.fetch_sub(1, Ordering::Relaxed);
+                if change == RampChange::Finished {
+                    info!(endpoint = %self.key.label(), cap = self.cap, "Endpoint back to its full concurrency");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.finished
+            && let Some(health) = self.endpoints.lock_health().get_mut(&self.key)
+        {
+            health.in_flight = health.in_flight.saturating_sub(1);
         }
     }
 }
@@ -192,9 +348,11 @@ struct EndpointsInner {
     limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
     /// The per-host caps, by `host:port`.
     host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
-    breakers: Mutex<HashMap<EndpointKey, Breaker>>,
+    health: Mutex<HashMap<EndpointKey, Health>>,
     /// Health changes not yet announced; the dispatcher takes them ([`Endpoints::take_signals`]).
     signals: Mutex<Vec<HealthSignal>>,
+    /// Endpoints ramping up now ([`Endpoints::recovering`]).
+    recovering: AtomicUsize,
 }
 
 impl EndpointsInner {
@@ -205,12 +363,12 @@ impl EndpointsInner {
             .push(signal);
     }
 
-    fn lock_breakers(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Breaker>> {
-        self.breakers.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_health(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Health>> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Every endpoint's cap and breaker, shared by all deliveries.
+/// Every endpoint's cap, breaker and ramp, shared by all deliveries.
 #[derive(Clone)]
 pub struct Endpoints(Arc<EndpointsInner>);
 
@@ -233,6 +391,8 @@ pub enum Deferral {
     OverCap { endpoint: String, cap: u32 },
     /// The cap of the host the endpoint shares with others was full.
     HostOverCap { host: String, cap: u32 },
+    /// The endpoint is recovering from an outage and had its ramp's limit (or more) in flight.
+    Recovering { endpoint: String, limit: u32 },
 }
 
 impl Deferral {
@@ -241,6 +401,7 @@ impl Deferral {
             Deferral::BreakerOpen { .. } => "breaker_open",
             Deferral::OverCap { .. } => "concurrency",
             Deferral::HostOverCap { .. } => "host_concurrency",
+            Deferral::Recovering { .. } => "recovery",
         }
     }
 
@@ -248,8 +409,17 @@ impl Deferral {
     pub fn wait(&self) -> Option<Duration> {
         match self {
             Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
-            Deferral::OverCap { .. } | Deferral::HostOverCap { .. } => None,
+            Deferral::OverCap { .. }
+            | Deferral::HostOverCap { .. }
+            | Deferral::Recovering { .. } => None,
         }
+    }
+
+    /// Whether the envelope's wait grows with its deferrals. Not while its endpoint recovers:
+    /// the endpoint is up and its limit grows by the moment, so the envelope comes back after
+    /// the shortest tier rather than the longest an outage may have brought it to.
+    pub fn escalates(&self) -> bool {
+        !matches!(self, Deferral::Recovering { .. })
     }
 }
 
@@ -267,6 +437,10 @@ impl std::fmt::Display for Deferral {
             Deferral::HostOverCap { host, cap } => {
                 write!(f, "deferred: host {host} had {cap} attempts in flight")
             }
+            Deferral::Recovering { endpoint, limit } => write!(
+                f,
+                "deferred: {endpoint} is allowed at most {limit} attempts at once while it recovers"
+            ),
         }
     }
 }
@@ -318,8 +492,14 @@ impl Endpoints {
             limits: Mutex::new(HashMap::new()),
             host_limits: Mutex::new(HashMap::new()),
             signals: Mutex::new(Vec::new()),
-            breakers: Mutex::new(HashMap::new()),
+            health: Mutex::new(HashMap::new()),
+            recovering: AtomicUsize::new(0),
         }))
+    }
+
+    /// How many endpoints are ramping up after an outage now.
+    pub fn recovering(&self) -> usize {
+        self.0.recovering.load(Ordering::Relaxed)
     }
 
     /// The health changes since the last call, oldest first.
@@ -328,23 +508,37 @@ impl Endpoints {
     }
 
     /// A slot at `url`'s endpoint and its host, now or never: unless the endpoint's breaker is
-    /// open or either cap is full, in which case the delivery is deferred at once rather than
-    /// wait inside its lane. `cap` overrides the configured per-endpoint cap.
+    /// open, it is recovering with its ramp's limit in flight, or either cap is full, in which
+    /// case the delivery is deferred at once rather than wait inside its lane. `cap` overrides
+    /// the configured per-endpoint cap.
     pub fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
+        let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let now = Instant::now();
-        let (admitted, quarantine) = {
-            let mut breakers = self.0.lock_breakers();
-            let breaker = breakers
-                .entry(key.clone())
-                .or_insert_with(|| Breaker::new(config.breaker_failures, config.breaker_cooldown));
-            let admitted = breaker.admit(now);
+        let (admitted, quarantine, ramp_full) = {
+            let mut all = self.0.lock_health();
+            let health = all.entry(key.clone()).or_insert_with(|| {
+                Health::new(Breaker::new(
+                    config.breaker_failures,
+                    config.breaker_cooldown,
+                ))
+            });
+            let admitted = health.breaker.admit(now);
             // Seen at the deliveries that reach it: an endpoint nobody sends to is nobody's worry.
-            (
-                admitted,
-                breaker.quarantine_due(now, config.quarantine_after),
-            )
+            let quarantine = health.breaker.quarantine_due(now, config.quarantine_after);
+            // A probe has no ramp (the ramp starts when a probe closes the breaker).
+            let ramp_full = match health.ramp {
+                Some(ramp) if admitted == Admit::Allowed && health.in_flight >= ramp.limit() => {
+                    Some(ramp.limit())
+                }
+                _ => None,
+            };
+            // Counted in now, under the lock, so two deliveries cannot both take the last place.
+            if !matches!(admitted, Admit::Refused { .. }) && ramp_full.is_none() {
+                health.in_flight += 1;
+            }
+            (admitted, quarantine, ramp_full)
         };
         if let Some(open_for) = quarantine {
             self.0.signal(HealthSignal::Quarantined {
@@ -358,7 +552,12 @@ impl Endpoints {
                 retry_in,
             });
         }
-        let cap = cap.unwrap_or(config.max_concurrent).max(1);
+        if let Some(limit) = ramp_full {
+            return Err(Deferral::Recovering {
+                endpoint: key.label(),
+                limit,
+            });
+        }
         let host_cap = config.max_concurrent_per_host.max(1);
         let semaphore = {
             let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
@@ -394,16 +593,19 @@ impl Endpoints {
         match acquired {
             Ok((permit, host_permit)) => Ok(Slot {
                 key,
+                cap,
                 _permit: permit,
                 _host_permit: host_permit,
                 endpoints: Arc::clone(&self.0),
+                finished: false,
             }),
             Err(deferral) => {
-                // A probe that could not go out must not leave the breaker waiting for it.
-                if admitted == Admit::Probe
-                    && let Some(b) = self.0.lock_breakers().get_mut(&key)
-                {
-                    b.record(true, now);
+                if let Some(health) = self.0.lock_health().get_mut(&key) {
+                    health.in_flight = health.in_flight.saturating_sub(1);
+                    // A probe that could not go out must not leave the breaker waiting for it.
+                    if admitted == Admit::Probe {
+                        health.breaker.record(true, now);
+                    }
                 }
                 Err(deferral)
             }
@@ -574,5 +776,146 @@ mod tests {
         assert_ne!(k1.label(), k2.label());
         assert!(!k1.label().contains("flaky"));
         assert_eq!(k1.host(), "hooks.example:443");
+    }
+    #[test]
+    fn the_ramp_adds_one_per_success_and_halves_per_failure() {
+        let mut r = Ramp::new(2);
+        assert_eq!(r.limit(), 2);
+        r.on_success();
+        r.on_success();
+        assert_eq!(r.limit(), 4);
+        r.on_failure();
+        assert_eq!(r.limit(), 2);
+        r.on_failure();
+        r.on_failure();
+        assert_eq!(r.limit(), 1, "never below one");
+        assert_eq!(Ramp::new(0).limit(), 1);
+    }
+
+    const OK: AttemptResult = AttemptResult::Response {
+        status: 204,
+        retry_after: None,
+    };
+
+    /// An endpoint whose breaker opens after 2 failures, for a cool-down of zero.
+    fn endpoint(cap: u32, recovery_start: u32) -> (Endpoints, reqwest::Url) {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: cap,
+            breaker_failures: 2,
+            breaker_cooldown: Duration::ZERO,
+            recovery_start,
+            ..EndpointConfig::default()
+        });
+        (
+            endpoints,
+            reqwest::Url::parse("https://hooks.example/a").unwrap(),
+        )
+    }
+
+    /// Opens `url`'s breaker with failures.
+    fn open(endpoints: &Endpoints, url: &reqwest::Url) {
+        for _ in 0..2 {
+            endpoints
+                .admit(url, None)
+                .unwrap()
+                .finish(&AttemptResult::Timeout);
+        }
+    }
+
+    /// Admits until the endpoint defers; returns the slots and the deferral.
+    fn fill(endpoints: &Endpoints, url: &reqwest::Url) -> (Vec<Slot>, Deferral) {
+        let mut slots = Vec::new();
+        loop {
+            match endpoints.admit(url, None) {
+                Ok(slot) => slots.push(slot),
+                Err(deferral) => return (slots, deferral),
+            }
+        }
+    }
+
+    #[test]
+    fn a_recovered_endpoint_ramps_up_to_its_cap() {
+        let (endpoints, url) = endpoint(6, 2);
+        open(&endpoints, &url);
+        assert_eq!(endpoints.recovering(), 0, "not while it is down");
+        // The probe succeeds: the breaker closes and the ramp starts at 2, not at the cap.
+        endpoints.admit(&url, None).unwrap().finish(&OK);
+        assert_eq!(endpoints.recovering(), 1);
+        let (slots, deferral) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 2);
+        assert_eq!(deferral.kind(), "recovery");
+        assert!(!deferral.escalates(), "paced, not held back");
+        assert!(
+            deferral
+                .to_string()
+                .ends_with(" is allowed at most 2 attempts at once while it recovers"),
+            "{deferral}"
+        );
+        // Each success lets one more out: 2 back, limit 4.
+        for slot in slots {
+            slot.finish(&OK);
+        }
+        let (slots, _) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 4);
+        // A failure halves it; a 429 too, though the breaker does not count it.
+        let mut slots = slots.into_iter();
+        slots.next().unwrap().finish(&AttemptResult::Timeout);
+        slots.next().unwrap().finish(&AttemptResult::Response {
+            status: 429,
+            retry_after: None,
+        });
+        assert_eq!(
+            endpoints.admit(&url, None).err().map(|d| d.to_string()),
+            Some(format!(
+                "deferred: {} is allowed at most 1 attempts at once while it recovers",
+                EndpointKey::of(&url).label()
+            ))
+        );
+        // A slot dropped without a result gives its place back and teaches nothing.
+        drop(slots.next());
+        slots.next().unwrap().finish(&OK); // limit 2, none in flight
+        let (slots, _) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 2);
+        for slot in slots {
+            slot.finish(&OK); // 3, then 4
+        }
+        let (slots, _) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 4);
+        for slot in slots {
+            slot.finish(&OK); // 5, then 6: the cap, where the ramp ends
+        }
+        assert_eq!(endpoints.recovering(), 0);
+        let (slots, deferral) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 6);
+        assert_eq!(deferral.kind(), "concurrency", "back to its cap");
+    }
+
+    #[test]
+    fn an_endpoint_that_fails_again_starts_its_ramp_over() {
+        let (endpoints, url) = endpoint(64, 1);
+        open(&endpoints, &url);
+        endpoints.admit(&url, None).unwrap().finish(&OK);
+        for _ in 0..5 {
+            endpoints.admit(&url, None).unwrap().finish(&OK);
+        }
+        let (slots, _) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 6);
+        drop(slots);
+        open(&endpoints, &url);
+        assert_eq!(endpoints.recovering(), 0, "down again");
+        endpoints.admit(&url, None).unwrap().finish(&OK);
+        assert_eq!(endpoints.recovering(), 1);
+        assert_eq!(fill(&endpoints, &url).0.len(), 1, "from the start again");
+    }
+
+    #[test]
+    fn without_a_ramp_a_recovered_endpoint_has_its_cap_at_once() {
+        for (start, cap) in [(0, 4), (4, 4), (9, 4)] {
+            let (endpoints, url) = endpoint(cap, start);
+            open(&endpoints, &url);
+            endpoints.admit(&url, None).unwrap().finish(&OK);
+            assert_eq!(endpoints.recovering(), 0);
+            assert_eq!(fill(&endpoints, &url).0.len(), cap as usize);
+        }
     }
 }

@@ -8,7 +8,7 @@
 //! - [`parking`]: the parking queue a paused subscription's deliveries wait in.
 //! - [`subscriptions`]: who receives what, their secrets, reloaded live.
 //! - [`signing`]: Standard Webhooks signatures.
-//! - [`endpoint`]: per-endpoint concurrency caps and circuit breakers.
+//! - [`endpoint`]: per-endpoint concurrency caps, circuit breakers and the ramp after recovery.
 //! - [`egress`]: where a webhook may go.
 //! - [`http`]: the signed POST.
 

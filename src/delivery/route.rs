@@ -35,12 +35,14 @@ pub enum AttemptResult {
     NotSent(String),
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
-    /// No attempt was made: the endpoint's breaker is open or a concurrency cap was full.
-    /// Not an attempt: [`defer`] decides what follows, waiting at least `wait` (until the
-    /// breaker's next probe) where that is known.
+    /// No attempt was made: the endpoint's breaker is open, a concurrency cap was full, or the
+    /// endpoint is recovering at its limit. Not an attempt: [`defer`] decides what follows,
+    /// waiting at least `wait` (until the breaker's next probe) where that is known, in a tier
+    /// that grows with the envelope's deferrals if `escalate`.
     Deferred {
         reason: String,
         wait: Option<Duration>,
+        escalate: bool,
     },
 }
 
@@ -399,14 +401,16 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 /// Decides what follows a deferral (no request made, so no attempt counted). The envelope
 /// waits in a tier that grows with its deferrals (the shortest after the first, the next after
 /// the second, up to the longest), so a long outage does not cycle it every few seconds; never
-/// shorter than the wait until the breaker's next probe. Deferrals alone would never exhaust the
-/// budget, so the delivery horizon ends it: `horizon` after its first try (`now_ms` if this is
-/// its first), it is dead-lettered `horizon_expired`.
+/// shorter than the wait until the breaker's next probe. Unless not `escalate` (its endpoint is
+/// up and recovering, so it is paced, not held back): then the shortest tier that covers `wait`.
+/// Deferrals alone would never exhaust the budget, so the delivery horizon ends it: `horizon`
+/// after its first try (`now_ms` if this is its first), it is dead-lettered `horizon_expired`.
 pub fn defer(
     ladder: &Ladder,
     envelope: &Envelope,
     reason: &str,
     wait: Option<Duration>,
+    escalate: bool,
     horizon: Duration,
     now_ms: u64,
 ) -> Outcome {
@@ -427,7 +431,8 @@ pub fn defer(
         };
     }
     let longest = ladder.tier_not_shorter_than(Duration::MAX);
-    let escalated = usize::try_from(deferrals - 1)
+    let step = if escalate { deferrals - 1 } else { 0 };
+    let escalated = usize::try_from(step)
         .ok()
         .and_then(|i| ladder.tier_at(i))
         .unwrap_or(longest);
@@ -607,7 +612,7 @@ mod tests {
         e.attempts_made = 9; // one attempt left of the budget
         let now = 1_000_000_000_000;
         // Not counted: the attempts stay as they were, the deferral is marked.
-        let first = defer(&l, &e, "deferred: x", None, horizon, now);
+        let first = defer(&l, &e, "deferred: x", None, true, horizon, now);
         assert!(matches!(
             first,
             Outcome::Retry { tier, attempts_made: 9, deferred: true, .. } if tier.index() == 0
@@ -617,20 +622,31 @@ mod tests {
         for (deferrals, tier) in [(1, 1), (2, 2), (3, 3), (4, 4), (40, 4)] {
             e.deferrals = deferrals;
             assert!(matches!(
-                defer(&l, &e, "deferred: x", None, horizon, now + 1),
+                defer(&l, &e, "deferred: x", None, true, horizon, now + 1),
                 Outcome::Retry { tier: t, .. } if t.index() == tier
             ));
         }
         // The breaker probes again in 30 s: at least the 1m tier.
         e.deferrals = 0;
         assert!(matches!(
-            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), horizon, now),
+            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), true, horizon, now),
+            Outcome::Retry { tier, .. } if tier.index() == 1
+        ));
+        // Paced while its endpoint recovers: the shortest tier, however many deferrals came
+        // before, and still no shorter than a known wait.
+        e.deferrals = 40;
+        assert!(matches!(
+            defer(&l, &e, "deferred: x", None, false, horizon, now + 1),
+            Outcome::Retry { tier, deferred: true, .. } if tier.index() == 0
+        ));
+        assert!(matches!(
+            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), false, horizon, now + 1),
             Outcome::Retry { tier, .. } if tier.index() == 1
         ));
         // The horizon ends it, however few attempts were made.
         e.deferrals = 7;
         let late = now + horizon.as_millis() as u64;
-        match defer(&l, &e, "deferred: x", None, horizon, late) {
+        match defer(&l, &e, "deferred: x", None, true, horizon, late) {
             Outcome::Dead {
                 reason: DeadReason::Expired,
                 attempts_made: 9,

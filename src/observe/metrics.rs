@@ -21,7 +21,7 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     /// Envelopes completed without delivery because their subscription changed, by reason.
     pub cancellations: IntCounterVec,
-    /// Attempts not made (breaker open, concurrency cap full), by reason.
+    /// Attempts not made (breaker open, concurrency cap full, recovery limit reached), by reason.
     pub deferrals: IntCounterVec,
     /// HTTP attempt latency by lane.
     pub attempt_seconds: HistogramVec,
@@ -65,6 +65,9 @@ pub struct Metrics {
     /// endpoint is quarantined, and at most [`MAX_QUARANTINE_SERIES`] at once (the rest are in
     /// `endpoints_quarantined` alone), so the label's cardinality is bounded.
     pub endpoint_quarantined: IntGaugeVec,
+    /// Endpoints whose concurrency is ramping up after their breaker closed. A count, not a
+    /// series per endpoint, so its cardinality is one.
+    pub endpoints_recovering: IntGauge,
 }
 
 /// The most labelled series `hookrelay_endpoint_quarantined` holds at once.
@@ -106,7 +109,8 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 23] = [
+    let collectors: [&dyn Collector; 24] = [
+        &m.endpoints_recovering,
         &m.endpoints_quarantined,
         &m.endpoint_quarantined,
         &m.outcomes,
@@ -177,7 +181,7 @@ impl Metrics {
             deferrals: counters(
                 &r,
                 "hookrelay_deferrals_total",
-                "Attempts not made because the endpoint's breaker was open or its cap full, by reason",
+                "Attempts not made because the endpoint's breaker was open, its cap full or its recovery limit reached, by reason",
                 &["reason"],
             ),
             attempt_seconds: register(
@@ -318,6 +322,14 @@ impl Metrics {
                 "hookrelay_endpoint_quarantined",
                 "1 per quarantined endpoint (host:port#hash), at most 100 series",
                 &["endpoint"],
+            ),
+            endpoints_recovering: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_endpoints_recovering",
+                    "Endpoints whose concurrency is ramping up after their breaker closed",
+                )
+                .expect("valid metric"),
             ),
             registry: r,
         }

@@ -51,6 +51,10 @@ pub struct Record {
     /// For each configured secret, whether the signature verified with it.
     pub verified_with: Vec<bool>,
     pub received_at_ms: u64,
+    /// Its place in arrival order, from 0 (records are kept in the order answers were made).
+    pub arrival: usize,
+    /// Requests being answered when it arrived, itself included.
+    pub concurrent: usize,
     pub body: Bytes,
 }
 
@@ -65,6 +69,8 @@ struct Inner {
     /// Requests being answered now, and the most there ever were at once.
     in_flight: std::sync::atomic::AtomicUsize,
     max_in_flight: std::sync::atomic::AtomicUsize,
+    /// Requests that have arrived.
+    arrived: std::sync::atomic::AtomicUsize,
 }
 
 /// A running endpoint. Dropping it stops the server.
@@ -96,6 +102,7 @@ impl Receiver {
             delivered: Mutex::new(HashMap::new()),
             in_flight: Default::default(),
             max_in_flight: Default::default(),
+            arrived: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -220,8 +227,15 @@ async fn receive(
             self.0.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    inner.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    // Under the records' lock, so that arrival order and concurrency agree.
+    let (arrival, concurrent) = {
+        let _order = lock(&inner.records);
+        (
+            inner.arrived.fetch_add(1, Ordering::SeqCst),
+            inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1,
+        )
+    };
+    inner.max_in_flight.fetch_max(concurrent, Ordering::SeqCst);
     let counted = Counted(&inner.in_flight);
     let status = match &reply {
         Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Redirect(s, _) => *s,
@@ -243,6 +257,8 @@ async fn receive(
         status,
         verified_with,
         received_at_ms: now_ms(),
+        arrival,
+        concurrent,
         body,
     });
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
