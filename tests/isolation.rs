@@ -190,7 +190,8 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
 
 #[tokio::test]
 async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full() {
-    let t = TestLadder::apply("cap", &["300ms"], &["300ms"; 6]).await;
+    // The 5s tier is in no step of the schedule: only an escalating deferral would use it.
+    let t = TestLadder::apply("cap", &["300ms", "5s"], &["300ms"; 6]).await;
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
         Reply::Slow(Duration::from_millis(200), 200)
@@ -223,6 +224,13 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
         "no request was made for a deferral"
     );
     assert!(receiver.records().iter().all(|r| r.attempt == 1));
+    // A healthy endpoint at its cap is paced through the shortest tier, however often an
+    // envelope found it full: never held back in longer tiers as for an open breaker.
+    assert_eq!(
+        m.count("hookrelay_retries_total", &[("tier", "retry-5s")]),
+        0,
+        "cap deferrals escalated"
+    );
     assert_eq!(receiver.duplicates(), 0);
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }

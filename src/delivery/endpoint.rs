@@ -415,11 +415,12 @@ impl Deferral {
         }
     }
 
-    /// Whether the envelope's wait grows with its deferrals. Not while its endpoint recovers:
-    /// the endpoint is up and its limit grows by the moment, so the envelope comes back after
-    /// the shortest tier rather than the longest an outage may have brought it to.
+    /// Whether the envelope's wait grows with its deferrals: only while the endpoint's breaker
+    /// is open (an outage may be long). At a full cap, or while it recovers, the endpoint is up
+    /// and answering: the envelope is paced through the shortest tier, never held back in
+    /// longer ones because a burst found the cap full several times.
     pub fn escalates(&self) -> bool {
-        !matches!(self, Deferral::Recovering { .. })
+        matches!(self, Deferral::BreakerOpen { .. })
     }
 }
 
@@ -725,6 +726,7 @@ mod tests {
         let _b = endpoints.admit(&url, None).unwrap();
         let third = endpoints.admit(&url, None).err().unwrap();
         assert_eq!(third.kind(), "concurrency");
+        assert!(!third.escalates(), "paced, not held back");
         assert!(
             third
                 .to_string()

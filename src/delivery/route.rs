@@ -402,7 +402,8 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 /// waits in a tier that grows with its deferrals (the shortest after the first, the next after
 /// the second, up to the longest), so a long outage does not cycle it every few seconds; never
 /// shorter than the wait until the breaker's next probe. Unless not `escalate` (its endpoint is
-/// up and recovering, so it is paced, not held back): then the shortest tier that covers `wait`.
+/// up, at its cap or recovering, so it is paced, not held back): then the shortest tier that
+/// covers `wait`.
 /// Deferrals alone would never exhaust the budget, so the delivery horizon ends it: `horizon`
 /// after its first try (`now_ms` if this is its first), it is dead-lettered `horizon_expired`.
 pub fn defer(
