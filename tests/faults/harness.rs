@@ -238,8 +238,15 @@ impl Account {
             self.unexpected, 0,
             "{scenario}: deliveries with ids nobody published"
         );
-        // The mix is deterministic: 5% rejected, 5% cancelled.
-        assert_eq!(self.dead, self.published / 20, "{scenario}: dead");
+        // The mix is deterministic: 5% rejected, 5% cancelled. An envelope deferred for a full
+        // cap waits in a tier before its first attempt, so envelopes held by a tier may include
+        // some that are to be rejected.
+        let rejected = self.published / 20;
+        assert!(
+            self.dead <= rejected && self.dead + held >= rejected,
+            "{scenario}: dead {}, of {rejected} to be rejected, with {held} held by a tier",
+            self.dead
+        );
         assert_eq!(self.cancelled, self.published / 20, "{scenario}: cancelled");
         assert_eq!(
             self.delivered + held,
