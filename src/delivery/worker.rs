@@ -160,6 +160,16 @@ impl Worker {
         config
             .validate()
             .map_err(|e| WorkerError::Config(e.to_string()))?;
+        // A shard's delivery may wait about one attempt for a permit before its own attempt.
+        let held = config.lease_window() + config.attempt_budget();
+        if ladder.shards > 1 && held >= config.broker.consumer_timeout {
+            return Err(WorkerError::Config(format!(
+                "broker.consumer_timeout ({}) must exceed {} with a sharded ladder: a delivery may \
+                 wait one attempt for the shared budget, then make its own",
+                crate::units::fmt_duration(config.broker.consumer_timeout),
+                crate::units::fmt_duration(held)
+            )));
+        }
         if let Err(errors) = check_secrets(&secrets, &subscriptions.current()) {
             return Err(WorkerError::Secrets(
                 errors
@@ -431,10 +441,11 @@ impl Worker {
                 next = consumed.deliveries.next(), if !consumed.deliveries.is_empty() => match next {
                     Some((lane, Some(Ok(delivery)))) => {
                         let dispatcher = Arc::clone(&self.dispatcher);
+                        let handed_over = Instant::now();
                         tracker.spawn(async move {
                             // A shard's deliveries wait for a permit of the worker-wide budget.
                             let _permit = lane.permit().await;
-                            dispatcher.handle(lane, delivery).await;
+                            dispatcher.handle(lane, delivery, handed_over).await;
                         });
                     }
                     Some((lane, Some(Err(e)))) => {
