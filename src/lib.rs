@@ -5,8 +5,8 @@
 //! One message through `src/`, folder by folder:
 //!
 //! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
-//! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the ladder and
-//!   every name it gives a queue.
+//! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the ladder (its
+//!   tiers, dedicated tenants and shards) and every name it gives a queue.
 //! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
 //!   refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,

@@ -720,17 +720,11 @@ async fn release_refuses_to_unbind_while_the_tier_still_parks() {
         ],
         &[],
     );
-    let still_bound = api
-        .objects()
-        .await
-        .unwrap()
-        .bindings
-        .iter()
-        .any(|(s, d, k)| {
-            *s == t.ladder.promote_exchange()
-                && *d == parking
-                && *k == t.ladder.held_routing_key(tier)
-        });
+    let still_bound = api.objects().await.unwrap().bindings.iter().any(|b| {
+        b.source == t.ladder.promote_exchange()
+            && b.destination == parking
+            && b.routing_key == t.ladder.held_routing_key(tier)
+    });
     api.delete_policy(&other).await.unwrap();
     assert_ne!(code, Some(0), "release claimed success: {out}");
     assert!(err.contains("still parks"), "{err}");

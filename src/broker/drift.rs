@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::broker::management::Policy;
-use crate::broker::topology::{Arg, Topology};
+use crate::broker::topology::{Arg, Binding, Topology};
 use crate::contract::ladder::Ladder;
 
 impl Topology {
@@ -79,18 +79,45 @@ impl Topology {
             }
         }
         for b in &self.bindings {
-            let present = broker
-                .bindings
-                .iter()
-                .any(|(s, d, k)| *s == b.source && *d == b.queue && *k == b.routing_key);
+            let present = broker.bindings.iter().any(|have| have.is(b));
             if !present {
-                drift.push(Drift::Missing(format!(
-                    "binding {} -> {} (routing key {:?})",
-                    b.source, b.queue, b.routing_key
-                )));
+                drift.push(Drift::Missing(b.to_string()));
             }
         }
         drift
+    }
+
+    /// Bindings the broker has that route into lanes or exchanges this ladder no longer uses:
+    /// a retired tenant's lanes, the shards of another shard count, the unsharded lanes of a
+    /// sharded ladder (and the other way round), the shard exchanges of an unsharded one.
+    /// `topology apply` removes them once the ladder's own are in place, so the queues stop
+    /// receiving and workers drain them; nothing in them moves.
+    pub fn stale_bindings(&self, ladder: &Ladder, broker: &BrokerObjects) -> Vec<Binding> {
+        let routing = [
+            ladder.ingress(),
+            ladder.ingress_unrouted(),
+            ladder.ingress_shards(),
+            ladder.promote_exchange(),
+            ladder.promote_unrouted(),
+            ladder.promote_shards(),
+            ladder.promote_unmatched(),
+        ];
+        broker
+            .bindings
+            .iter()
+            .filter(|b| routing.contains(&b.source))
+            .filter(|b| !self.bindings.iter().any(|ours| b.is(ours)))
+            .filter(|b| {
+                if b.to_exchange {
+                    ladder.names(&b.destination)
+                } else {
+                    ladder
+                        .role_of(&b.destination)
+                        .is_some_and(|role| ladder.is_retired_lane(&role))
+                }
+            })
+            .map(BrokerBinding::to_binding)
+            .collect()
     }
 
     /// Objects under `prefix.` that the broker has and the ladder does not (an old tier, say).
@@ -109,6 +136,11 @@ impl Topology {
                 .keys()
                 .filter(|n| ladder.names(n) && !self.exchanges.iter().any(|x| &x.name == *n))
                 .map(|n| format!("exchange {n}")),
+        );
+        extra.extend(
+            self.stale_bindings(ladder, broker)
+                .iter()
+                .map(ToString::to_string),
         );
         extra
     }
@@ -169,9 +201,56 @@ fn diff_args(
 pub struct BrokerObjects {
     pub exchanges: BTreeMap<String, BrokerExchange>,
     pub queues: BTreeMap<String, BrokerQueue>,
-    /// (source exchange, destination queue, routing key)
-    pub bindings: Vec<(String, String, String)>,
+    /// Bindings from named exchanges (the default exchange's are left out).
+    pub bindings: Vec<BrokerBinding>,
     pub policies: BTreeMap<String, Policy>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BrokerBinding {
+    pub source: String,
+    pub destination: String,
+    pub to_exchange: bool,
+    pub routing_key: String,
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+impl BrokerBinding {
+    /// Whether this is the ladder's binding `b`: same ends, routing key and arguments.
+    pub fn is(&self, b: &Binding) -> bool {
+        self.source == b.source
+            && self.destination == b.destination
+            && self.to_exchange == b.to_exchange
+            && self.routing_key == b.routing_key
+            && self.arguments.len() == b.arguments.len()
+            && b.arguments.iter().all(|(k, v)| {
+                self.arguments
+                    .get(k)
+                    .is_some_and(|have| v.matches_json(have))
+            })
+    }
+
+    /// The binding as `topology` can remove it (its arguments are part of its identity).
+    pub fn to_binding(&self) -> Binding {
+        Binding {
+            source: self.source.clone(),
+            destination: self.destination.clone(),
+            to_exchange: self.to_exchange,
+            routing_key: self.routing_key.clone(),
+            arguments: self
+                .arguments
+                .iter()
+                .filter_map(|(k, v)| {
+                    let arg = match v {
+                        serde_json::Value::String(s) => Arg::Str(s.clone()),
+                        serde_json::Value::Number(n) => Arg::Int(n.as_i64()?),
+                        _ => return None,
+                    };
+                    Some((k.clone(), arg))
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use crate::broker::drift::{BrokerExchange, BrokerObjects, BrokerQueue};
+use crate::broker::drift::{BrokerBinding, BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +184,17 @@ impl Management {
             .unwrap_or_else(|| "unknown".to_owned()))
     }
 
+    /// The exchange types the broker offers (`direct`, `x-consistent-hash`, ...): plugins add
+    /// theirs.
+    pub async fn exchange_types(&self) -> Result<Vec<String>, ManagementError> {
+        let overview: Overview = self.get(&["overview"]).await?;
+        Ok(overview
+            .exchange_types
+            .into_iter()
+            .map(|t| t.name)
+            .collect())
+    }
+
     /// The state of a feature flag (`enabled`, `disabled`), or `None` if the broker lacks it.
     pub async fn feature_flag(&self, name: &str) -> Result<Option<String>, ManagementError> {
         let flags: Vec<FeatureFlag> = self.get(&["feature-flags"]).await?;
@@ -231,10 +242,15 @@ impl Management {
         }
         let bindings: Vec<BindingInfo> = self.get(&["bindings", vhost]).await?;
         for b in bindings {
-            if b.destination_type == "queue" {
-                objects
-                    .bindings
-                    .push((b.source, b.destination, b.routing_key));
+            // The default exchange's implicit bindings (source "") are not the ladder's.
+            if !b.source.is_empty() {
+                objects.bindings.push(BrokerBinding {
+                    source: b.source,
+                    destination: b.destination,
+                    to_exchange: b.destination_type == "exchange",
+                    routing_key: b.routing_key,
+                    arguments: b.arguments,
+                });
             }
         }
         Ok(objects)
@@ -388,6 +404,14 @@ pub struct Policy {
 struct Overview {
     #[serde(deserialize_with = "or_default")]
     rabbitmq_version: Option<String>,
+    #[serde(default)]
+    exchange_types: Vec<ExchangeType>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ExchangeType {
+    name: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -425,6 +449,7 @@ struct BindingInfo {
     destination: String,
     destination_type: String,
     routing_key: String,
+    arguments: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One connection as the management API shows it.

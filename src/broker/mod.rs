@@ -1,7 +1,8 @@
 //! The RabbitMQ edge.
 //!
 //! - [`publish`]: confirmed, mandatory publishing, for producers and every republish.
-//! - [`topology`]: the broker objects a ladder stands for: declared, retired, exported.
+//! - [`topology`]: the broker objects a ladder stands for (its shards too): declared, unbound
+//!   when retired, exported.
 //! - [`drift`]: `topology plan`, the ladder compared with what the broker has.
 //! - [`management`]: the management HTTP API, with typed answers.
 //! - [`error`]: what the broker's refusals mean, by reply code.

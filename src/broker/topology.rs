@@ -1,18 +1,28 @@
 //! The broker objects a ladder stands for, and what is done with them: `apply` declares them,
-//! `retire` unbinds the lanes of tenants no longer dedicated, `export` writes them as RabbitMQ
-//! definitions. Comparing them with the broker is [`crate::broker::drift`]'s.
+//! [`Binding::unbind`] removes the bindings into lanes the ladder no longer routes to (found by
+//! [`Topology::stale_bindings`]), `export` writes them as RabbitMQ definitions. Comparing them
+//! with the broker is [`crate::broker::drift`]'s.
 //!
 //! Tiers dead-letter into `{p}.promote`, never into a tier, so the broker's cycle rule (a message
 //! expiring back into a queue it already expired from is dropped) can never apply.
 
 use std::collections::BTreeMap;
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, ExchangeUnbindOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 
 use crate::broker::error::{Refusal, refused};
 use crate::broker::management::{Management, ManagementError, Policy};
-use crate::contract::ladder::{Ladder, QueueType};
+use crate::contract::headers::SHARD_HEADER;
+use crate::contract::ladder::{Ladder, QueueRole, QueueType};
+
+/// The exchange type of `rabbitmq_consistent_hash_exchange`, which sharded ladders need.
+pub const CONSISTENT_HASH: &str = "x-consistent-hash";
+/// The plugin that provides [`CONSISTENT_HASH`].
+pub const CONSISTENT_HASH_PLUGIN: &str = "rabbitmq_consistent_hash_exchange";
 
 /// The delivery limit of the queues hookrelay requeues into on purpose: a lane (a delivery whose
 /// republish failed goes back to it) and the dead sink (a redrive pass returns what it keeps),
@@ -83,28 +93,76 @@ impl Ladder {
             Exchange::new(&self.attempts_exchange(), "topic"),
         ];
 
-        let mut queues = vec![
-            Queue {
-                name: self.first_lane(),
-                arguments: queue_args(&lane_extra),
-            },
-            Queue {
-                name: self.retry_lane(),
-                arguments: queue_args(&lane_extra),
-            },
-        ];
-        let mut bindings = vec![
-            Binding {
-                source: self.ingress_unrouted(),
-                queue: self.first_lane(),
-                routing_key: String::new(),
-            },
-            Binding {
-                source: self.promote_unrouted(),
-                queue: self.retry_lane(),
-                routing_key: String::new(),
-            },
-        ];
+        let mut exchanges = exchanges;
+        let mut queues = Vec::new();
+        let mut bindings = Vec::new();
+        for (first, retry, _) in self.shared_lanes() {
+            for lane in [first, retry] {
+                queues.push(Queue {
+                    name: lane,
+                    arguments: queue_args(&lane_extra),
+                });
+            }
+        }
+        if self.shards <= 1 {
+            bindings.push(Binding::to_queue(
+                &self.ingress_unrouted(),
+                &self.first_lane(),
+                "",
+            ));
+            bindings.push(Binding::to_queue(
+                &self.promote_unrouted(),
+                &self.retry_lane(),
+                "",
+            ));
+        } else {
+            // First attempts: the plugin hashes the routing key (the tenant) onto the shards,
+            // each bound with weight 1. Retries: the tiers dead-letter with routing key
+            // `<tier>.<tenant>`, which hashes differently per tier, and the plugin hashes a
+            // header as a typed value, never as the same bucket as the routing key (checked on
+            // 3.10), so retries carry the index of their shard instead and a headers exchange
+            // routes by it; what names no shard here goes to shard 0 through the alternate.
+            exchanges.push(Exchange::new(&self.ingress_shards(), CONSISTENT_HASH));
+            exchanges.push(Exchange::new(&self.promote_unmatched(), "fanout"));
+            exchanges.push(
+                Exchange::new(&self.promote_shards(), "headers")
+                    .arg("alternate-exchange", Arg::Str(self.promote_unmatched())),
+            );
+            bindings.push(Binding::to_exchange(
+                &self.ingress_unrouted(),
+                &self.ingress_shards(),
+            ));
+            bindings.push(Binding::to_exchange(
+                &self.promote_unrouted(),
+                &self.promote_shards(),
+            ));
+            for i in 0..self.shards {
+                bindings.push(Binding::to_queue(
+                    &self.ingress_shards(),
+                    &self.first_shard(i),
+                    "1",
+                ));
+                // The routing key is ignored by a headers exchange; it names the shard, so
+                // `topology plan` tells the bindings apart by it.
+                let mut shard = Binding::to_queue(
+                    &self.promote_shards(),
+                    &self.retry_shard(i),
+                    &format!("s{i}"),
+                );
+                shard
+                    .arguments
+                    .insert("x-match".into(), Arg::Str("all".into()));
+                shard
+                    .arguments
+                    .insert(SHARD_HEADER.into(), Arg::Str(i.to_string()));
+                bindings.push(shard);
+            }
+            bindings.push(Binding::to_queue(
+                &self.promote_unmatched(),
+                &self.retry_shard(0),
+                "",
+            ));
+        }
         // A dedicated tenant's events bind straight to its lane (the alternate exchange only
         // sees what no binding takes), and its retries come back to its own retry lane.
         for d in &self.dedicated {
@@ -124,11 +182,7 @@ impl Ladder {
                     name: lane.clone(),
                     arguments: queue_args(&lane_extra),
                 });
-                bindings.push(Binding {
-                    source,
-                    queue: lane,
-                    routing_key: key,
-                });
+                bindings.push(Binding::to_queue(&source, &lane, &key));
             }
         }
         for i in self.tier_ids() {
@@ -143,11 +197,11 @@ impl Ladder {
                 name: self.tier_queue(i),
                 arguments: queue_args(&extra),
             });
-            bindings.push(Binding {
-                source: self.delay_exchange(),
-                queue: self.tier_queue(i),
-                routing_key: self.retries_into(i),
-            });
+            bindings.push(Binding::to_queue(
+                &self.delay_exchange(),
+                &self.tier_queue(i),
+                &self.retries_into(i),
+            ));
         }
         queues.push(Queue {
             name: self.dead(),
@@ -163,7 +217,10 @@ impl Ladder {
                     .iter()
                     .map(|q| q.name.clone())
                     .filter(|n| {
-                        n.starts_with(&self.first_lane()) || n.starts_with(&self.retry_lane())
+                        matches!(
+                            self.role_of(n),
+                            Some(QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. })
+                        )
                     })
                     .chain([self.dead()])
                     .collect();
@@ -320,11 +377,106 @@ pub struct Queue {
     pub arguments: BTreeMap<String, Arg>,
 }
 
+/// A binding from an exchange to a queue or (`to_exchange`) to another exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
     pub source: String,
-    pub queue: String,
+    pub destination: String,
+    pub to_exchange: bool,
     pub routing_key: String,
+    pub arguments: BTreeMap<String, Arg>,
+}
+
+impl Binding {
+    fn to_queue(source: &str, queue: &str, routing_key: &str) -> Self {
+        Self {
+            source: source.to_owned(),
+            destination: queue.to_owned(),
+            to_exchange: false,
+            routing_key: routing_key.to_owned(),
+            arguments: BTreeMap::new(),
+        }
+    }
+    fn to_exchange(source: &str, exchange: &str) -> Self {
+        Self {
+            to_exchange: true,
+            ..Self::to_queue(source, exchange, "")
+        }
+    }
+    /// `exchange` for an exchange-to-exchange binding, `queue` otherwise.
+    pub fn destination_type(&self) -> &'static str {
+        if self.to_exchange {
+            "exchange"
+        } else {
+            "queue"
+        }
+    }
+
+    /// Binds it (idempotent).
+    pub async fn bind(&self, channel: &lapin::Channel) -> Result<(), TopologyError> {
+        let args = field_table(&self.arguments);
+        let bound = if self.to_exchange {
+            channel
+                .exchange_bind(
+                    self.destination.as_str().into(),
+                    self.source.as_str().into(),
+                    self.routing_key.as_str().into(),
+                    ExchangeBindOptions::default(),
+                    args,
+                )
+                .await
+        } else {
+            channel
+                .queue_bind(
+                    self.destination.as_str().into(),
+                    self.source.as_str().into(),
+                    self.routing_key.as_str().into(),
+                    QueueBindOptions::default(),
+                    args,
+                )
+                .await
+        };
+        bound.map_err(|e| declare_error(self.to_string(), e))
+    }
+
+    /// Removes it; removing a binding that is not there is not an error.
+    pub async fn unbind(&self, channel: &lapin::Channel) -> Result<(), TopologyError> {
+        let args = field_table(&self.arguments);
+        let unbound = if self.to_exchange {
+            channel
+                .exchange_unbind(
+                    self.destination.as_str().into(),
+                    self.source.as_str().into(),
+                    self.routing_key.as_str().into(),
+                    ExchangeUnbindOptions::default(),
+                    args,
+                )
+                .await
+        } else {
+            channel
+                .queue_unbind(
+                    self.destination.as_str().into(),
+                    self.source.as_str().into(),
+                    self.routing_key.as_str().into(),
+                    args,
+                )
+                .await
+        };
+        unbound.map_err(|e| declare_error(self.to_string(), e))
+    }
+}
+
+impl std::fmt::Display for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "binding {} -> {} {} (routing key {:?})",
+            self.source,
+            self.destination_type(),
+            self.destination,
+            self.routing_key
+        )
+    }
 }
 
 /// A policy the ladder sets, and the ladder's queues it must be the one applying to.
@@ -393,62 +545,13 @@ impl Topology {
                 .map_err(|e| declare_error(format!("queue {}", q.name), e))?;
         }
         for b in &self.bindings {
-            channel
-                .queue_bind(
-                    b.queue.as_str().into(),
-                    b.source.as_str().into(),
-                    b.routing_key.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(|e| {
-                    declare_error(
-                        format!("binding {} -> {} ({:?})", b.source, b.queue, b.routing_key),
-                        e,
-                    )
-                })?;
+            b.bind(channel).await?;
         }
         Ok(Applied {
             exchanges: self.exchanges.len(),
             queues: self.queues.len(),
             bindings: self.bindings.len(),
         })
-    }
-
-    /// Unbinds the lanes of tenants that no longer have lanes of their own, so their new events
-    /// and retries take the shared lanes. Their queues stay, with whatever they hold: workers
-    /// keep draining them (see [`Ladder::retired_tenants`]), and nothing is moved or lost.
-    pub async fn retire(
-        ladder: &Ladder,
-        channel: &lapin::Channel,
-        tenants: &[String],
-    ) -> Result<(), TopologyError> {
-        for tenant in tenants {
-            for (queue, source, key) in [
-                (
-                    ladder.first_lane_of(tenant),
-                    ladder.ingress(),
-                    tenant.clone(),
-                ),
-                (
-                    ladder.retry_lane_of(tenant),
-                    ladder.promote_exchange(),
-                    ladder.promotions_of(tenant),
-                ),
-            ] {
-                channel
-                    .queue_unbind(
-                        queue.as_str().into(),
-                        source.as_str().into(),
-                        key.as_str().into(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(|e| declare_error(format!("binding {source} -> {queue}"), e))?;
-            }
-        }
-        Ok(())
     }
 
     /// Sets the ladder's policies (creating or replacing each); they reach existing queues in
@@ -511,8 +614,9 @@ impl Topology {
                 "arguments": args(&q.arguments),
             })).collect::<Vec<_>>(),
             "bindings": self.bindings.iter().map(|b| json!({
-                "source": b.source, "vhost": vhost, "destination": b.queue,
-                "destination_type": "queue", "routing_key": b.routing_key, "arguments": {},
+                "source": b.source, "vhost": vhost, "destination": b.destination,
+                "destination_type": b.destination_type(), "routing_key": b.routing_key,
+                "arguments": args(&b.arguments),
             })).collect::<Vec<_>>(),
             "policies": self.policies.iter().map(|p| json!({
                 "vhost": vhost, "name": p.name, "pattern": p.policy.pattern,
@@ -556,7 +660,12 @@ mod tests {
                 }
                 for b in &topo.bindings {
                     if reachable.contains(&b.source) {
-                        assert!(!tier_queues.contains(&b.queue), "{} -> {}", q.name, b.queue);
+                        assert!(
+                            !tier_queues.contains(&b.destination),
+                            "{} -> {}",
+                            q.name,
+                            b.destination
+                        );
                     }
                 }
             }
@@ -642,5 +751,99 @@ mod tests {
             exported, shipped,
             "rabbitmq/definitions.json is stale: run `hookrelay topology export > rabbitmq/definitions.json`"
         );
+    }
+
+    #[test]
+    fn a_sharded_ladder_hashes_first_attempts_and_routes_retries_by_their_shard() {
+        use crate::broker::drift::{BrokerBinding, BrokerObjects};
+        let one = Ladder::parse(DEFAULT_LADDER).unwrap();
+        let four = one.clone().with_shards(4).unwrap();
+        let topo = four.objects();
+        let kind = |name: &str| {
+            topo.exchanges
+                .iter()
+                .find(|x| x.name == name)
+                .map(|x| (x.kind, x.arguments.get("alternate-exchange").cloned()))
+        };
+        assert_eq!(
+            kind("hookrelay.ingress.shards"),
+            Some((CONSISTENT_HASH, None))
+        );
+        assert_eq!(
+            kind("hookrelay.promote.shards"),
+            Some((
+                "headers",
+                Some(Arg::Str("hookrelay.promote.shards.unmatched".into()))
+            ))
+        );
+        let lanes: Vec<&str> = topo
+            .queues
+            .iter()
+            .map(|q| q.name.as_str())
+            .filter(|n| n.contains(".ready."))
+            .collect();
+        assert_eq!(lanes.len(), 8);
+        assert!(!lanes.contains(&"hookrelay.ready.first"), "{lanes:?}");
+        assert_eq!(topo.policies[0].covers.len(), 9, "8 shards and the sink");
+        let shard3 = topo
+            .bindings
+            .iter()
+            .find(|b| b.destination == "hookrelay.ready.retry-s3")
+            .unwrap();
+        assert_eq!(shard3.arguments[SHARD_HEADER], Arg::Str("3".into()));
+        let exported = topo.export("/");
+        let e2e: Vec<_> = exported["bindings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["destination_type"] == "exchange")
+            .map(|b| b["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            e2e,
+            ["hookrelay.ingress.shards", "hookrelay.promote.shards"]
+        );
+
+        // On a broker that has the unsharded ladder's bindings, the sharded ladder's apply
+        // unbinds the unsharded lanes; the other way round, the shard exchanges and shards.
+        let broker_of = |topo: &Topology| BrokerObjects {
+            bindings: topo
+                .bindings
+                .iter()
+                .map(|b| BrokerBinding {
+                    source: b.source.clone(),
+                    destination: b.destination.clone(),
+                    to_exchange: b.to_exchange,
+                    routing_key: b.routing_key.clone(),
+                    arguments: b
+                        .arguments
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.to_json()))
+                        .collect(),
+                })
+                .collect(),
+            ..BrokerObjects::default()
+        };
+        let stale: Vec<String> = topo
+            .stale_bindings(&four, &broker_of(&one.objects()))
+            .iter()
+            .map(|b| b.destination.clone())
+            .collect();
+        assert_eq!(stale, ["hookrelay.ready.first", "hookrelay.ready.retry"]);
+        let back = one.objects().stale_bindings(&one, &broker_of(&topo));
+        assert_eq!(back.len(), 2 + 4 + 4 + 1, "{back:#?}");
+        assert!(
+            back.iter()
+                .any(|b| b.to_exchange && b.destination == "hookrelay.ingress.shards")
+        );
+        let two = one.clone().with_shards(2).unwrap();
+        let shrunk: Vec<String> = two
+            .objects()
+            .stale_bindings(&two, &broker_of(&topo))
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(shrunk.len(), 4, "{shrunk:#?}");
+        assert!(topo.stale_bindings(&four, &broker_of(&topo)).is_empty());
     }
 }

@@ -6,8 +6,9 @@ use anyhow::bail;
 
 use super::args::{EXIT_DRIFT, TopologyCommand};
 use super::common::{connect, load_ladder, management};
+use crate::broker::topology::{CONSISTENT_HASH, CONSISTENT_HASH_PLUGIN};
 use crate::config::Config;
-use crate::contract::ladder::QueueType;
+use crate::contract::ladder::{QueueRole, QueueType};
 
 pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -24,26 +25,50 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
             if ladder.queue_type == QueueType::Quorum {
                 check_at_least_once(config).await?;
             }
+            if ladder.shards > 1 {
+                check_consistent_hash(config).await?;
+            }
             let conn = connect(config, "hookrelay topology").await?;
             let channel = conn.create_channel().await?;
             let topology = ladder.objects();
             let applied = topology.apply(&channel).await?;
             let api = management(config)?;
             let policies = topology.apply_policies(&api).await?;
-            // Tenants dropped from `dedicated`: their lanes are unbound, not deleted.
+            // Lanes the ladder no longer routes to (tenants dropped from `dedicated`, shards
+            // of another shard count, the unsharded lanes of a sharded ladder or the other way
+            // round) are unbound now that the ladder's own bindings are in place; the queues
+            // are kept until workers have drained them.
             match api.objects().await {
                 Ok(objects) => {
-                    let retired = ladder.retired_tenants(objects.queues.keys());
-                    crate::broker::topology::Topology::retire(&ladder, &channel, &retired).await?;
-                    for tenant in &retired {
+                    for binding in topology.stale_bindings(&ladder, &objects) {
+                        binding.unbind(&channel).await?;
+                    }
+                    for tenant in ladder.retired_tenants(objects.queues.keys()) {
                         println!(
                             "Tenant {tenant:?} is no longer dedicated: its lanes are unbound (new events \
                              and retries take the shared lanes) and kept until workers have drained them."
                         );
                     }
+                    for queue in objects.queues.keys() {
+                        let retired_shared = ladder.role_of(queue).is_some_and(|role| {
+                            ladder.is_retired_lane(&role)
+                                && matches!(
+                                    role,
+                                    QueueRole::FirstLane { tenant: None, .. }
+                                        | QueueRole::RetryLane { tenant: None, .. }
+                                )
+                        });
+                        if retired_shared {
+                            println!(
+                                "Shared lane {queue} is not one of the ladder's {} shard(s): it is \
+                                 unbound and kept until workers have drained it (delete it once empty).",
+                                ladder.shards
+                            );
+                        }
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "Cannot list queues: lanes of tenants removed from `dedicated` were not unbound")
+                    tracing::warn!(error = %e, "Cannot list queues and bindings: lanes the ladder no longer routes to were not unbound")
                 }
             }
             let _ = conn.close(200, "done".into()).await;
@@ -66,9 +91,21 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
             let topology = ladder.objects();
             let drift = topology.diff(&objects);
             for extra in topology.extras(&ladder, &objects) {
-                println!(
-                    "not in ladder: {extra} (left alone; delete it once empty if it is an old tier)"
-                );
+                let what = extra
+                    .strip_prefix("queue ")
+                    .and_then(|q| ladder.role_of(q))
+                    .filter(|role| ladder.is_retired_lane(role));
+                if extra.starts_with("binding ") {
+                    println!("not in ladder: {extra} (`hookrelay topology apply` unbinds it)");
+                } else if what.is_some() {
+                    println!(
+                        "not in ladder: {extra} (a retired lane: workers drain it; delete it once empty)"
+                    );
+                } else {
+                    println!(
+                        "not in ladder: {extra} (left alone; delete it once empty if it is an old tier)"
+                    );
+                }
             }
             if drift.is_empty() {
                 println!(
@@ -88,6 +125,25 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
                 );
                 Ok(ExitCode::from(EXIT_DRIFT))
             }
+        }
+    }
+}
+
+/// A sharded ladder's first-attempt lanes sit behind a consistent-hash exchange, which only
+/// the plugin provides; without it the declaration would fail with a less helpful error.
+pub(super) async fn check_consistent_hash(config: &Config) -> anyhow::Result<()> {
+    let api = management(config)?;
+    match api.exchange_types().await {
+        Ok(types) if types.iter().any(|t| t == CONSISTENT_HASH) => Ok(()),
+        Ok(_) => bail!(
+            "the broker has no {CONSISTENT_HASH} exchange type; a ladder with shards > 1 needs \
+             the {CONSISTENT_HASH_PLUGIN} plugin. Enable it with \
+             `rabbitmq-plugins enable {CONSISTENT_HASH_PLUGIN}` (and list it in \
+             rabbitmq/enabled_plugins), or use shards = 1"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot list the broker's exchange types; a sharded ladder needs the {CONSISTENT_HASH_PLUGIN} plugin");
+            Ok(())
         }
     }
 }

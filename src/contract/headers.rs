@@ -21,6 +21,12 @@ pub const EVENT_ID_HEADER: &str = "x-hookrelay-event-id";
 pub const ENDPOINT_HEADER: &str = "x-hookrelay-endpoint";
 /// The tenant, carried once a message leaves the ingress (whose routing key was the tenant).
 pub const TENANT_HEADER: &str = "x-hookrelay-tenant";
+/// The shard (index) of the shared lane a retry, deferral or parked copy came from: a sharded
+/// ladder's promote exchange routes it back to the retry shard of that index, so a tenant's
+/// retries wait behind its own shard's, as its first attempts do. Not `x-`: a headers exchange
+/// ignores binding arguments whose names start with `x-`, so a binding on `x-hookrelay-shard`
+/// would match every message (checked on 3.10).
+pub const SHARD_HEADER: &str = "hookrelay-shard";
 /// Attempts already made. Ours alone: the broker's `x-death` counts are never trusted.
 pub const ATTEMPTS_HEADER: &str = "x-hookrelay-attempts";
 /// When the next attempt is due, in milliseconds since the epoch.
@@ -74,8 +80,9 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
 /// rewrite.
-const SMALL_HEADERS: [&str; 16] = [
+const SMALL_HEADERS: [&str; 17] = [
     SUBSCRIPTION_HEADER,
+    SHARD_HEADER,
     DEFERRALS_HEADER,
     FIRST_TRY_HEADER,
     EVENT_ID_HEADER,
@@ -492,6 +499,7 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
         ENDPOINT_HEADER,
         REDRIVES_HEADER,
         REDRIVEN_AT_HEADER,
+        SHARD_HEADER,
     ];
     let mut headers = FieldTable::default();
     for (k, v) in &carried_headers {
@@ -527,6 +535,26 @@ pub fn parked_properties(original: &BasicProperties, tenant: &str) -> BasicPrope
     let mut headers = original.headers().clone().unwrap_or_default();
     put_str(&mut headers, TENANT_HEADER, tenant);
     original.clone().with_headers(headers)
+}
+
+/// `properties` carrying the shard of the lane its delivery came from, or no shard header for a
+/// lane that is not a shard (a sharded ladder then returns the copy to retry shard 0).
+pub fn with_shard(properties: BasicProperties, shard: Option<u16>) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    match shard {
+        Some(i) => put_str(&mut headers, SHARD_HEADER, &i.to_string()),
+        None if headers.inner().contains_key(SHARD_HEADER) => {
+            let kept: std::collections::BTreeMap<_, _> = headers
+                .inner()
+                .iter()
+                .filter(|(k, _)| k.as_str() != SHARD_HEADER)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            headers = FieldTable::from(kept);
+        }
+        None => return properties,
+    }
+    properties.with_headers(headers)
 }
 
 /// Properties for one delivery of a fan-out: the event's properties with the derived id, the

@@ -8,6 +8,11 @@
 //! worker --(key: retry-10s.<tenant>)--> {p}.delay --> {p}.retry-10s (TTL) --(expired)-->
 //!     {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
 //! worker --(default exchange)--> {p}.dead
+//!
+//! with `shards = N` (N > 1), the shared lanes become N of each, keyed by tenant:
+//! {p}.ingress.unrouted --> {p}.ingress.shards (consistent hash of the tenant) --> {p}.ready.first-s<i>
+//! {p}.promote.unrouted --> {p}.promote.shards (header x-hookrelay-shard = i) --> {p}.ready.retry-s<i>
+//!     (no such header, or no such shard: --(alternate)--> {p}.promote.shards.unmatched --> {p}.ready.retry-s0)
 //! worker --(key: paused.<subscription>)--> {p}.delay --> {p}.paused.<subscription>
 //!     (while the subscription is paused; `subscriptions resume` unbinds and empties it)
 //! ```
@@ -18,6 +23,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::units::fmt_duration;
+
+/// The most shards a ladder may have: each is two quorum queues (two Raft groups).
+pub const MAX_SHARDS: u16 = 64;
 
 /// RabbitMQ's limit for `x-message-ttl` (2^32 - 1 ms, about 49 days).
 const MAX_TTL_MS: u128 = u32::MAX as u128;
@@ -73,6 +81,14 @@ struct LadderFile {
     schedule: Vec<String>,
     #[serde(default)]
     dedicated: Vec<DedicatedFile>,
+    #[serde(default = "default_shards")]
+    shards: u16,
+}
+
+/// One shard keeps the layout of a ladder without the setting: one shared first lane, one
+/// shared retry lane, no plugin needed.
+fn default_shards() -> u16 {
+    1
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,10 +143,17 @@ impl TierId {
 /// ladder names its queues.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueueRole {
-    /// A first-attempt lane: the shared one (`tenant` is `None`) or a tenant's own.
-    FirstLane { tenant: Option<String> },
+    /// A first-attempt lane: a shared one (`tenant` is `None`; `shard` is its index when the
+    /// shared lane is sharded) or a tenant's own.
+    FirstLane {
+        tenant: Option<String>,
+        shard: Option<u16>,
+    },
     /// A retry lane, which the tiers promote into.
-    RetryLane { tenant: Option<String> },
+    RetryLane {
+        tenant: Option<String>,
+        shard: Option<u16>,
+    },
     /// A delay tier (index into [`Ladder::tiers`]).
     Tier(TierId),
     /// The parking queue of a held tier.
@@ -165,6 +188,9 @@ pub struct Ladder {
     pub schedule: Vec<TierId>,
     /// Tenants with lanes of their own.
     pub dedicated: Vec<Dedicated>,
+    /// How many shared first-attempt (and retry) lanes there are, keyed by tenant; 1 is the
+    /// unsharded layout.
+    pub shards: u16,
 }
 
 impl Ladder {
@@ -192,7 +218,8 @@ impl Ladder {
             file.queue_type,
             &file.tiers.iter().map(String::as_str).collect::<Vec<_>>(),
             &file.schedule.iter().map(String::as_str).collect::<Vec<_>>(),
-        )?;
+        )?
+        .with_shards(file.shards)?;
         for (i, d) in file.dedicated.into_iter().enumerate() {
             ladder = ladder
                 .with_dedicated(&d.tenant, d.in_flight)
@@ -204,6 +231,18 @@ impl Ladder {
                 })?;
         }
         Ok(ladder)
+    }
+
+    /// Shards the shared lanes `shards` ways (1 to [`MAX_SHARDS`]; 1 is unsharded).
+    pub fn with_shards(mut self, shards: u16) -> Result<Self, LadderError> {
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            return Err(invalid(
+                "shards",
+                format!("{shards}: expected 1 (unsharded) to {MAX_SHARDS}"),
+            ));
+        }
+        self.shards = shards;
+        Ok(self)
     }
 
     /// Adds a tenant with lanes of its own.
@@ -297,6 +336,7 @@ impl Ladder {
             tiers: parsed,
             schedule: steps,
             dedicated: Vec::new(),
+            shards: 1,
         })
     }
 
@@ -361,6 +401,7 @@ impl Ladder {
             .filter_map(|q| match self.role_of(q) {
                 Some(QueueRole::FirstLane {
                     tenant: Some(tenant),
+                    ..
                 }) => Some(tenant),
                 _ => None,
             })
@@ -394,22 +435,26 @@ impl Ladder {
     /// queue that name (another ladder's, an old tier, or a name found in a message).
     pub fn role_of(&self, queue: &str) -> Option<QueueRole> {
         let local = queue.strip_prefix(&self.prefix)?.strip_prefix('.')?;
-        let tenant_lane = |rest: &str| -> Option<Option<String>> {
+        // "" is the unsharded shared lane, "-s<i>" a shard of it, ".<tenant>" a tenant's own.
+        let tenant_lane = |rest: &str| -> Option<(Option<String>, Option<u16>)> {
             if rest.is_empty() {
-                return Some(None);
+                return Some((None, None));
+            }
+            if let Some(index) = rest.strip_prefix("-s") {
+                return parse_shard(index).map(|i| (None, Some(i)));
             }
             let tenant = rest.strip_prefix('.')?;
             crate::contract::envelope::check_tenant(tenant).ok()?;
-            Some(Some(tenant.to_owned()))
+            Some((Some(tenant.to_owned()), None))
         };
         if local == "dead" {
             return Some(QueueRole::Dead);
         }
         if let Some(rest) = local.strip_prefix("ready.first") {
-            return tenant_lane(rest).map(|tenant| QueueRole::FirstLane { tenant });
+            return tenant_lane(rest).map(|(tenant, shard)| QueueRole::FirstLane { tenant, shard });
         }
         if let Some(rest) = local.strip_prefix("ready.retry") {
-            return tenant_lane(rest).map(|tenant| QueueRole::RetryLane { tenant });
+            return tenant_lane(rest).map(|(tenant, shard)| QueueRole::RetryLane { tenant, shard });
         }
         if let Some(subscription) = local.strip_prefix("paused.") {
             return crate::contract::envelope::check_id(subscription)
@@ -441,13 +486,63 @@ impl Ladder {
     pub(crate) fn ingress_unrouted(&self) -> String {
         self.name("ingress.unrouted")
     }
-    /// The shared first-attempt lane.
+    /// The shared first-attempt lane of an unsharded ladder.
     pub fn first_lane(&self) -> String {
         self.name("ready.first")
     }
-    /// The shared retry lane: tiers promote into it.
+    /// The shared retry lane of an unsharded ladder: tiers promote into it.
     pub fn retry_lane(&self) -> String {
         self.name("ready.retry")
+    }
+    /// Shard `shard` of the shared first-attempt lane. `-s<i>`, not `.s<i>`: a dedicated
+    /// tenant may be called `s0`, and its lane is `ready.first.s0`.
+    pub fn first_shard(&self, shard: u16) -> String {
+        self.name(&format!("ready.first-s{shard}"))
+    }
+    /// Shard `shard` of the shared retry lane.
+    pub fn retry_shard(&self, shard: u16) -> String {
+        self.name(&format!("ready.retry-s{shard}"))
+    }
+    /// The shared lanes as (first-attempt lane, retry lane, shard index): one unsharded pair,
+    /// or one pair per shard.
+    pub fn shared_lanes(&self) -> Vec<(String, String, Option<u16>)> {
+        if self.shards <= 1 {
+            return vec![(self.first_lane(), self.retry_lane(), None)];
+        }
+        (0..self.shards)
+            .map(|i| (self.first_shard(i), self.retry_shard(i), Some(i)))
+            .collect()
+    }
+    /// Whether `role` is a lane that exists outside this ladder: a tenant's no longer
+    /// dedicated, a shard of another shard count, or the unsharded lane of a sharded ladder.
+    /// Workers drain such lanes while they exist; `topology apply` leaves them unbound.
+    pub fn is_retired_lane(&self, role: &QueueRole) -> bool {
+        let (tenant, shard) = match role {
+            QueueRole::FirstLane { tenant, shard } | QueueRole::RetryLane { tenant, shard } => {
+                (tenant, shard)
+            }
+            _ => return false,
+        };
+        match (tenant, shard) {
+            (Some(tenant), _) => !self.dedicated.iter().any(|d| d.tenant == *tenant),
+            (None, None) => self.shards > 1,
+            (None, Some(i)) => self.shards <= 1 || *i >= self.shards,
+        }
+    }
+    /// Sharded ladders: hashes the routing key (the tenant) onto the first-attempt shards.
+    pub fn ingress_shards(&self) -> String {
+        self.name("ingress.shards")
+    }
+    /// Sharded ladders: routes a retry to the retry shard its [`SHARD_HEADER`] names.
+    ///
+    /// [`SHARD_HEADER`]: crate::contract::headers::SHARD_HEADER
+    pub fn promote_shards(&self) -> String {
+        self.name("promote.shards")
+    }
+    /// Sharded ladders: what [`Ladder::promote_shards`] cannot route (no shard header, or a
+    /// shard this ladder does not have) goes to retry shard 0, never nowhere.
+    pub fn promote_unmatched(&self) -> String {
+        self.name("promote.shards.unmatched")
     }
     /// A dedicated tenant's first-attempt lane.
     pub fn first_lane_of(&self, tenant: &str) -> String {
@@ -539,6 +634,17 @@ impl Ladder {
     pub fn tier_routing_key(&self, tier: TierId, tenant: &str) -> String {
         format!("{}.{tenant}", self.tier(tier).name)
     }
+}
+
+/// A shard index as queue names write it: decimal, no sign, no leading zero.
+fn parse_shard(index: &str) -> Option<u16> {
+    if index.is_empty() || (index.len() > 1 && index.starts_with('0')) {
+        return None;
+    }
+    if !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    index.parse().ok().filter(|i| *i < MAX_SHARDS)
 }
 
 fn parse_delay(field: &str, raw: &str) -> Result<Duration, LadderError> {
@@ -648,12 +754,16 @@ mod tests {
         let shared = |tenant: Option<&str>| tenant.map(str::to_owned);
         assert_eq!(
             ladder.role_of(&ladder.first_lane()),
-            Some(QueueRole::FirstLane { tenant: None })
+            Some(QueueRole::FirstLane {
+                tenant: None,
+                shard: None
+            })
         );
         assert_eq!(
             ladder.role_of(&ladder.retry_lane_of("bigco")),
             Some(QueueRole::RetryLane {
-                tenant: shared(Some("bigco"))
+                tenant: shared(Some("bigco")),
+                shard: None
             })
         );
         assert_eq!(
@@ -679,6 +789,10 @@ mod tests {
             "hookrelay",
             "hookrelayx.dead",
             "hookrelay.ready.firstx",
+            "hookrelay.ready.first-s",
+            "hookrelay.ready.first-s01",
+            "hookrelay.ready.first-s64",
+            "hookrelay.ready.retry-sx",
             "hookrelay.held.retry-2m",
             "hookrelay.ingress",
         ] {
@@ -692,6 +806,49 @@ mod tests {
             (ladder.dead(), "dead"),
         ] {
             assert_eq!(ladder.role_of(&queue).unwrap().label(), label);
+        }
+    }
+
+    #[test]
+    fn shards_name_their_lanes_and_other_counts_are_retired() {
+        let one = Ladder::parse(DEFAULT_LADDER).unwrap();
+        assert_eq!(one.shards, 1, "the shipped ladder is unsharded");
+        assert_eq!(
+            one.shared_lanes(),
+            vec![(one.first_lane(), one.retry_lane(), None)]
+        );
+        let four = Ladder::parse(&format!("shards = 4\n{DEFAULT_LADDER}"))
+            .unwrap()
+            .with_dedicated("s0", 10)
+            .unwrap();
+        assert_eq!(four.first_shard(3), "hookrelay.ready.first-s3");
+        assert_eq!(four.shared_lanes().len(), 4);
+        assert_eq!(
+            four.role_of("hookrelay.ready.retry-s2"),
+            Some(QueueRole::RetryLane {
+                tenant: None,
+                shard: Some(2)
+            })
+        );
+        // A dedicated tenant called "s0" keeps a lane name of its own.
+        assert_eq!(
+            four.role_of(&four.first_lane_of("s0")),
+            Some(QueueRole::FirstLane {
+                tenant: Some("s0".into()),
+                shard: None
+            })
+        );
+        let role = |q: &str| four.role_of(q).unwrap();
+        assert!(four.is_retired_lane(&role("hookrelay.ready.first")));
+        assert!(four.is_retired_lane(&role("hookrelay.ready.retry-s5")));
+        assert!(!four.is_retired_lane(&role("hookrelay.ready.retry-s3")));
+        assert!(!four.is_retired_lane(&role("hookrelay.ready.first.s0")));
+        assert!(four.is_retired_lane(&role("hookrelay.ready.first.gone")));
+        assert!(one.is_retired_lane(&role("hookrelay.ready.first-s0")));
+        assert!(!one.is_retired_lane(&role("hookrelay.ready.retry")));
+        for bad in [0, 65] {
+            let err = Ladder::parse(&format!("shards = {bad}\n{DEFAULT_LADDER}")).unwrap_err();
+            assert!(err.to_string().contains("shards"), "{err}");
         }
     }
 }

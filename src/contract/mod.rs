@@ -3,8 +3,8 @@
 //! - [`envelope`]: the envelope a producer publishes, its validation, and how a delivery is read
 //!   back into one.
 //! - [`headers`]: every header hookrelay reads or writes, and the properties of each republish.
-//! - [`ladder`]: the retry ladder (tiers, schedule, dedicated tenants) and every name it gives a
-//!   queue or exchange.
+//! - [`ladder`]: the retry ladder (tiers, schedule, dedicated tenants, shards) and every name it
+//!   gives a queue or exchange.
 
 pub mod envelope;
 pub mod headers;

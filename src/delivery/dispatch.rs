@@ -104,11 +104,16 @@ impl Dispatcher {
         }
     }
 
-    /// Handles one delivery to the end: an ack, or a nack back to its lane.
-    pub async fn handle(self: Arc<Self>, lane: Arc<Lane>, delivery: Delivery) {
-        // The broker's lease runs from the moment it handed the delivery over, which is now:
-        // every delivery gets its task at once.
-        let lease_end = tokio::time::Instant::now() + self.config.lease();
+    /// Handles one delivery to the end: an ack, or a nack back to its lane. `handed_over` is
+    /// when the broker handed it over, which starts its lease: every delivery gets its task at
+    /// once, but a shard's may then wait for a permit of the worker-wide budget.
+    pub async fn handle(
+        self: Arc<Self>,
+        lane: Arc<Lane>,
+        delivery: Delivery,
+        handed_over: tokio::time::Instant,
+    ) {
+        let lease_end = handed_over + self.config.lease();
         let gauge = lane.metrics.in_flight.clone();
         gauge.inc();
         let _in_flight = InFlight(gauge);

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use crate::observe::metrics::Metrics;
 
 /// Which kind of lane a delivery came from.
@@ -17,38 +19,71 @@ pub enum LaneKind {
 }
 
 /// A lane the worker means to consume. `required` lanes are the ladder's (shared and
-/// dedicated): without them the worker is not ready. The others are lanes of tenants no longer
-/// dedicated, consumed while they exist.
+/// dedicated): without them the worker is not ready. The others are lanes the ladder no longer
+/// routes to (tenants no longer dedicated, shards of another count), consumed while they exist.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneSpec {
     pub kind: LaneKind,
     pub queue: String,
     pub prefetch: u16,
     pub required: bool,
+    /// The shard index its name gives it, if it is a shard of the shared lane.
+    pub shard: Option<u16>,
+    /// Whether its deliveries take a permit of the worker-wide budget of their kind before
+    /// they are processed (the shards of a sharded ladder, whose prefetches add up to more).
+    pub shares_budget: bool,
+}
+
+/// The worker-wide bound on deliveries processed at once from the shards of a sharded ladder:
+/// one semaphore per kind, of the kind's share of `worker.in_flight`.
+#[derive(Debug, Clone)]
+pub struct SharedBudget {
+    pub first: Arc<Semaphore>,
+    pub retry: Arc<Semaphore>,
+}
+
+impl SharedBudget {
+    pub fn new(first: u16, retry: u16) -> Self {
+        Self {
+            first: Arc::new(Semaphore::new(first.into())),
+            retry: Arc::new(Semaphore::new(retry.into())),
+        }
+    }
 }
 
 /// Every lane the worker has consumed, by queue: one [`Lane`] per queue for the worker's life,
 /// so its metric handles and head estimate outlive a reconnect or a lane that comes and goes.
-#[derive(Debug, Clone, Default)]
-pub struct Lanes(Arc<Mutex<BTreeMap<String, Arc<Lane>>>>);
+#[derive(Debug, Clone)]
+pub struct Lanes {
+    by_queue: Arc<Mutex<BTreeMap<String, Arc<Lane>>>>,
+    budget: SharedBudget,
+}
 
 impl Lanes {
+    pub fn new(budget: SharedBudget) -> Self {
+        Self {
+            by_queue: Arc::default(),
+            budget,
+        }
+    }
+
     /// The lane of `spec`, made on first use.
     pub fn lane(&self, spec: &LaneSpec, metrics: &Metrics) -> Arc<Lane> {
-        let mut lanes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lanes = self.by_queue.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(lanes.entry(spec.queue.clone()).or_insert_with(|| {
-            Arc::new(Lane::new(
-                spec.kind,
-                spec.queue.clone(),
-                spec.prefetch,
-                metrics,
-            ))
+            let mut lane = Lane::new(spec.kind, spec.queue.clone(), spec.prefetch, metrics);
+            lane.shard = spec.shard;
+            lane.permits = spec.shares_budget.then(|| match spec.kind {
+                LaneKind::First => Arc::clone(&self.budget.first),
+                LaneKind::Retry => Arc::clone(&self.budget.retry),
+            });
+            Arc::new(lane)
         }))
     }
 
     /// Every lane consumed so far.
     pub fn all(&self) -> Vec<Arc<Lane>> {
-        let lanes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let lanes = self.by_queue.lock().unwrap_or_else(|p| p.into_inner());
         lanes.values().cloned().collect()
     }
 }
@@ -68,6 +103,10 @@ pub struct Lane {
     pub kind: LaneKind,
     pub queue: String,
     pub prefetch: u16,
+    /// The shard index of a shard of the shared lane; its retries carry it.
+    pub shard: Option<u16>,
+    /// The worker-wide budget its deliveries take a permit of, if it shares one.
+    permits: Option<Arc<Semaphore>>,
     pub(crate) metrics: LaneMetrics,
     /// How long the most recently delivered message had waited, in ms.
     last_age_ms: AtomicU64,
@@ -91,10 +130,19 @@ impl Lane {
             kind,
             queue,
             prefetch,
+            shard: None,
+            permits: None,
             last_age_ms: AtomicU64::new(0),
             last_delivery_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    /// Waits for a permit of the budget the lane shares, if any; processing holds it. The
+    /// semaphore is fair, so a delivery waits for at most the deliveries handed over before it.
+    pub async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        let permits = Arc::clone(self.permits.as_ref()?);
+        permits.acquire_owned().await.ok()
     }
 
     /// The metrics label: the queue name.

@@ -1,7 +1,8 @@
 //! One delivery, from the lane to its settlement, in the order it happens.
 //!
 //! - [`worker`]: consumes the lanes and hands every delivery to a task of its own.
-//! - [`lane`]: a ready queue as the worker consumes it, and every lane it has consumed.
+//! - [`lane`]: a ready queue as the worker consumes it, the budget shards share, and every lane
+//!   it has consumed.
 //! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
 //! - [`route`]: the pure decision, before the attempt and after it.
 //! - [`settle`]: what replaces a delivery, confirmed before the ack.

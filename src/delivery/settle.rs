@@ -47,6 +47,21 @@ pub enum Replacement {
     },
 }
 
+impl Replacement {
+    /// Marks the copies bound for a tier or a parking queue with the shard of the lane the
+    /// delivery came from (`None`: not a shard), so a sharded ladder promotes them back to the
+    /// retry shard of the same index.
+    pub fn from_shard(mut self, ladder: &Ladder, shard: Option<u16>) -> Self {
+        if let Replacement::Publish { messages, .. } = &mut self {
+            let delay = ladder.delay_exchange();
+            for m in messages.iter_mut().filter(|m| m.exchange == delay) {
+                m.properties = headers::with_shard(std::mem::take(&mut m.properties), shard);
+            }
+        }
+        self
+    }
+}
+
 /// Why a decision cannot be carried out; the delivery goes back to its lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unsettleable(pub &'static str);
@@ -190,7 +205,7 @@ impl Dispatcher {
             attempted.endpoint.as_deref(),
             now_ms(),
         ) {
-            Ok(r) => r,
+            Ok(r) => r.from_shard(&self.ladder, lane.shard),
             Err(Unsettleable(why)) => {
                 error!(envelope = %id, why, "Cannot settle; keeping the message in its lane");
                 return self

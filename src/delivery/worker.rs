@@ -1,9 +1,14 @@
 //! The worker: consumes the ready lanes and hands every delivery to [`crate::delivery::dispatch`] in a task
 //! of its own, the moment the broker hands it over, so each channel's prefetch is the
-//! concurrency bound and the broker's `consumer_timeout` measures real work.
+//! concurrency bound and the broker's `consumer_timeout` measures real work. The shards of a
+//! sharded ladder are the exception: their prefetches add up to twice the budget so an idle
+//! shard's share is not wasted, and a worker-wide semaphore of the budget bounds what is
+//! processed at once (see [`lane_specs`]); a delivery waits there at most for the ones handed
+//! over before it.
 //!
-//! The lanes are the ladder's (shared and dedicated) and those of tenants no longer dedicated
-//! that still exist, found through the management API at start and at every poll of it. A lane
+//! The lanes are the ladder's (shared, or its shards, and dedicated) and those the ladder no
+//! longer routes to that still exist (tenants no longer dedicated, shards of another shard
+//! count), found through the management API at start and at every poll of it. A lane
 //! whose queue is deleted ends alone (the broker cancels its consumer); the session goes on.
 //!
 //! It reconnects with backoff when the broker connection drops, keeps the subscriptions file in
@@ -35,7 +40,7 @@ use crate::contract::ladder::QueueRole;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
-use crate::delivery::lane::{Lane, LaneKind, LaneSpec, Lanes};
+use crate::delivery::lane::{Lane, LaneKind, LaneSpec, Lanes, SharedBudget};
 use crate::delivery::subscriptions::{
     LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
 };
@@ -155,6 +160,16 @@ impl Worker {
         config
             .validate()
             .map_err(|e| WorkerError::Config(e.to_string()))?;
+        // A shard's delivery may wait about one attempt for a permit before its own attempt.
+        let held = config.lease_window() + config.attempt_budget();
+        if ladder.shards > 1 && held >= config.broker.consumer_timeout {
+            return Err(WorkerError::Config(format!(
+                "broker.consumer_timeout ({}) must exceed {} with a sharded ladder: a delivery may \
+                 wait one attempt for the shared budget, then make its own",
+                crate::units::fmt_duration(config.broker.consumer_timeout),
+                crate::units::fmt_duration(held)
+            )));
+        }
         if let Err(errors) = check_secrets(&secrets, &subscriptions.current()) {
             return Err(WorkerError::Secrets(
                 errors
@@ -194,6 +209,8 @@ impl Worker {
             metrics.clone(),
         );
         let queues = tokio::sync::watch::Sender::new(list_queues(&config).await);
+        let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
+        let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
         let dispatcher = Dispatcher::new(
             config,
             ladder,
@@ -210,7 +227,7 @@ impl Worker {
             hangup: Hangup::listen(),
             vitals,
             name,
-            lanes: Lanes::default(),
+            lanes,
             queues,
         })
     }
@@ -423,7 +440,13 @@ impl Worker {
                 }
                 next = consumed.deliveries.next(), if !consumed.deliveries.is_empty() => match next {
                     Some((lane, Some(Ok(delivery)))) => {
-                        tracker.spawn(Arc::clone(&self.dispatcher).handle(lane, delivery));
+                        let dispatcher = Arc::clone(&self.dispatcher);
+                        let handed_over = Instant::now();
+                        tracker.spawn(async move {
+                            // A shard's deliveries wait for a permit of the worker-wide budget.
+                            let _permit = lane.permit().await;
+                            dispatcher.handle(lane, delivery, handed_over).await;
+                        });
                     }
                     Some((lane, Some(Err(e)))) => {
                         return failed(format!("consumer of {}: {e}", lane.queue), true);
@@ -520,62 +543,92 @@ const BROKER_ANSWER: Duration = Duration::from_secs(30);
 /// Budget a retired tenant's lanes get while they drain.
 const RETIRED_IN_FLIGHT: u16 = 20;
 
-/// The lanes to consume: the shared pair and each dedicated tenant's pair (required), and the
-/// lanes of tenants no longer dedicated among `listed` (the queues that exist), so what they hold
-/// is delivered. Without a listing, only the required ones.
+/// The lanes to consume: the shared pair, or each shard's pair, and each dedicated tenant's pair
+/// (required), and the lanes the ladder no longer routes to among `listed` (the queues that
+/// exist: tenants no longer dedicated, shards of another shard count, the unsharded pair of a
+/// sharded ladder or the shards of an unsharded one), so what they hold is delivered. Without a
+/// listing, only the required ones.
+///
+/// The shards' rule: each shard's prefetch is `ceil(2 × budget / N)` of its kind's budget
+/// (`worker.in_flight` split by `worker.retry_share`), at most the budget, and every delivery
+/// from a shard takes a permit of a worker-wide semaphore of that budget before it is
+/// processed. So deliveries processed at once never exceed the budget, a busy shard can use up
+/// to twice its even share while others idle, and one shard never holds all of it.
 pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -> Vec<LaneSpec> {
     let mut specs = Vec::new();
-    let mut pair = |first: String, retry: String, budget: u16, required: bool| {
-        let (first_prefetch, retry_prefetch) = config.worker.split(budget);
+    let mut pair = |first: String, retry: String, budget: (u16, u16), required, shard, shares| {
+        let (first_prefetch, retry_prefetch) = budget;
         specs.push(LaneSpec {
             kind: LaneKind::First,
             queue: first,
             prefetch: first_prefetch,
             required,
+            shard,
+            shares_budget: shares,
         });
         specs.push(LaneSpec {
             kind: LaneKind::Retry,
             queue: retry,
             prefetch: retry_prefetch,
             required,
+            shard,
+            shares_budget: shares,
         });
     };
-    pair(
-        ladder.first_lane(),
-        ladder.retry_lane(),
-        config.worker.in_flight,
-        true,
+    let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
+    let sharded = ladder.shards > 1;
+    let per_shard = (
+        shard_prefetch(first_budget, ladder.shards),
+        shard_prefetch(retry_budget, ladder.shards),
     );
+    for (first, retry, shard) in ladder.shared_lanes() {
+        pair(first, retry, per_shard, true, shard, sharded);
+    }
     for d in &ladder.dedicated {
         pair(
             ladder.first_lane_of(&d.tenant),
             ladder.retry_lane_of(&d.tenant),
-            d.in_flight,
+            config.worker.split(d.in_flight),
             true,
+            None,
+            false,
         );
     }
     let (retired_first, retired_retry) = config.worker.split(RETIRED_IN_FLIGHT);
-    let dedicated = |tenant: &str| ladder.dedicated.iter().any(|d| d.tenant == tenant);
     let mut retired: Vec<LaneSpec> = listed
         .unwrap_or_default()
         .iter()
         .filter_map(|queue| {
-            let (kind, prefetch, tenant) = match ladder.role_of(queue)? {
-                QueueRole::FirstLane { tenant: Some(t) } => (LaneKind::First, retired_first, t),
-                QueueRole::RetryLane { tenant: Some(t) } => (LaneKind::Retry, retired_retry, t),
+            let role = ladder.role_of(queue)?;
+            if !ladder.is_retired_lane(&role) {
+                return None;
+            }
+            let (kind, prefetch, shard) = match role {
+                QueueRole::FirstLane { shard, .. } => (LaneKind::First, retired_first, shard),
+                QueueRole::RetryLane { shard, .. } => (LaneKind::Retry, retired_retry, shard),
                 _ => return None,
             };
-            (!dedicated(&tenant)).then(|| LaneSpec {
+            Some(LaneSpec {
                 kind,
                 queue: queue.clone(),
                 prefetch,
                 required: false,
+                shard,
+                shares_budget: false,
             })
         })
         .collect();
     retired.sort_by(|a, b| a.queue.cmp(&b.queue));
     specs.extend(retired);
     specs
+}
+
+/// A shard's prefetch: `ceil(2 × budget / shards)`, at least 1, at most `budget` (exactly the
+/// budget when there is one shard).
+pub fn shard_prefetch(budget: u16, shards: u16) -> u16 {
+    let shards = u32::from(shards.max(1));
+    let share = (2 * u32::from(budget)).div_ceil(shards);
+    u16::try_from(share.clamp(1, u32::from(budget.max(1)))).unwrap_or(budget)
 }
 
 /// The queues of the worker's vhost, or `None` (logged) when the management API cannot say.
@@ -921,5 +974,50 @@ mod tests {
         assert_eq!(retired[1].kind, LaneKind::Retry);
         let (first, retry) = config.worker.split(RETIRED_IN_FLIGHT);
         assert_eq!((retired[0].prefetch, retired[1].prefetch), (first, retry));
+    }
+
+    #[test]
+    fn shards_share_the_budget_and_the_unsharded_lanes_are_drained_once_listed() {
+        let config = Config::default(); // in_flight 300: 210 first, 90 retry
+        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml"))
+            .unwrap()
+            .with_shards(4)
+            .unwrap();
+        let listed: Vec<String> = [
+            "hookrelay.ready.first",
+            "hookrelay.ready.retry",
+            "hookrelay.ready.first-s1",
+            "hookrelay.ready.first-s7",
+        ]
+        .map(String::from)
+        .to_vec();
+        let specs = lane_specs(&config, &ladder, Some(&listed));
+        let shards: Vec<_> = specs.iter().filter(|s| s.required).collect();
+        assert_eq!(shards.len(), 8);
+        for s in &shards {
+            assert!(s.shares_budget && s.shard.is_some(), "{s:?}");
+            let want = match s.kind {
+                LaneKind::First => 105, // ceil(2 × 210 / 4)
+                LaneKind::Retry => 45,  // ceil(2 × 90 / 4)
+            };
+            assert_eq!(s.prefetch, want, "{s:?}");
+        }
+        let retired: Vec<_> = specs
+            .iter()
+            .filter(|s| !s.required)
+            .map(|s| (s.queue.as_str(), s.shard, s.shares_budget))
+            .collect();
+        assert_eq!(
+            retired,
+            [
+                ("hookrelay.ready.first", None, false),
+                ("hookrelay.ready.first-s7", Some(7), false),
+                ("hookrelay.ready.retry", None, false),
+            ]
+        );
+        assert_eq!(shard_prefetch(210, 1), 210, "one shard: the whole budget");
+        assert_eq!(shard_prefetch(8, 4), 4);
+        assert_eq!(shard_prefetch(3, 64), 1);
+        assert_eq!(shard_prefetch(5, 2), 5, "never more than the budget");
     }
 }

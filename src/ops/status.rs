@@ -59,30 +59,49 @@ pub async fn collect(
 ) -> Result<Vec<QueueStatus>, StatusError> {
     let listed = api.queues().await?;
     let by_name: HashMap<&str, &QueueInfo> = listed.iter().map(|q| (q.name.as_str(), q)).collect();
-    let mut names: Vec<(String, QueueRole)> = vec![
-        (ladder.first_lane(), QueueRole::FirstLane { tenant: None }),
-        (ladder.retry_lane(), QueueRole::RetryLane { tenant: None }),
-    ];
+    let mut names: Vec<(String, QueueRole)> = Vec::new();
+    for (first, retry, shard) in ladder.shared_lanes() {
+        names.push((
+            first,
+            QueueRole::FirstLane {
+                tenant: None,
+                shard,
+            },
+        ));
+        names.push((
+            retry,
+            QueueRole::RetryLane {
+                tenant: None,
+                shard,
+            },
+        ));
+    }
     for d in &ladder.dedicated {
         let tenant = Some(d.tenant.clone());
         names.push((
             ladder.first_lane_of(&d.tenant),
             QueueRole::FirstLane {
                 tenant: tenant.clone(),
+                shard: None,
             },
         ));
         names.push((
             ladder.retry_lane_of(&d.tenant),
-            QueueRole::RetryLane { tenant },
+            QueueRole::RetryLane {
+                tenant,
+                shard: None,
+            },
         ));
     }
-    // Lanes of tenants no longer dedicated, which workers drain until an operator deletes them.
+    // Lanes the ladder no longer routes to (tenants no longer dedicated, shards of another
+    // shard count), which workers drain until an operator deletes them.
     let mut retired: Vec<(String, QueueRole)> = listed
         .iter()
         .filter_map(|q| {
             let role = ladder.role_of(&q.name)?;
-            retired_tenant(ladder, &role)?;
-            Some((q.name.clone(), role))
+            ladder
+                .is_retired_lane(&role)
+                .then(|| (q.name.clone(), role))
         })
         .collect();
     retired.sort_by(|a, b| a.0.cmp(&b.0));
@@ -154,10 +173,21 @@ pub async fn collect(
             .and_then(Value::as_u64)
             .map(|ms| fmt_duration(Duration::from_millis(ms)));
         let next = match kind {
-            QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. }
-                if retired_tenant(ladder, &kind).is_some() =>
-            {
+            QueueRole::FirstLane {
+                tenant: Some(_), ..
+            }
+            | QueueRole::RetryLane {
+                tenant: Some(_), ..
+            } if ladder.is_retired_lane(&kind) => {
                 "workers drain it (tenant no longer dedicated); delete it once empty".to_owned()
+            }
+            QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. }
+                if ladder.is_retired_lane(&kind) =>
+            {
+                format!(
+                    "workers drain it (not a lane of the ladder's {} shard(s)); delete it once empty",
+                    ladder.shards
+                )
             }
             QueueRole::FirstLane { .. } | QueueRole::RetryLane { .. } => {
                 "workers; dead-letters to the sink".to_owned()
@@ -194,19 +224,6 @@ pub async fn collect(
         });
     }
     Ok(rows)
-}
-
-/// The tenant of a lane of a tenant the ladder no longer names as dedicated, if `role` is one.
-fn retired_tenant<'a>(ladder: &Ladder, role: &'a QueueRole) -> Option<&'a str> {
-    match role {
-        QueueRole::FirstLane {
-            tenant: Some(tenant),
-        }
-        | QueueRole::RetryLane {
-            tenant: Some(tenant),
-        } if !ladder.dedicated.iter().any(|d| d.tenant == *tenant) => Some(tenant),
-        _ => None,
-    }
 }
 
 fn opt_rate(r: Option<f64>) -> String {

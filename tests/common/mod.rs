@@ -141,6 +141,11 @@ impl TestLadder {
         schedule: &[&str],
     ) -> Self {
         let ladder = Ladder::build(&unique(name), queue_type, tiers, schedule).unwrap();
+        Self::apply_ladder(config, ladder).await
+    }
+
+    /// Applies `ladder` as it is (a sharded one, say); its prefix should come from [`unique`].
+    pub async fn apply_ladder(config: Config, ladder: Ladder) -> Self {
         let conn = connect(&config).await;
         let channel = conn.create_channel().await.unwrap();
         let topology = ladder.objects();
@@ -201,13 +206,15 @@ impl TestLadder {
 
     /// Takes every message out of the dead sink.
     pub async fn drain_dead(&self) -> Vec<BasicGetMessage> {
+        self.take_all(&self.ladder.dead()).await
+    }
+
+    /// Takes every message out of `queue`.
+    pub async fn take_all(&self, queue: &str) -> Vec<BasicGetMessage> {
         let mut out = Vec::new();
         while let Some(m) = self
             .channel
-            .basic_get(
-                self.ladder.dead().as_str().into(),
-                BasicGetOptions { no_ack: true },
-            )
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
             .await
             .unwrap()
         {
@@ -230,7 +237,7 @@ impl TestLadder {
                 objects
                     .bindings
                     .iter()
-                    .any(|(source, _, key)| source == exchange && key == routing_key)
+                    .any(|b| b.source == exchange && b.routing_key == routing_key)
             })
         })
         .await

@@ -88,9 +88,10 @@ pub fn ladder_toml(ladder: &Ladder) -> String {
             .join(", ")
     };
     format!(
-        "prefix = \"{}\"\nqueue_type = \"{}\"\ntiers = [{}]\nschedule = [{}]\n",
+        "prefix = \"{}\"\nqueue_type = \"{}\"\nshards = {}\ntiers = [{}]\nschedule = [{}]\n",
         ladder.prefix,
         ladder.queue_type.as_str(),
+        ladder.shards,
         list(&mut ladder.tiers.iter().map(|t| t.delay)),
         list(&mut ladder.schedule.iter().map(|&i| ladder.tier(i).delay)),
     )
