@@ -127,6 +127,9 @@ pub struct NoisyRow {
     /// The worker's deferrals counted while B was measured (A's envelopes coming back and being
     /// deferred again, in the steady state).
     pub deferrals_in_b_window: u64,
+    /// B's deliveries made from the retry lane: B's envelopes that went through a tier (deferred
+    /// or retried) before they were delivered.
+    pub b_via_retry_lane: u64,
     /// A's requests the endpoint saw during the scenario.
     pub a_requests: u64,
 }
@@ -148,11 +151,11 @@ impl NoisyReport {
         );
         out.push_str(
             "scenario  A mode  A backlog  floor s  B p50 ms  B p99 ms  B idle p99 ms  target ms  met  \
-             (B n, deferrals in B's window, A requests)\n",
+             (B n, B via retry lane, deferrals in B's window, A requests)\n",
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "{:<8}  {:<6}  {:>9}  {:>7}  {:>8.1}  {:>8.1}  {:>13}  {:>9.1}  {:<3}  ({}, {}, {})\n",
+                "{:<8}  {:<6}  {:>9}  {:>7}  {:>8.1}  {:>8.1}  {:>13}  {:>9.1}  {:<3}  ({}, {}, {}, {})\n",
                 r.scenario,
                 r.a_mode,
                 r.a_backlog,
@@ -166,6 +169,7 @@ impl NoisyReport {
                 r.target_ms,
                 if r.met { "yes" } else { "no" },
                 r.b.count,
+                r.b_via_retry_lane,
                 r.deferrals_in_b_window,
                 r.a_requests,
             ));
@@ -449,11 +453,22 @@ async fn run_scenario(
         let deferrals_in_b_window = deferrals(&client, &metrics, None)
             .await
             .saturating_sub(before);
-        Ok((b, b_idle, deferrals_in_b_window))
+        // Only B's deliveries succeed: any from the retry lane went through a tier first.
+        let b_via_retry_lane = counter(
+            &client,
+            &metrics,
+            "hookrelay_outcomes_total",
+            &[
+                format!("lane=\"{}\"", ladder.retry_lane()),
+                "outcome=\"delivered\"".to_owned(),
+            ],
+        )
+        .await;
+        Ok((b, b_idle, deferrals_in_b_window, b_via_retry_lane))
     }
     .await;
     let _ = worker.child.kill().await;
-    let (b, b_idle, deferrals_in_b_window) = outcome?;
+    let (b, b_idle, deferrals_in_b_window, b_via_retry_lane) = outcome?;
     let target_ms = match (&floor_seconds, &b_idle) {
         (Some(floor), _) => floor * 1000.0 + 1000.0,
         (None, Some(idle)) => 2.0 * idle.p99_ms + 50.0,
@@ -469,6 +484,7 @@ async fn run_scenario(
         b_idle,
         target_ms,
         deferrals_in_b_window,
+        b_via_retry_lane,
         a_requests: a_sink.count.load(Ordering::SeqCst),
     })
 }
@@ -573,15 +589,23 @@ async fn wait_delivered(sink: &Sink, n: u64, timeout: Duration) -> Result<(), Be
 
 /// The worker's `hookrelay_deferrals_total`, for one reason or all; 0 when unreadable.
 async fn deferrals(client: &reqwest::Client, url: &str, reason: Option<&str>) -> u64 {
+    let label = reason.map(|r| format!("reason=\"{r}\""));
+    counter(client, url, "hookrelay_deferrals_total", label.as_slice()).await
+}
+
+/// The sum of a counter of the worker's over the series whose labels include each of
+/// `labels` (`name="value"`); 0 when unreadable.
+async fn counter(client: &reqwest::Client, url: &str, name: &str, labels: &[String]) -> u64 {
     let Ok(response) = client.get(url).send().await else {
         return 0;
     };
     let Ok(text) = response.text().await else {
         return 0;
     };
+    let series = format!("{name}{{");
     text.lines()
-        .filter(|l| l.starts_with("hookrelay_deferrals_total{"))
-        .filter(|l| reason.is_none_or(|r| l.contains(&format!("reason=\"{r}\""))))
+        .filter(|l| l.starts_with(&series))
+        .filter(|l| labels.iter().all(|label| l.contains(label.as_str())))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
