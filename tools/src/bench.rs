@@ -48,6 +48,8 @@ use crate::kit::{
     Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,
 };
 
+pub mod noisy;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("broker: {0}")]
@@ -230,7 +232,15 @@ async fn sink_handler(State(sink): State<Arc<Sink>>, body: Bytes) -> StatusCode 
 }
 
 async fn start_sink(sink: Arc<Sink>) -> std::io::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    start_sink_on(std::net::Ipv4Addr::LOCALHOST, sink).await
+}
+
+/// The sink on `ip` (any loopback address), on a port of its own.
+async fn start_sink_on(
+    ip: std::net::Ipv4Addr,
+    sink: Arc<Sink>,
+) -> std::io::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new()
         .fallback(axum::routing::post(sink_handler))
@@ -544,36 +554,46 @@ fn start_ceiling(
     url: &str,
     forward: Option<&str>,
 ) -> std::io::Result<tokio::process::Child> {
+    raw_loop_command(binaries, queue, prefetch, Some(url), forward)
+        .stdout(Stdio::null())
+        .spawn()
+}
+
+/// `hookrelay-dev bench-ceiling` with its arguments, killed when dropped.
+fn raw_loop_command(
+    binaries: &Binaries,
+    queue: &str,
+    prefetch: u16,
+    url: Option<&str>,
+    forward: Option<&str>,
+) -> tokio::process::Command {
     let prefetch = prefetch.to_string();
-    let mut args = vec![
-        "bench-ceiling",
-        "--queue",
-        queue,
-        "--prefetch",
-        &prefetch,
-        "--url",
-        url,
-    ];
+    let mut args = vec!["bench-ceiling", "--queue", queue, "--prefetch", &prefetch];
+    if let Some(url) = url {
+        args.extend(["--url", url]);
+    }
     if let Some(to) = forward {
         args.extend(["--forward", to]);
     }
-    tokio::process::Command::new(&binaries.ceiling)
-        .args(args)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
+    let mut command = tokio::process::Command::new(&binaries.ceiling);
+    command.args(args).kill_on_drop(true);
+    command
 }
 
 struct WorkerProcess {
     child: tokio::process::Child,
+    /// Where its `/metrics` answers, on loopback.
+    metrics_port: u16,
     _dir: tempfile::TempDir,
 }
 
+/// Starts `hookrelay worker` on `ladder`. With `prefetch`, the first-attempt lane gets that
+/// prefetch; without, `worker.in_flight` stays as configured.
 async fn start_worker(
     exe: &Path,
     config: &Config,
     ladder: &Ladder,
-    prefetch: u16,
+    prefetch: Option<u16>,
     subscriptions: &str,
     env: &[(&str, String)],
 ) -> Result<WorkerProcess, BenchError> {
@@ -585,7 +605,9 @@ async fn start_worker(
     std::fs::write(&subs_file, subscriptions)?;
     // The first-attempt lane gets `prefetch`; the retry lane its usual share on top.
     let share = config.worker.retry_share;
-    let in_flight = (f64::from(prefetch) / (1.0 - share)).round() as u16;
+    let in_flight = prefetch.map_or(config.worker.in_flight, |prefetch| {
+        (f64::from(prefetch) / (1.0 - share)).round() as u16
+    });
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -603,7 +625,11 @@ async fn start_worker(
     .envs(env.iter().map(|(k, v)| (k, v)))
     .stdout(Stdio::null())
     .spawn()?;
-    Ok(WorkerProcess { child, _dir: guard })
+    Ok(WorkerProcess {
+        child,
+        metrics_port,
+        _dir: guard,
+    })
 }
 
 fn subscription_entry(id: &str, url: &str, secret_file: &std::path::Path) -> String {
@@ -655,8 +681,15 @@ async fn run_hookrelay(
     })
     .await?;
     sink.reset();
-    let mut worker =
-        start_worker(exe, config, ladder, options.prefetch, &subscriptions, &[]).await?;
+    let mut worker = start_worker(
+        exe,
+        config,
+        ladder,
+        Some(options.prefetch),
+        &subscriptions,
+        &[],
+    )
+    .await?;
     let pid = worker.child.id();
     wait_count(sink, options.events as u64, Duration::from_secs(600)).await?;
     let (n, secs) = sink.window();
@@ -840,7 +873,7 @@ async fn failure_path_hookrelay(
         &binaries.worker,
         config,
         ladder,
-        options.prefetch,
+        Some(options.prefetch),
         &subscriptions,
         &env,
     )
@@ -1002,12 +1035,13 @@ async fn promotion_precision(
 }
 
 /// The ceiling loop (`hookrelay bench-ceiling`): consume with `prefetch`, POST each body to
-/// `url`, ack. Runs until killed.
+/// `url` (when given), ack. Writes one line, `first`, to stdout when the first delivery arrives,
+/// so its starter can time from there. Runs until killed.
 pub async fn ceiling_loop(
     config: &Config,
     queue: &str,
     prefetch: u16,
-    url: &str,
+    url: Option<&str>,
     forward: Option<&str>,
 ) -> Result<(), BenchError> {
     let conn =
@@ -1030,7 +1064,11 @@ pub async fn ceiling_loop(
         .no_proxy()
         .build()
         .map_err(|e| BenchError::Other(e.to_string()))?;
-    let url: reqwest::Url = url.parse().map_err(|e| BenchError::Other(format!("{e}")))?;
+    let url: Option<reqwest::Url> = url
+        .map(str::parse)
+        .transpose()
+        .map_err(|e| BenchError::Other(format!("{e}")))?;
+    let mut first = true;
     let mut consumer = channel
         .basic_consume(
             queue.into(),
@@ -1041,11 +1079,20 @@ pub async fn ceiling_loop(
         .await?;
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
+        if first {
+            first = false;
+            use std::io::Write;
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "first");
+            let _ = out.flush();
+        }
         let client = client.clone();
         let url = url.clone();
         let forward = forward.clone();
         tokio::spawn(async move {
-            let _ = client.post(url).body(delivery.data.clone()).send().await;
+            if let Some(url) = url {
+                let _ = client.post(url).body(delivery.data.clone()).send().await;
+            }
             if let Some((out, queue)) = forward {
                 let confirmed = match out
                     .basic_publish(

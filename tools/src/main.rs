@@ -54,8 +54,9 @@ enum Command {
         queue: String,
         #[arg(long)]
         prefetch: u16,
+        /// POST each body here first; without it, no request (the noisy-neighbour floor).
         #[arg(long)]
-        url: String,
+        url: Option<String>,
         /// Publish each message to this queue, confirmed, before the ack (the failure path).
         #[arg(long)]
         forward: Option<String>,
@@ -103,6 +104,16 @@ struct BenchArgs {
     /// on, confirmed.
     #[arg(long)]
     failure_path: bool,
+    /// Run only these noisy-neighbour scenarios (comma-separated or repeated): tenant A's
+    /// endpoint hangs or answers 503 while its backlog goes through the shared lanes, and
+    /// tenant B's publish-to-delivery latency is measured against the floor (the time a raw loop
+    /// needs to move A's backlog: consume, confirmed publish, ack) or against B alone. The
+    /// throughput, latency, precision and isolation runs are skipped.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "SCENARIO")]
+    noisy: Vec<bench::noisy::Scenario>,
+    /// Tenant A's backlog in the noisy-neighbour scenarios.
+    #[arg(long, default_value_t = 20_000)]
+    noisy_backlog: usize,
     /// The hookrelay binary the worker runs from; by default the one beside this binary.
     #[arg(long, value_name = "FILE")]
     worker_bin: Option<PathBuf>,
@@ -187,15 +198,26 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     worker.display()
                 );
             }
-            let report = bench::run(
-                &config,
-                &options,
-                bench::Binaries {
-                    ceiling: exe,
-                    worker,
-                },
-            )
-            .await?;
+            let binaries = bench::Binaries {
+                ceiling: exe,
+                worker,
+            };
+            if !args.noisy.is_empty() {
+                let options = bench::noisy::NoisyOptions {
+                    scenarios: args.noisy,
+                    backlog: args.noisy_backlog,
+                    queue_type: options.queue_type,
+                    ..Default::default()
+                };
+                let report = bench::noisy::run(&config, &options, &binaries).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let report = bench::run(&config, &options, binaries).await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -209,7 +231,14 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             url,
             forward,
         } => {
-            bench::ceiling_loop(&config, &queue, prefetch, &url, forward.as_deref()).await?;
+            bench::ceiling_loop(
+                &config,
+                &queue,
+                prefetch,
+                url.as_deref(),
+                forward.as_deref(),
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
     }
