@@ -362,6 +362,43 @@ pub struct Binaries {
 }
 
 /// Runs the whole benchmark.
+/// What every bench run opens on the broker: its own connection and channel for setup, a
+/// confirming publisher for the load, and the broker's version for the report.
+struct BenchSession {
+    conn: Connection,
+    channel: lapin::Channel,
+    publisher: Arc<Publisher>,
+    broker: String,
+}
+
+impl BenchSession {
+    async fn open(config: &Config, prefix: &str) -> Result<Self, BenchError> {
+        let conn = Connection::connect(
+            config.amqp.url.expose(),
+            ConnectionProperties::default().with_connection_name(format!("{prefix} bench").into()),
+        )
+        .await?;
+        let channel = conn.create_channel().await?;
+        let publisher = Arc::new(
+            Publisher::connect(
+                &config.amqp.url,
+                &format!("{prefix} producer"),
+                Duration::from_secs(30),
+            )
+            .await?,
+        );
+        let api = hookrelay::broker::management::Management::new(&config.management.url, "/")
+            .map_err(|e| BenchError::Other(e.to_string()))?;
+        let broker = api.broker_version().await.unwrap_or_default();
+        Ok(Self {
+            conn,
+            channel,
+            publisher,
+            broker,
+        })
+    }
+}
+
 pub async fn run(
     config: &Config,
     options: &BenchOptions,
@@ -369,23 +406,12 @@ pub async fn run(
 ) -> Result<BenchReport, BenchError> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("hookrelay-bench-{run_id}");
-    let conn = Connection::connect(
-        config.amqp.url.expose(),
-        ConnectionProperties::default().with_connection_name(format!("{prefix} bench").into()),
-    )
-    .await?;
-    let channel = conn.create_channel().await?;
-    let publisher = Arc::new(
-        Publisher::connect(
-            &config.amqp.url,
-            &format!("{prefix} producer"),
-            Duration::from_secs(30),
-        )
-        .await?,
-    );
-    let api = hookrelay::broker::management::Management::new(&config.management.url, "/")
-        .map_err(|e| BenchError::Other(e.to_string()))?;
-    let broker = api.broker_version().await.unwrap_or_default();
+    let BenchSession {
+        conn,
+        channel,
+        publisher,
+        broker,
+    } = BenchSession::open(config, &prefix).await?;
     let sink = Sink::new(None);
     let sink_addr = start_sink(Arc::clone(&sink)).await?;
     let mut report = BenchReport {

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use lapin::options::QueueDeleteOptions;
-use lapin::{Connection, ConnectionProperties};
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
 
@@ -45,8 +44,9 @@ use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
 
 use super::{
-    BenchError, Binaries, Sink, body, declare_raw_queue, machine, publish_many, publish_paced,
-    raw_loop_command, say, start_sink_on, start_worker, subscription_entry, to_ingress,
+    BenchError, BenchSession, Binaries, Sink, body, declare_raw_queue, machine, publish_many,
+    publish_paced, raw_loop_command, say, start_sink_on, start_worker, subscription_entry,
+    to_ingress,
 };
 use crate::kit::{Percentiles, wait_until};
 
@@ -186,23 +186,12 @@ pub async fn run(
 ) -> Result<NoisyReport, BenchError> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("hookrelay-bench-noisy-{run_id}");
-    let conn = Connection::connect(
-        config.amqp.url.expose(),
-        ConnectionProperties::default().with_connection_name(format!("{prefix} bench").into()),
-    )
-    .await?;
-    let channel = conn.create_channel().await?;
-    let publisher = Arc::new(
-        Publisher::connect(
-            &config.amqp.url,
-            &format!("{prefix} producer"),
-            Duration::from_secs(30),
-        )
-        .await?,
-    );
-    let api = hookrelay::broker::management::Management::new(&config.management.url, "/")
-        .map_err(|e| BenchError::Other(e.to_string()))?;
-    let broker = api.broker_version().await.unwrap_or_default();
+    let BenchSession {
+        conn,
+        channel,
+        publisher,
+        broker,
+    } = BenchSession::open(config, &prefix).await?;
     let (first_prefetch, retry_prefetch) = config.worker.split(config.worker.in_flight);
     let mut report = NoisyReport {
         machine: machine(),
