@@ -18,7 +18,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::Url;
 
-use crate::units::fmt_duration;
+use crate::units::{Rate, fmt_duration};
 
 /// Variables with a meaning of their own rather than `<SECTION>_<KEY>`.
 const CONFIG_VAR: &str = "HOOKRELAY_CONFIG";
@@ -460,6 +460,11 @@ pub struct EndpointConfig {
     /// with each success and halves with each failure (or 429) until it reaches the endpoint's
     /// cap, so a recovered endpoint is not met with its whole backlog at once. `0`: no ramp.
     pub recovery_start: u32,
+    /// Requests per unit of time per endpoint (`"50/s"`, `"600/m"`), fleet-wide; a
+    /// subscription's `rate` overrides. A delivery over it is deferred into the shortest tier.
+    /// `""`: no limit.
+    #[serde(serialize_with = "write_optional", deserialize_with = "read_rate")]
+    pub rate: Option<Rate>,
 }
 
 impl Default for EndpointConfig {
@@ -472,6 +477,7 @@ impl Default for EndpointConfig {
             horizon: Duration::ZERO,
             quarantine_after: Duration::from_secs(300),
             recovery_start: 2,
+            rate: None,
         }
     }
 }
@@ -747,6 +753,10 @@ fn read_listen<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Sock
             )
         })
     })
+}
+
+fn read_rate<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Rate>, D::Error> {
+    read_optional(deserializer, |text| text.parse::<Rate>())
 }
 
 fn read_proxy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<SecretUrl>, D::Error> {

@@ -1,4 +1,4 @@
-//! Durations, clocks and truncation: small helpers any module may use. A leaf: it uses nothing
+//! Durations, rates, clocks and truncation: small helpers any module may use. A leaf: it uses nothing
 //! else of hookrelay's.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -6,6 +6,64 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Formats a duration the way config files write it (`10s`, `1m30s`, `500ms`).
 pub fn fmt_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string().replace(' ', "")
+}
+
+/// A pace such as `50/s` or `600/m`; a bare number is per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    per_second: f64,
+}
+
+impl Rate {
+    pub fn interval(self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.per_second)
+    }
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (n, unit) = s.split_once('/').unwrap_or((s, "s"));
+        let n: f64 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a rate like \"50/s\" or \"600/m\""))?;
+        let seconds = match unit.trim() {
+            "s" | "sec" | "second" => 1.0,
+            "m" | "min" | "minute" => 60.0,
+            "h" | "hour" => 3600.0,
+            other => return Err(format!("unknown unit {other:?} in {s:?}; use /s, /m or /h")),
+        };
+        if !(n > 0.0 && n.is_finite()) {
+            return Err(format!("{s:?}: the rate must be above zero"));
+        }
+        Ok(Self {
+            per_second: n / seconds,
+        })
+    }
+}
+
+/// A parsed rate is finite and above zero, never NaN, so equality is total.
+impl Eq for Rate {}
+
+impl Rate {
+    /// Events per second.
+    pub fn per_second(self) -> f64 {
+        self.per_second
+    }
+}
+
+/// As the files write it: `50/s`, or a fraction per second for slower rates (`0.5/s`).
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/s", self.per_second)
+    }
+}
+
+impl serde::Serialize for Rate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// Milliseconds since the epoch.
@@ -68,6 +126,29 @@ mod tests {
         );
         assert!(humantime::parse_rfc3339(&at).is_ok(), "{at}");
         assert!(now_ms() >= before);
+    }
+
+    #[test]
+    fn rates_parse_with_units() {
+        assert_eq!(
+            "50/s".parse::<Rate>().unwrap().interval(),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            "600/m".parse::<Rate>().unwrap().interval(),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            "4".parse::<Rate>().unwrap().interval(),
+            Duration::from_millis(250)
+        );
+        assert!("0/s".parse::<Rate>().is_err());
+        assert!("fast".parse::<Rate>().is_err());
+        assert!("5/d".parse::<Rate>().unwrap_err().contains("unknown unit"));
+        // Written back as it is read.
+        let r: Rate = "600/m".parse().unwrap();
+        assert_eq!(r.to_string(), "10/s");
+        assert_eq!(r.to_string().parse::<Rate>().unwrap(), r);
     }
 
     #[test]

@@ -321,7 +321,7 @@ impl Dispatcher {
             ));
             return (result, None);
         }
-        let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent);
+        let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent, sub.rate);
         self.announce_health();
         let slot = match admitted {
             Ok(slot) => slot,

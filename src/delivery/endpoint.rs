@@ -21,6 +21,14 @@
 //! with each failure (AIMD, as TCP's congestion window and adaptive concurrency limiters do),
 //! and ends when it reaches the cap. An envelope over that limit is deferred into the shortest
 //! tier: the endpoint is up, so it is paced, not held back as during the outage.
+//!
+//! An endpoint may also have a rate limit (`rate = "50/s"` on its subscription, or
+//! `endpoints.rate`), enforced with a [`Gcra`]: a delivery over it is deferred into the shortest
+//! tier at once, like one over the cap, and never waits in the lane.
+//!
+//! Caps and rate limits are the fleet's, not each worker's: with several workers each takes its
+//! share ([`Fleet`]). A cap of `cap` permits is held in a semaphore, and one attempt weighs as
+//! many permits as there are workers, so a worker makes `cap / workers` attempts at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,7 +39,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::info;
 
 use crate::config::EndpointConfig;
+use crate::delivery::fleet::{Fleet, Gcra};
 use crate::delivery::route::AttemptResult;
+use crate::units::Rate;
 
 /// What the breaker lets through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,6 +358,11 @@ struct EndpointsInner {
     limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
     /// The per-host caps, by `host:port`.
     host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// The rate limiters, by endpoint and rate (the bits of its events per second): as with
+    /// caps, a subscription's own rate is its own budget.
+    rates: Mutex<HashMap<(EndpointKey, u64), Gcra>>,
+    /// The live worker count, which sets this worker's share of every cap and rate.
+    fleet: Fleet,
     health: Mutex<HashMap<EndpointKey, Health>>,
     /// Health changes not yet announced; the dispatcher takes them ([`Endpoints::take_signals`]).
     signals: Mutex<Vec<HealthSignal>>,
@@ -387,10 +402,16 @@ pub enum Deferral {
         endpoint: String,
         retry_in: Duration,
     },
-    /// The endpoint's own cap was full.
+    /// The endpoint's own cap was full: `cap` is this worker's share of it.
     OverCap { endpoint: String, cap: u32 },
-    /// The cap of the host the endpoint shares with others was full.
+    /// The cap of the host the endpoint shares with others was full (this worker's share).
     HostOverCap { host: String, cap: u32 },
+    /// The endpoint's rate limit (`rate`, shared by `workers`) allowed no request now.
+    OverRate {
+        endpoint: String,
+        rate: String,
+        workers: u32,
+    },
     /// The endpoint is recovering from an outage and had its ramp's limit (or more) in flight.
     Recovering { endpoint: String, limit: u32 },
 }
@@ -402,6 +423,7 @@ impl Deferral {
             Deferral::OverCap { .. } => "concurrency",
             Deferral::HostOverCap { .. } => "host_concurrency",
             Deferral::Recovering { .. } => "recovery",
+            Deferral::OverRate { .. } => "rate",
         }
     }
 
@@ -411,12 +433,13 @@ impl Deferral {
             Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
             Deferral::OverCap { .. }
             | Deferral::HostOverCap { .. }
-            | Deferral::Recovering { .. } => None,
+            | Deferral::Recovering { .. }
+            | Deferral::OverRate { .. } => None,
         }
     }
 
     /// Whether the envelope's wait grows with its deferrals: only while the endpoint's breaker
-    /// is open (an outage may be long). At a full cap, or while it recovers, the endpoint is up
+    /// is open (an outage may be long). At a full cap or rate, or while it recovers, the endpoint is up
     /// and answering: the envelope is paced through the shortest tier, never held back in
     /// longer ones because a burst found the cap full several times.
     pub fn escalates(&self) -> bool {
@@ -441,6 +464,14 @@ impl std::fmt::Display for Deferral {
             Deferral::Recovering { endpoint, limit } => write!(
                 f,
                 "deferred: {endpoint} is allowed at most {limit} attempts at once while it recovers"
+            ),
+            Deferral::OverRate {
+                endpoint,
+                rate,
+                workers,
+            } => write!(
+                f,
+                "deferred: {endpoint} is over its rate limit of {rate} (shared by {workers} workers)"
             ),
         }
     }
@@ -492,10 +523,17 @@ impl Endpoints {
             config,
             limits: Mutex::new(HashMap::new()),
             host_limits: Mutex::new(HashMap::new()),
+            rates: Mutex::new(HashMap::new()),
+            fleet: Fleet::default(),
             signals: Mutex::new(Vec::new()),
             health: Mutex::new(HashMap::new()),
             recovering: AtomicUsize::new(0),
         }))
+    }
+
+    /// The live worker count this worker's shares follow; the management poll updates it.
+    pub fn fleet(&self) -> Fleet {
+        self.0.fleet.clone()
     }
 
     /// How many endpoints are ramping up after an outage now.
@@ -509,13 +547,21 @@ impl Endpoints {
     }
 
     /// A slot at `url`'s endpoint and its host, now or never: unless the endpoint's breaker is
-    /// open, it is recovering with its ramp's limit in flight, or either cap is full, in which
-    /// case the delivery is deferred at once rather than wait inside its lane. `cap` overrides
-    /// the configured per-endpoint cap.
-    pub fn admit(&self, url: &reqwest::Url, cap: Option<u32>) -> Result<Slot, Deferral> {
+    /// open, it is recovering with its ramp's limit in flight, either cap is full, or its rate
+    /// limit allows no request now, in which case the delivery is deferred at once rather than
+    /// wait inside its lane. `cap` and `rate` override the configured per-endpoint ones; each
+    /// is the fleet's, of which this worker takes its share.
+    pub fn admit(
+        &self,
+        url: &reqwest::Url,
+        cap: Option<u32>,
+        rate: Option<Rate>,
+    ) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
+        let fleet = &self.0.fleet;
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
+        let rate = rate.or(config.rate);
         let now = Instant::now();
         let (admitted, quarantine, ramp_full) = {
             let mut all = self.0.lock_health();
@@ -530,8 +576,11 @@ impl Endpoints {
             let quarantine = health.breaker.quarantine_due(now, config.quarantine_after);
             // A probe has no ramp (the ramp starts when a probe closes the breaker).
             let ramp_full = match health.ramp {
-                Some(ramp) if admitted == Admit::Allowed && health.in_flight >= ramp.limit() => {
-                    Some(ramp.limit())
+                Some(ramp)
+                    if admitted == Admit::Allowed
+                        && health.in_flight >= fleet.share(ramp.limit()) =>
+                {
+                    Some(fleet.share(ramp.limit()))
                 }
                 _ => None,
             };
@@ -577,18 +626,18 @@ impl Endpoints {
             )
         };
         // The endpoint's slot first: an endpoint at its own cap takes no host slot that its
-        // neighbours could use.
-        let acquired = match semaphore.try_acquire_owned() {
-            Ok(permit) => match host_semaphore.try_acquire_owned() {
-                Ok(host_permit) => Ok((permit, host_permit)),
+        // neighbours could use. The rate last: a request it counts is one that goes out.
+        let acquired = match semaphore.try_acquire_many_owned(fleet.weight(cap)) {
+            Ok(permit) => match host_semaphore.try_acquire_many_owned(fleet.weight(host_cap)) {
+                Ok(host_permit) => self.pace(&key, rate, now).map(|()| (permit, host_permit)),
                 Err(_) => Err(Deferral::HostOverCap {
                     host: key.host.clone(),
-                    cap: host_cap,
+                    cap: fleet.share(host_cap),
                 }),
             },
             Err(_) => Err(Deferral::OverCap {
                 endpoint: key.label(),
-                cap,
+                cap: fleet.share(cap),
             }),
         };
         match acquired {
@@ -611,6 +660,26 @@ impl Endpoints {
                 Err(deferral)
             }
         }
+    }
+}
+
+impl Endpoints {
+    /// Counts a request against `key`'s rate limit, if it has one, or defers it.
+    fn pace(&self, key: &EndpointKey, rate: Option<Rate>, now: Instant) -> Result<(), Deferral> {
+        let Some(rate) = rate else {
+            return Ok(());
+        };
+        let workers = self.0.fleet.workers();
+        let mut rates = self.0.rates.lock().unwrap_or_else(|p| p.into_inner());
+        rates
+            .entry((key.clone(), rate.per_second().to_bits()))
+            .or_insert_with(|| Gcra::new(now))
+            .admit(rate, workers, now)
+            .map_err(|_| Deferral::OverRate {
+                endpoint: key.label(),
+                rate: rate.to_string(),
+                workers,
+            })
     }
 }
 
@@ -722,9 +791,9 @@ mod tests {
             ..EndpointConfig::default()
         });
         let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
-        let a = endpoints.admit(&url, None).unwrap();
-        let _b = endpoints.admit(&url, None).unwrap();
-        let third = endpoints.admit(&url, None).err().unwrap();
+        let a = endpoints.admit(&url, None, None).unwrap();
+        let _b = endpoints.admit(&url, None, None).unwrap();
+        let third = endpoints.admit(&url, None, None).err().unwrap();
         assert_eq!(third.kind(), "concurrency");
         assert!(!third.escalates(), "paced, not held back");
         assert!(
@@ -735,9 +804,44 @@ mod tests {
         );
         assert!(third.to_string().ends_with(" had 2 attempts in flight"));
         // A subscription's own cap is its own budget.
-        let _own = endpoints.admit(&url, Some(1)).unwrap();
+        let _own = endpoints.admit(&url, Some(1), None).unwrap();
         a.finish(&AttemptResult::Timeout);
-        assert!(endpoints.admit(&url, None).is_ok());
+        assert!(endpoints.admit(&url, None, None).is_ok());
+    }
+
+    #[test]
+    fn each_worker_takes_its_share_of_the_cap_and_the_rate() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 10,
+            ..EndpointConfig::default()
+        });
+        let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
+        let fleet = endpoints.fleet();
+        fleet.observe(2);
+        let (slots, deferral) = fill(&endpoints, &url);
+        assert_eq!(slots.len(), 5, "half of 10");
+        assert_eq!(deferral.kind(), "concurrency");
+        assert!(deferral.to_string().ends_with(" had 5 attempts in flight"));
+        // The other worker leaves: attempts out keep the weight they were admitted with, and
+        // as they finish the survivor's share is the whole cap.
+        fleet.observe(1);
+        assert_eq!(fill(&endpoints, &url).0.len(), 0);
+        drop(slots);
+        assert_eq!(fill(&endpoints, &url).0.len(), 10);
+
+        let rate: Rate = "20/s".parse().unwrap();
+        let limited = reqwest::Url::parse("https://hooks.example/limited").unwrap();
+        fleet.observe(2);
+        assert!(endpoints.admit(&limited, None, Some(rate)).is_ok());
+        let over = endpoints.admit(&limited, None, Some(rate)).err().unwrap();
+        assert_eq!(over.kind(), "rate");
+        assert!(!over.escalates(), "paced through the shortest tier");
+        assert_eq!(over.wait(), None);
+        assert!(
+            over.to_string()
+                .ends_with(" is over its rate limit of 20/s (shared by 2 workers)"),
+            "{over}"
+        );
     }
 
     #[test]
@@ -751,18 +855,18 @@ mod tests {
         let flaky = url("https://hooks.example/flaky");
         let ok = url("https://hooks.example/ok?token=1");
         endpoints
-            .admit(&flaky, None)
+            .admit(&flaky, None, None)
             .unwrap()
             .finish(&AttemptResult::Timeout);
-        let refused = endpoints.admit(&flaky, None).err().unwrap();
+        let refused = endpoints.admit(&flaky, None, None).err().unwrap();
         assert_eq!(refused.kind(), "breaker_open");
         // Another path of the same host is another endpoint.
-        let a = endpoints.admit(&ok, None).unwrap();
+        let a = endpoints.admit(&ok, None, None).unwrap();
         let _b = endpoints
-            .admit(&url("https://hooks.example/ok"), None)
+            .admit(&url("https://hooks.example/ok"), None, None)
             .unwrap();
         // Two in flight on the host: a third path waits for the host, not for its own cap.
-        let third = endpoints.admit(&url("https://hooks.example/c"), None);
+        let third = endpoints.admit(&url("https://hooks.example/c"), None, None);
         assert_eq!(third.err().unwrap().kind(), "host_concurrency");
         a.finish(&AttemptResult::Response {
             status: 204,
@@ -770,7 +874,7 @@ mod tests {
         });
         assert!(
             endpoints
-                .admit(&url("https://hooks.example/c"), None)
+                .admit(&url("https://hooks.example/c"), None, None)
                 .is_ok()
         );
         // The label tells paths apart without showing them.
@@ -818,7 +922,7 @@ mod tests {
     fn open(endpoints: &Endpoints, url: &reqwest::Url) {
         for _ in 0..2 {
             endpoints
-                .admit(url, None)
+                .admit(url, None, None)
                 .unwrap()
                 .finish(&AttemptResult::Timeout);
         }
@@ -828,7 +932,7 @@ mod tests {
     fn fill(endpoints: &Endpoints, url: &reqwest::Url) -> (Vec<Slot>, Deferral) {
         let mut slots = Vec::new();
         loop {
-            match endpoints.admit(url, None) {
+            match endpoints.admit(url, None, None) {
                 Ok(slot) => slots.push(slot),
                 Err(deferral) => return (slots, deferral),
             }
@@ -841,7 +945,7 @@ mod tests {
         open(&endpoints, &url);
         assert_eq!(endpoints.recovering(), 0, "not while it is down");
         // The probe succeeds: the breaker closes and the ramp starts at 2, not at the cap.
-        endpoints.admit(&url, None).unwrap().finish(&OK);
+        endpoints.admit(&url, None, None).unwrap().finish(&OK);
         assert_eq!(endpoints.recovering(), 1);
         let (slots, deferral) = fill(&endpoints, &url);
         assert_eq!(slots.len(), 2);
@@ -867,7 +971,10 @@ mod tests {
             retry_after: None,
         });
         assert_eq!(
-            endpoints.admit(&url, None).err().map(|d| d.to_string()),
+            endpoints
+                .admit(&url, None, None)
+                .err()
+                .map(|d| d.to_string()),
             Some(format!(
                 "deferred: {} is allowed at most 1 attempts at once while it recovers",
                 EndpointKey::of(&url).label()
@@ -896,16 +1003,16 @@ mod tests {
     fn an_endpoint_that_fails_again_starts_its_ramp_over() {
         let (endpoints, url) = endpoint(64, 1);
         open(&endpoints, &url);
-        endpoints.admit(&url, None).unwrap().finish(&OK);
+        endpoints.admit(&url, None, None).unwrap().finish(&OK);
         for _ in 0..5 {
-            endpoints.admit(&url, None).unwrap().finish(&OK);
+            endpoints.admit(&url, None, None).unwrap().finish(&OK);
         }
         let (slots, _) = fill(&endpoints, &url);
         assert_eq!(slots.len(), 6);
         drop(slots);
         open(&endpoints, &url);
         assert_eq!(endpoints.recovering(), 0, "down again");
-        endpoints.admit(&url, None).unwrap().finish(&OK);
+        endpoints.admit(&url, None, None).unwrap().finish(&OK);
         assert_eq!(endpoints.recovering(), 1);
         assert_eq!(fill(&endpoints, &url).0.len(), 1, "from the start again");
     }
@@ -915,7 +1022,7 @@ mod tests {
         for (start, cap) in [(0, 4), (4, 4), (9, 4)] {
             let (endpoints, url) = endpoint(cap, start);
             open(&endpoints, &url);
-            endpoints.admit(&url, None).unwrap().finish(&OK);
+            endpoints.admit(&url, None, None).unwrap().finish(&OK);
             assert_eq!(endpoints.recovering(), 0);
             assert_eq!(fill(&endpoints, &url).0.len(), cap as usize);
         }

@@ -9,13 +9,16 @@
 //! - [`parking`]: the parking queue a paused subscription's deliveries wait in.
 //! - [`subscriptions`]: who receives what, their secrets, reloaded live.
 //! - [`signing`]: Standard Webhooks signatures.
-//! - [`endpoint`]: per-endpoint concurrency caps, circuit breakers and the ramp after recovery.
+//! - [`endpoint`]: per-endpoint concurrency caps, rate limits, circuit breakers and the ramp
+//!   after recovery.
+//! - [`fleet`]: the live worker count and each worker's share of the fleet-wide limits.
 //! - [`egress`]: where a webhook may go.
 //! - [`http`]: the signed POST.
 
 pub mod dispatch;
 pub mod egress;
 pub mod endpoint;
+pub mod fleet;
 pub mod http;
 pub mod lane;
 pub mod parking;

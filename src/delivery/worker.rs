@@ -270,6 +270,7 @@ impl Worker {
                 api,
                 self.dispatcher.ladder.clone(),
                 self.lanes.clone(),
+                self.dispatcher.endpoints.fleet(),
                 self.queues.clone(),
                 Arc::clone(&self.dispatcher.publisher),
                 metrics.clone(),

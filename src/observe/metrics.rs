@@ -68,6 +68,9 @@ pub struct Metrics {
     /// Endpoints whose concurrency is ramping up after their breaker closed. A count, not a
     /// series per endpoint, so its cardinality is one.
     pub endpoints_recovering: IntGauge,
+    /// Live workers consuming the ladder, as the last management poll counted them: each
+    /// worker's share of the fleet-wide endpoint limits is 1/this.
+    pub fleet_workers: IntGauge,
 }
 
 /// The most labelled series `hookrelay_endpoint_quarantined` holds at once.
@@ -109,7 +112,8 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 24] = [
+    let collectors: [&dyn Collector; 25] = [
+        &m.fleet_workers,
         &m.endpoints_recovering,
         &m.endpoints_quarantined,
         &m.endpoint_quarantined,
@@ -328,6 +332,14 @@ impl Metrics {
                 IntGauge::new(
                     "hookrelay_endpoints_recovering",
                     "Endpoints whose concurrency is ramping up after their breaker closed",
+                )
+                .expect("valid metric"),
+            ),
+            fleet_workers: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_fleet_workers",
+                    "Live workers sharing the endpoint limits (consumers of the first shared lane)",
                 )
                 .expect("valid metric"),
             ),

@@ -9,7 +9,6 @@
 //! closes the channel and returns them itself: nothing is lost, and the pass can be run again.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -18,40 +17,7 @@ use lapin::{Acker, BasicProperties, Channel};
 use crate::broker::publish::{PublishError, Publisher};
 use crate::ops::progress::Progress;
 
-/// A pace such as `50/s` or `600/m`; a bare number is per second.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
-    per_second: f64,
-}
-
-impl Rate {
-    pub fn interval(self) -> Duration {
-        Duration::from_secs_f64(1.0 / self.per_second)
-    }
-}
-
-impl std::str::FromStr for Rate {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (n, unit) = s.split_once('/').unwrap_or((s, "s"));
-        let n: f64 = n
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a rate like \"50/s\" or \"600/m\""))?;
-        let seconds = match unit.trim() {
-            "s" | "sec" | "second" => 1.0,
-            "m" | "min" | "minute" => 60.0,
-            "h" | "hour" => 3600.0,
-            other => return Err(format!("unknown unit {other:?} in {s:?}; use /s, /m or /h")),
-        };
-        if !(n > 0.0 && n.is_finite()) {
-            return Err(format!("{s:?}: the rate must be above zero"));
-        }
-        Ok(Self {
-            per_second: n / seconds,
-        })
-    }
-}
+pub use crate::units::Rate;
 
 /// What to do with one message. (One is made per message and consumed at once, so the size
 /// difference between the variants costs nothing worth a box.)
@@ -212,28 +178,4 @@ pub async fn move_messages(
         p.finish();
     }
     result.map(|()| report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_parse_with_units() {
-        assert_eq!(
-            "50/s".parse::<Rate>().unwrap().interval(),
-            Duration::from_millis(20)
-        );
-        assert_eq!(
-            "600/m".parse::<Rate>().unwrap().interval(),
-            Duration::from_millis(100)
-        );
-        assert_eq!(
-            "4".parse::<Rate>().unwrap().interval(),
-            Duration::from_millis(250)
-        );
-        assert!("0/s".parse::<Rate>().is_err());
-        assert!("fast".parse::<Rate>().is_err());
-        assert!("5/d".parse::<Rate>().unwrap_err().contains("unknown unit"));
-    }
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::contract::envelope::{check_event_type, check_tenant};
+use crate::units::Rate;
 
 use super::*;
 
@@ -49,6 +50,8 @@ struct Entry {
     paused: Option<Spanned<bool>>,
     #[serde(default)]
     max_concurrent: Option<u32>,
+    #[serde(default)]
+    rate: Option<Spanned<String>>,
 }
 
 fn enabled_by_default() -> bool {
@@ -114,6 +117,9 @@ pub struct Subscription {
     pub paused: bool,
     /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
     pub max_concurrent: Option<u32>,
+    /// Requests per unit of time to this subscription's endpoint (`"50/s"`), instead of
+    /// `endpoints.rate`; shared by the fleet like the cap.
+    pub rate: Option<Rate>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -127,6 +133,7 @@ impl std::fmt::Debug for Subscription {
             .field("enabled", &self.enabled)
             .field("paused", &self.paused)
             .field("max_concurrent", &self.max_concurrent)
+            .field("rate", &self.rate)
             .finish()
     }
 }
@@ -143,6 +150,7 @@ impl Subscription {
             enabled: true,
             paused: false,
             max_concurrent: None,
+            rate: None,
         }
     }
 
@@ -305,6 +313,16 @@ impl Subscriptions {
                     "at least one secret reference is needed to sign deliveries".into(),
                 ));
             }
+            let rate = match &entry.rate {
+                None => None,
+                Some(raw) => match raw.get_ref().parse::<Rate>() {
+                    Ok(rate) => Some(rate),
+                    Err(message) => {
+                        errors.push(error(raw.span().start, "rate", message));
+                        None
+                    }
+                },
+            };
             if errors.len() == before
                 && let Some(url) = url
             {
@@ -319,6 +337,7 @@ impl Subscriptions {
                         enabled: entry.enabled,
                         paused: entry.paused.is_some_and(|p| *p.get_ref()),
                         max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
+                        rate,
                     }),
                 );
             }
@@ -472,6 +491,20 @@ secrets = ["env:X"]
         assert_eq!(subs.matching("t", "any.thing").len(), 1);
         let err = Subscriptions::parse("s.toml", &text.replace("true", "\"yes\"")).unwrap_err();
         assert_eq!(err.0[0].field, "paused", "{err}");
+    }
+
+    #[test]
+    fn a_subscription_may_set_its_rate() {
+        let text = "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"https://x.example\"\n\
+                    secrets = [\"env:X\"]\nrate = \"600/m\"\n";
+        let subs = Subscriptions::parse("s.toml", text).unwrap();
+        assert_eq!(subs.get("s").unwrap().rate, Some("10/s".parse().unwrap()));
+        let err = Subscriptions::parse("s.toml", &text.replace("600/m", "fast")).unwrap_err();
+        assert_eq!(
+            (err.0[0].field.as_str(), err.0[0].line),
+            ("rate", 6),
+            "{err}"
+        );
     }
 
     #[test]
