@@ -46,28 +46,10 @@ async fn drain(t: &TestLadder, queue: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// The first-attempt shard each of `tenants` lands in, from one event each (taken out again).
-async fn shard_of(t: &TestLadder, tenants: &[String]) -> BTreeMap<String, u16> {
-    t.publish_all(
-        tenants
-            .iter()
-            .map(|tenant| event(&format!("evt_probe_{tenant}"), tenant, "sub")),
-    )
-    .await;
-    let mut found = BTreeMap::new();
-    for i in 0..t.ladder.shards {
-        for (tenant, _) in drain(t, &t.ladder.first_shard(i)).await {
-            assert!(found.insert(tenant, i).is_none(), "a tenant in two shards");
-        }
-    }
-    assert_eq!(found.len(), tenants.len(), "every probe landed in a shard");
-    found
-}
-
 /// One tenant per shard, from `t-0`, `t-1`, ...
 async fn one_tenant_per_shard(t: &TestLadder) -> Vec<String> {
     let candidates: Vec<String> = (0..40).map(|i| format!("tenant-{i}")).collect();
-    let shards = shard_of(t, &candidates).await;
+    let shards = t.shard_of(&candidates).await;
     let mut picked: BTreeMap<u16, String> = BTreeMap::new();
     for (tenant, shard) in shards {
         picked.entry(shard).or_insert(tenant);
@@ -85,8 +67,8 @@ async fn a_tenant_stays_in_its_shard_and_its_retries_return_to_the_same_index() 
     let t = sharded("shards", 4, config()).await;
     // Without a worker: every tenant's events land in one shard, twice the same.
     let tenants: Vec<String> = (0..24).map(|i| format!("acme-{i}")).collect();
-    let first = shard_of(&t, &tenants).await;
-    let again = shard_of(&t, &tenants).await;
+    let first = t.shard_of(&tenants).await;
+    let again = t.shard_of(&tenants).await;
     assert_eq!(first, again, "the hash of a tenant does not change");
     let used: BTreeSet<u16> = first.values().copied().collect();
     assert!(
@@ -200,8 +182,9 @@ async fn shards_share_one_budget_and_a_lone_busy_shard_gets_more_than_its_even_s
     let tenants = one_tenant_per_shard(&t).await;
     // A fifth tenant, in the first one's shard, for the lone busy shard.
     let probe: Vec<String> = (0..40).map(|i| format!("solo-{i}")).collect();
-    let shard_of_first = shard_of(&t, &tenants[..1]).await[&tenants[0]];
-    let solo = shard_of(&t, &probe)
+    let shard_of_first = t.shard_of(&tenants[..1]).await[&tenants[0]];
+    let solo = t
+        .shard_of(&probe)
         .await
         .into_iter()
         .find(|(_, shard)| *shard == shard_of_first)
@@ -407,7 +390,7 @@ async fn shrinking_the_shards_and_going_back_to_one_unbinds_what_the_ladder_left
         "{extras:?}"
     );
     let tenants: Vec<String> = (0..16).map(|i| format!("acme-{i}")).collect();
-    let placed = shard_of(&t, &tenants).await;
+    let placed = t.shard_of(&tenants).await;
     assert!(placed.values().all(|i| *i < 2), "{placed:?}");
     for i in 2..4 {
         assert_eq!(
