@@ -425,3 +425,53 @@ async fn shrinking_the_shards_and_going_back_to_one_unbinds_what_the_ladder_left
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn status_shows_the_depth_and_leader_of_each_shard() {
+    let t = sharded("status", 3, config()).await;
+    let tenants = one_tenant_per_shard(&t).await;
+    // Shard i holds i + 1 first attempts (nobody consumes).
+    t.publish_all(tenants.iter().enumerate().flat_map(|(i, tenant)| {
+        (0..=i).map(move |k| event(&format!("evt_{tenant}_{k}"), tenant, "sub"))
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    // The management API's figures lag by its statistics interval.
+    let mut table = String::new();
+    let counted = wait_until(WAIT, async || {
+        let (code, out, err) = hookrelay(&["status", "--ladder", ladder], &[]);
+        assert_eq!(code, Some(0), "{err}");
+        table = out;
+        (0..3).all(|i| {
+            table.lines().any(|line| {
+                let cells: Vec<&str> = line.split_whitespace().collect();
+                cells.len() >= 7 && cells[0] == format!("s{i}") && cells[1] == (i + 1).to_string()
+            })
+        })
+    })
+    .await;
+    assert!(
+        counted,
+        "a row per shard with its ready first attempts:\n{table}"
+    );
+    assert!(table.contains("Shards (3 first/retry pairs"), "{table}");
+    assert!(
+        table.contains("rabbit@"),
+        "each shard names its leader:\n{table}"
+    );
+    assert!(table.contains("Hottest tenants: not shown"), "{table}");
+    let (_, json, _) = hookrelay(&["status", "--json", "--ladder", ladder], &[]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(json.trim()).unwrap();
+    let shards: Vec<(String, u64)> = rows
+        .iter()
+        .filter_map(|r| Some((r["queue"].as_str()?.to_owned(), r["shard"].as_u64()?)))
+        .collect();
+    assert_eq!(
+        shards.len(),
+        6,
+        "each shard's two lanes carry its index: {shards:?}"
+    );
+    assert!(shards.contains(&(t.ladder.retry_shard(2), 2)));
+}
