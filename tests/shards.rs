@@ -46,28 +46,10 @@ async fn drain(t: &TestLadder, queue: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// The first-attempt shard each of `tenants` lands in, from one event each (taken out again).
-async fn shard_of(t: &TestLadder, tenants: &[String]) -> BTreeMap<String, u16> {
-    t.publish_all(
-        tenants
-            .iter()
-            .map(|tenant| event(&format!("evt_probe_{tenant}"), tenant, "sub")),
-    )
-    .await;
-    let mut found = BTreeMap::new();
-    for i in 0..t.ladder.shards {
-        for (tenant, _) in drain(t, &t.ladder.first_shard(i)).await {
-            assert!(found.insert(tenant, i).is_none(), "a tenant in two shards");
-        }
-    }
-    assert_eq!(found.len(), tenants.len(), "every probe landed in a shard");
-    found
-}
-
 /// One tenant per shard, from `t-0`, `t-1`, ...
 async fn one_tenant_per_shard(t: &TestLadder) -> Vec<String> {
     let candidates: Vec<String> = (0..40).map(|i| format!("tenant-{i}")).collect();
-    let shards = shard_of(t, &candidates).await;
+    let shards = t.shard_of(&candidates).await;
     let mut picked: BTreeMap<u16, String> = BTreeMap::new();
     for (tenant, shard) in shards {
         picked.entry(shard).or_insert(tenant);
@@ -85,8 +67,8 @@ async fn a_tenant_stays_in_its_shard_and_its_retries_return_to_the_same_index() 
     let t = sharded("shards", 4, config()).await;
     // Without a worker: every tenant's events land in one shard, twice the same.
     let tenants: Vec<String> = (0..24).map(|i| format!("acme-{i}")).collect();
-    let first = shard_of(&t, &tenants).await;
-    let again = shard_of(&t, &tenants).await;
+    let first = t.shard_of(&tenants).await;
+    let again = t.shard_of(&tenants).await;
     assert_eq!(first, again, "the hash of a tenant does not change");
     let used: BTreeSet<u16> = first.values().copied().collect();
     assert!(
@@ -200,8 +182,9 @@ async fn shards_share_one_budget_and_a_lone_busy_shard_gets_more_than_its_even_s
     let tenants = one_tenant_per_shard(&t).await;
     // A fifth tenant, in the first one's shard, for the lone busy shard.
     let probe: Vec<String> = (0..40).map(|i| format!("solo-{i}")).collect();
-    let shard_of_first = shard_of(&t, &tenants[..1]).await[&tenants[0]];
-    let solo = shard_of(&t, &probe)
+    let shard_of_first = t.shard_of(&tenants[..1]).await[&tenants[0]];
+    let solo = t
+        .shard_of(&probe)
         .await
         .into_iter()
         .find(|(_, shard)| *shard == shard_of_first)
@@ -407,7 +390,7 @@ async fn shrinking_the_shards_and_going_back_to_one_unbinds_what_the_ladder_left
         "{extras:?}"
     );
     let tenants: Vec<String> = (0..16).map(|i| format!("acme-{i}")).collect();
-    let placed = shard_of(&t, &tenants).await;
+    let placed = t.shard_of(&tenants).await;
     assert!(placed.values().all(|i| *i < 2), "{placed:?}");
     for i in 2..4 {
         assert_eq!(
@@ -441,4 +424,54 @@ async fn shrinking_the_shards_and_going_back_to_one_unbinds_what_the_ladder_left
             .await
             .unwrap();
     }
+}
+
+#[tokio::test]
+async fn status_shows_the_depth_and_leader_of_each_shard() {
+    let t = sharded("status", 3, config()).await;
+    let tenants = one_tenant_per_shard(&t).await;
+    // Shard i holds i + 1 first attempts (nobody consumes).
+    t.publish_all(tenants.iter().enumerate().flat_map(|(i, tenant)| {
+        (0..=i).map(move |k| event(&format!("evt_{tenant}_{k}"), tenant, "sub"))
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    // The management API's figures lag by its statistics interval.
+    let mut table = String::new();
+    let counted = wait_until(WAIT, async || {
+        let (code, out, err) = hookrelay(&["status", "--ladder", ladder], &[]);
+        assert_eq!(code, Some(0), "{err}");
+        table = out;
+        (0..3).all(|i| {
+            table.lines().any(|line| {
+                let cells: Vec<&str> = line.split_whitespace().collect();
+                cells.len() >= 7 && cells[0] == format!("s{i}") && cells[1] == (i + 1).to_string()
+            })
+        })
+    })
+    .await;
+    assert!(
+        counted,
+        "a row per shard with its ready first attempts:\n{table}"
+    );
+    assert!(table.contains("Shards (3 first/retry pairs"), "{table}");
+    assert!(
+        table.contains("rabbit@"),
+        "each shard names its leader:\n{table}"
+    );
+    assert!(table.contains("Hottest tenants: not shown"), "{table}");
+    let (_, json, _) = hookrelay(&["status", "--json", "--ladder", ladder], &[]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(json.trim()).unwrap();
+    let shards: Vec<(String, u64)> = rows
+        .iter()
+        .filter_map(|r| Some((r["queue"].as_str()?.to_owned(), r["shard"].as_u64()?)))
+        .collect();
+    assert_eq!(
+        shards.len(),
+        6,
+        "each shard's two lanes carry its index: {shards:?}"
+    );
+    assert!(shards.contains(&(t.ladder.retry_shard(2), 2)));
 }

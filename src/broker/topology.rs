@@ -32,6 +32,10 @@ pub const CONSISTENT_HASH_PLUGIN: &str = "rabbitmq_consistent_hash_exchange";
 /// for "no limit" on both.
 pub const DELIVERY_LIMIT: i64 = 2_147_483_647;
 
+/// Where a sharded ladder's lanes put their leaders: on the node that leads the fewest queues
+/// (RabbitMQ 3.10's `balanced`; below 1,000 queues it counts leaders, above it picks at random).
+pub const LEADER_LOCATOR: &str = "balanced";
+
 /// Below hold policies (100), which match tiers only, so the two never compete. A team's own
 /// policy of higher priority that matches these queues would replace this one (only one policy
 /// applies to a queue); `topology plan` reports it.
@@ -224,6 +228,18 @@ impl Ladder {
                     })
                     .chain([self.dead()])
                     .collect();
+                let mut definition = serde_json::Map::new();
+                definition.insert("delivery-limit".to_owned(), DELIVERY_LIMIT.into());
+                // Shards spread their leaders over the cluster: the broker places a queue it
+                // creates under this policy on the node leading the fewest queues (3.10 has
+                // `balanced` as a queue argument and as this policy key; checked live). A policy
+                // and not the argument, for the reason above: shard lanes already declared keep
+                // their arguments. It places only queues created after it is set (so apply sets
+                // policies first); existing leaders stay where they are until an operator runs
+                // `rabbitmq-queues rebalance quorum`. One shard keeps the unsharded layout.
+                if self.shards > 1 {
+                    definition.insert("queue-leader-locator".to_owned(), LEADER_LOCATOR.into());
+                }
                 vec![NamedPolicy {
                     name: self.delivery_limit_policy(),
                     policy: Policy {
@@ -233,12 +249,7 @@ impl Ladder {
                         ),
                         apply_to: "queues".to_owned(),
                         priority: DELIVERY_LIMIT_PRIORITY,
-                        definition: [(
-                            "delivery-limit".to_owned(),
-                            serde_json::json!(DELIVERY_LIMIT),
-                        )]
-                        .into_iter()
-                        .collect(),
+                        definition,
                     },
                     covers,
                 }]
@@ -785,6 +796,17 @@ mod tests {
         assert_eq!(lanes.len(), 8);
         assert!(!lanes.contains(&"hookrelay.ready.first"), "{lanes:?}");
         assert_eq!(topo.policies[0].covers.len(), 9, "8 shards and the sink");
+        // Shards spread their leaders; one shard keeps the unsharded policy as it was.
+        assert_eq!(
+            topo.policies[0].policy.definition["queue-leader-locator"],
+            LEADER_LOCATOR
+        );
+        assert!(
+            !one.objects().policies[0]
+                .policy
+                .definition
+                .contains_key("queue-leader-locator")
+        );
         let shard3 = topo
             .bindings
             .iter()

@@ -31,9 +31,11 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
             let conn = connect(config, "hookrelay topology").await?;
             let channel = conn.create_channel().await?;
             let topology = ladder.objects();
-            let applied = topology.apply(&channel).await?;
+            // Policies first: a sharded ladder's leader placement is read when a queue is
+            // created. The delivery limit does not mind the order.
             let api = management(config)?;
             let policies = topology.apply_policies(&api).await?;
+            let applied = topology.apply(&channel).await?;
             // Lanes the ladder no longer routes to (tenants dropped from `dedicated`, shards
             // of another shard count, the unsharded lanes of a sharded ladder or the other way
             // round) are unbound now that the ladder's own bindings are in place; the queues

@@ -48,6 +48,10 @@ pub struct QueueStatus {
     /// Where the queue's messages go next, in words.
     pub next: String,
     pub held: bool,
+    /// The shard of the ladder's shared lanes this queue is (sharded ladders only).
+    pub shard: Option<u16>,
+    /// The node leading the queue (quorum queues, from the management API).
+    pub leader: Option<String>,
 }
 
 /// Reads the ladder's queues. `previous` (an earlier sample and its time) lets tier out-rates
@@ -149,6 +153,8 @@ pub async fn collect(
                 ttl: None,
                 next: "MISSING: run `hookrelay topology apply`".into(),
                 held: false,
+                shard: None,
+                leader: None,
             });
             continue;
         };
@@ -172,6 +178,17 @@ pub async fn collect(
             .get("x-message-ttl")
             .and_then(Value::as_u64)
             .map(|ms| fmt_duration(Duration::from_millis(ms)));
+        let shard = match &kind {
+            QueueRole::FirstLane {
+                tenant: None,
+                shard,
+            }
+            | QueueRole::RetryLane {
+                tenant: None,
+                shard,
+            } if ladder.shards > 1 && !ladder.is_retired_lane(&kind) => *shard,
+            _ => None,
+        };
         let next = match kind {
             QueueRole::FirstLane {
                 tenant: Some(_), ..
@@ -221,9 +238,89 @@ pub async fn collect(
             ttl,
             next,
             held,
+            shard,
+            leader: q.leader.clone(),
         });
     }
     Ok(rows)
+}
+
+/// The shards side by side, for a sharded ladder: what waits and is in flight in each pair and
+/// which node leads it, so a hot shard (and a node leading too many) stands out. Which tenants
+/// make a shard hot the management API cannot tell: it counts a queue's messages, not their
+/// routing keys, and reading them would take them off the lane.
+fn render_shards(ladder: &Ladder, rows: &[QueueStatus]) -> String {
+    if ladder.shards <= 1 {
+        return String::new();
+    }
+    let mut table = vec![
+        [
+            "SHARD", "FIRST", "RETRY", "UNACKED", "IN/s", "OUT/s", "LEADER",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for i in 0..ladder.shards {
+        let pair: Vec<&QueueStatus> = rows.iter().filter(|r| r.shard == Some(i)).collect();
+        let ready = |role: &str| -> i64 {
+            pair.iter()
+                .filter(|r| r.queue.contains(role))
+                .map(|r| r.ready)
+                .sum()
+        };
+        let out: Option<f64> = pair.iter().filter_map(|r| r.out_per_s).reduce(|a, b| a + b);
+        let mut leaders: Vec<&str> = pair.iter().filter_map(|r| r.leader.as_deref()).collect();
+        leaders.dedup();
+        table.push(vec![
+            format!("s{i}"),
+            ready(".ready.first-").to_string(),
+            ready(".ready.retry-").to_string(),
+            pair.iter().map(|r| r.unacked).sum::<i64>().to_string(),
+            format!("{:.1}", pair.iter().map(|r| r.in_per_s).sum::<f64>()),
+            opt_rate(out),
+            if leaders.is_empty() {
+                "-".to_owned()
+            } else {
+                leaders.join(", ")
+            },
+        ]);
+    }
+    let mut out = format!(
+        "\nShards ({} first/retry pairs; FIRST and RETRY are ready messages):\n\n",
+        ladder.shards
+    );
+    out.push_str(&align(&table, 1..=5));
+    out.push_str(
+        "Hottest tenants: not shown. The management API counts each shard's messages, not \
+         their tenants (routing keys), and reading them would take them off the lane; \
+         `hookrelay attempts tail --tenant` shows a tenant's traffic.\n",
+    );
+    out
+}
+
+/// Columns padded to their widest cell, those in `numeric` right-aligned, the last one left
+/// as it is.
+fn align(table: &[Vec<String>], numeric: std::ops::RangeInclusive<usize>) -> String {
+    let columns = table.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in table {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else if numeric.contains(&c) {
+                line.push_str(&format!("{cell:>w$}  ", w = widths[c]));
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 fn opt_rate(r: Option<f64>) -> String {
@@ -261,24 +358,8 @@ pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) 
             r.next.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0))
-        .collect();
-    for row in &table {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let numeric = (2..=6).contains(&c);
-            if c + 1 == row.len() {
-                line.push_str(cell);
-            } else if numeric {
-                line.push_str(&format!("{cell:>w$}  ", w = widths[c]));
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&align(&table, 2..=6));
+    out.push_str(&render_shards(ladder, rows));
     if rows.iter().any(|r| r.held) {
         out.push_str(
             "\ntier* = held: promotion stopped; `hookrelay tier release <tier>` resumes it\n",

@@ -149,8 +149,9 @@ impl TestLadder {
         let conn = connect(&config).await;
         let channel = conn.create_channel().await.unwrap();
         let topology = ladder.objects();
-        topology.apply(&channel).await.unwrap();
+        // Policies first, as `topology apply` sets them (leader placement is read at creation).
         topology.apply_policies(&management(&config)).await.unwrap();
+        topology.apply(&channel).await.unwrap();
         Self {
             ladder,
             config,
@@ -221,6 +222,26 @@ impl TestLadder {
             out.push(m);
         }
         out
+    }
+
+    /// The first-attempt shard each of `tenants` lands in, from one event each (taken out
+    /// again). The plugin's hash is the broker's, so a test asks the broker.
+    pub async fn shard_of(&self, tenants: &[String]) -> std::collections::BTreeMap<String, u16> {
+        self.publish_all(
+            tenants
+                .iter()
+                .map(|tenant| event(&format!("evt_probe_{tenant}"), tenant, "sub")),
+        )
+        .await;
+        let mut found = std::collections::BTreeMap::new();
+        for i in 0..self.ladder.shards {
+            for m in self.take_all(&self.ladder.first_shard(i)).await {
+                let tenant = m.delivery.routing_key.to_string();
+                assert!(found.insert(tenant, i).is_none(), "a tenant in two shards");
+            }
+        }
+        assert_eq!(found.len(), tenants.len(), "every probe landed in a shard");
+        found
     }
 
     /// Waits until the dead sink holds at least `n` messages.

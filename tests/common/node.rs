@@ -58,10 +58,11 @@ impl Node {
         );
         std::fs::write(dir.path().join("rabbitmq.conf"), conf).unwrap();
         std::fs::write(dir.path().join("advanced.config"), ADVANCED).unwrap();
-        // Management only: the shared broker's prometheus plugin holds its default port.
+        // Management and the consistent-hash exchange (sharded ladders), not prometheus: the
+        // shared broker's prometheus plugin holds its default port.
         std::fs::write(
             dir.path().join("enabled_plugins"),
-            "[rabbitmq_management].\n",
+            "[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n",
         )
         .unwrap();
         let name = format!(

@@ -15,7 +15,7 @@ use crate::common::{
 use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
-use hookrelay::contract::ladder::QueueType;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::BasicGetOptions;
@@ -45,20 +45,47 @@ async fn mixed_receiver(s: &Secret) -> Receiver {
     .unwrap()
 }
 
-fn mixed_subscriptions(receiver: &Receiver, s: &Secret) -> Vec<Subscription> {
-    let mut off = subscription("sub_off", "acme", &receiver.url("/off"), s);
-    off.enabled = false;
-    vec![subscription("sub_on", "acme", &receiver.url("/"), s), off]
+/// Each tenant's two subscriptions: `sub_on_<tenant>`, and `sub_off_<tenant>`, disabled.
+fn sub_id(kind: &str, tenant: &str) -> String {
+    format!("{kind}_{tenant}")
 }
 
-fn mixed_event(tag: &str, i: usize) -> NewEvent {
+fn mixed_subscriptions(receiver: &Receiver, s: &Secret, tenants: &[String]) -> Vec<Subscription> {
+    tenants
+        .iter()
+        .flat_map(|tenant| {
+            let mut off =
+                subscription(&sub_id("sub_off", tenant), tenant, &receiver.url("/off"), s);
+            off.enabled = false;
+            [
+                subscription(&sub_id("sub_on", tenant), tenant, &receiver.url("/"), s),
+                off,
+            ]
+        })
+        .collect()
+}
+
+/// Event `i` of the load: its tenant is `tenants[i % tenants.len()]` (see [`tenant_of`]).
+fn mixed_event(tag: &str, i: usize, tenants: &[String]) -> NewEvent {
+    let tenant = &tenants[i % tenants.len()];
     let sub = if i % 20 == 3 { "sub_off" } else { "sub_on" };
-    common::event(&format!("{tag}_{i:05}"), "acme", sub)
+    common::event(&format!("{tag}_{i:05}"), tenant, &sub_id(sub, tenant))
+}
+
+/// The tenant of the load's event `id`.
+pub fn tenant_of<'a>(id: &str, tenants: &'a [String]) -> &'a str {
+    &tenants[index(id) % tenants.len()]
 }
 
 /// Publishes like a careful producer: retries each event (same id) until the broker confirms.
 /// Returns the ids, all of them confirmed.
-async fn publish_load(config: Config, ingress: String, tag: String, n: usize) -> Vec<String> {
+async fn publish_load(
+    config: Config,
+    ingress: String,
+    tag: String,
+    tenants: Vec<String>,
+    n: usize,
+) -> Vec<String> {
     let publisher = Arc::new(
         Publisher::connect(
             &config.amqp.url,
@@ -75,8 +102,9 @@ async fn publish_load(config: Config, ingress: String, tag: String, n: usize) ->
         let ingress = ingress.clone();
         let ids = Arc::clone(&ids);
         let tag = tag.clone();
+        let tenants = tenants.clone();
         async move {
-            let e = mixed_event(&tag, i);
+            let e = mixed_event(&tag, i, &tenants);
             let mut tries = 0;
             while let Err(err) = publisher.publish_event(&ingress, &e, 4096).await {
                 // Every publish fails while the broker is away; a few lines tell how.
@@ -266,6 +294,9 @@ impl Account {
 pub struct Scenario {
     pub t: TestLadder,
     pub receiver: Receiver,
+    /// The load's tenants, each with its subscriptions: `acme` alone, or (sharded) one per
+    /// shard, in shard order.
+    pub tenants: Vec<String>,
     secret: Secret,
     name: String,
     cancelled: String,
@@ -275,20 +306,44 @@ impl Scenario {
     /// The ladder, declared through the broker `config` names, the endpoint, and the attempt
     /// log's queue, bound before any load.
     pub async fn setup(config: Config, name: &str) -> Self {
-        let t = TestLadder::apply_on(
-            config,
-            name,
+        Self::setup_sharded(config, name, 1).await
+    }
+
+    /// As [`Scenario::setup`], with `shards` shared lane pairs and, above one, one tenant in
+    /// each shard (found by asking the broker where probes land, before any load).
+    pub async fn setup_sharded(config: Config, name: &str, shards: u16) -> Self {
+        let ladder = Ladder::build(
+            &common::unique(name),
             QueueType::Quorum,
             &["300ms", "1s"],
             &["300ms", "1s", "1s"],
         )
-        .await;
+        .unwrap()
+        .with_shards(shards)
+        .unwrap();
+        let t = TestLadder::apply_ladder(config, ladder).await;
+        let tenants = if shards > 1 {
+            let candidates: Vec<String> = (0..40).map(|i| format!("tenant-{i}")).collect();
+            let mut first_of_shard = std::collections::BTreeMap::new();
+            for (tenant, shard) in t.shard_of(&candidates).await {
+                first_of_shard.entry(shard).or_insert(tenant);
+            }
+            assert_eq!(
+                first_of_shard.len(),
+                usize::from(shards),
+                "40 tenants cover every shard"
+            );
+            first_of_shard.into_values().collect()
+        } else {
+            vec!["acme".to_owned()]
+        };
         let secret = secret();
         let receiver = mixed_receiver(&secret).await;
         let cancelled = t.attempt_log_queue("cancelled", "cancelled.*").await;
         Self {
             t,
             receiver,
+            tenants,
             secret,
             name: name.to_owned(),
             cancelled,
@@ -300,23 +355,31 @@ impl Scenario {
         RunningWorker::start_with(
             &self.t,
             self.t.config.clone(),
-            mixed_subscriptions(&self.receiver, &self.secret),
+            mixed_subscriptions(&self.receiver, &self.secret, &self.tenants),
         )
         .await
     }
 
     /// The mixed subscriptions as a file, for a worker process of its own.
     pub fn subscriptions_file(&self) -> SubsFile {
-        let entry = |id: &str, path: &str, extra: &str| {
+        let entry = |kind: &str, tenant: &str, path: &str, extra: &str| {
             subscription_toml(
-                id,
-                "acme",
+                &sub_id(kind, tenant),
+                tenant,
                 &self.receiver.url(path),
                 &self.secret.file_ref(),
                 extra,
             )
         };
-        SubsFile::new(&(entry("sub_on", "/", "") + &entry("sub_off", "/off", "enabled = false")))
+        let file: String = self
+            .tenants
+            .iter()
+            .map(|tenant| {
+                entry("sub_on", tenant, "/", "")
+                    + &entry("sub_off", tenant, "/off", "enabled = false")
+            })
+            .collect();
+        SubsFile::new(&file)
     }
 
     /// The load, published in the background on the broker `t.config` names; yields the ids
@@ -326,6 +389,7 @@ impl Scenario {
             self.t.config.clone(),
             self.t.ladder.ingress(),
             self.name.clone(),
+            self.tenants.clone(),
             N,
         ))
     }
