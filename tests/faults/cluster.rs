@@ -108,7 +108,7 @@ async fn losing_a_node_that_leads_shards_loses_nothing_and_the_other_shards_keep
     let led = leader_of.values().filter(|n| **n == victim).count();
     a.check_in_cluster(
         &format!("cluster: node leading {led} of {SHARDS} shards killed"),
-        sc.t.config.worker.in_flight as usize,
+        sc.duplicate_bound(1),
         held,
     );
 }

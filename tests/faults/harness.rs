@@ -77,6 +77,9 @@ pub fn tenant_of<'a>(id: &str, tenants: &'a [String]) -> &'a str {
     &tenants[index(id) % tenants.len()]
 }
 
+/// Publishes the producer keeps in flight at once.
+pub const PRODUCER_IN_FLIGHT: usize = 64;
+
 /// Publishes like a careful producer: retries each event (same id) until the broker confirms.
 /// Returns the ids, all of them confirmed.
 async fn publish_load(
@@ -97,31 +100,35 @@ async fn publish_load(
     );
     let ids = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
     let started = Instant::now();
-    futures_util::StreamExt::for_each_concurrent(futures_util::stream::iter(0..n), 64, |i| {
-        let publisher = Arc::clone(&publisher);
-        let ingress = ingress.clone();
-        let ids = Arc::clone(&ids);
-        let tag = tag.clone();
-        let tenants = tenants.clone();
-        async move {
-            let e = mixed_event(&tag, i, &tenants);
-            let mut tries = 0;
-            while let Err(err) = publisher.publish_event(&ingress, &e, 4096).await {
-                // Every publish fails while the broker is away; a few lines tell how.
-                tries += 1;
-                if tries == 1 || tries % 50 == 0 {
-                    eprintln!(
-                        "producer at {:.1?}: {} not yet published (try {tries}): {err}",
-                        started.elapsed(),
-                        e.id
-                    );
+    futures_util::StreamExt::for_each_concurrent(
+        futures_util::stream::iter(0..n),
+        PRODUCER_IN_FLIGHT,
+        |i| {
+            let publisher = Arc::clone(&publisher);
+            let ingress = ingress.clone();
+            let ids = Arc::clone(&ids);
+            let tag = tag.clone();
+            let tenants = tenants.clone();
+            async move {
+                let e = mixed_event(&tag, i, &tenants);
+                let mut tries = 0;
+                while let Err(err) = publisher.publish_event(&ingress, &e, 4096).await {
+                    // Every publish fails while the broker is away; a few lines tell how.
+                    tries += 1;
+                    if tries == 1 || tries % 50 == 0 {
+                        eprintln!(
+                            "producer at {:.1?}: {} not yet published (try {tries}): {err}",
+                            started.elapsed(),
+                            e.id
+                        );
+                    }
+                    // A pause between tries, as a producer backs off while the broker is away.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                // A pause between tries, as a producer backs off while the broker is away.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                ids.lock().unwrap().push(e.id);
             }
-            ids.lock().unwrap().push(e.id);
-        }
-    })
+        },
+    )
     .await;
     publisher.close().await;
     Arc::try_unwrap(ids).unwrap().into_inner().unwrap()
@@ -392,6 +399,14 @@ impl Scenario {
             self.tenants.clone(),
             N,
         ))
+    }
+
+    /// The most duplicates `faults` broker faults may cause: per fault, what the worker had in
+    /// flight (each delivered again, or its stored replacement beside the redelivered original)
+    /// and what the producer had in flight (a publish stored but not confirmed before the fault is
+    /// published again, with the same id).
+    pub fn duplicate_bound(&self, faults: usize) -> usize {
+        faults * (self.t.config.worker.in_flight as usize + PRODUCER_IN_FLIGHT)
     }
 
     /// Waits until the endpoint has delivered `n` envelopes.
