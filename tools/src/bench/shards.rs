@@ -16,8 +16,8 @@
 //! - **Fleet-wide cap**: two worker processes on one ladder, one subscription with
 //!   `max_concurrent = 10` to an endpoint that answers 204 after `--cap-delay-ms`; the endpoint
 //!   counts the requests it is answering at once. The workers start first and the run waits
-//!   until both consume and two management polls (1 s each) have passed, so each knows the
-//!   fleet; then the events are published at once.
+//!   until both consume and each worker's `hookrelay_fleet_workers` (from its management poll,
+//!   every 1 s here) says 2; then the events are published at once.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -521,8 +521,36 @@ async fn cap_run(
             "{workers} workers did not all consume {lane} within 30s"
         )));
     }
-    // Two polls, so each worker has read the count.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Until each worker's management poll has counted the fleet (`hookrelay_fleet_workers`).
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+    for worker in &started {
+        let url = format!("http://127.0.0.1:{}/metrics", worker.metrics_port);
+        let mut seen = String::new();
+        let counted = wait_until(Duration::from_secs(60), async || {
+            let text = match client.get(&url).send().await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            seen = text
+                .lines()
+                .find(|l| l.starts_with("hookrelay_fleet_workers"))
+                .unwrap_or("hookrelay_fleet_workers: not exported")
+                .to_owned();
+            seen.split_whitespace()
+                .last()
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(|v| v >= f64::from(workers))
+        })
+        .await;
+        if !counted {
+            return Err(BenchError::Other(format!(
+                "a worker did not count {workers} workers within 60s ({seen})"
+            )));
+        }
+    }
     sink.reset();
     let ingress = ladder.ingress();
     publish_many(&session.publisher, options.cap_events, |i| {
@@ -556,10 +584,17 @@ async fn cap_run(
 
 impl ShardReport {
     pub fn table(&self) -> String {
-        let mut out = format!(
-            "hookrelay bench, shards ({}; {}, {} events, prefetch {}, {} tenants)\n",
-            self.machine, self.broker, self.events, self.prefetch, self.tenants
-        );
+        let mut out = if self.runs.is_empty() {
+            format!(
+                "hookrelay bench, fleet ({}; {})\n",
+                self.machine, self.broker
+            )
+        } else {
+            format!(
+                "hookrelay bench, shards ({}; {}, {} events, prefetch {}, {} tenants)\n",
+                self.machine, self.broker, self.events, self.prefetch, self.tenants
+            )
+        };
         if !self.runs.is_empty() {
             out += "\nshards workers run   ceiling/s  hookrelay/s  ratio   CPU% ceiling: broker loops bench   CPU% hookrelay: broker workers bench\n";
             for r in &self.runs {
