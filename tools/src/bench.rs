@@ -49,6 +49,7 @@ use crate::kit::{
 };
 
 pub mod noisy;
+pub mod shards;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -158,6 +159,11 @@ struct Sink {
     latencies: std::sync::Mutex<Vec<f64>>,
     /// Answer 503 after this long instead (the slow, failing endpoint).
     slow_fail: Option<Duration>,
+    /// Answer 204 after this long (an endpoint that takes time, for the fleet-wide cap).
+    slow_ok: Option<Duration>,
+    /// Requests being answered now, and the most seen at once since the last reset.
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
 }
 
 impl Sink {
@@ -170,13 +176,26 @@ impl Sink {
             record: AtomicBool::new(false),
             latencies: std::sync::Mutex::new(Vec::new()),
             slow_fail,
+            slow_ok: None,
+            in_flight: AtomicU64::new(0),
+            max_in_flight: AtomicU64::new(0),
         })
+    }
+
+    /// A sink that answers 204 after `delay`, so requests overlap and the most at once shows.
+    fn slow_ok(delay: Duration) -> Arc<Self> {
+        let mut sink = Self::new(None);
+        if let Some(s) = Arc::get_mut(&mut sink) {
+            s.slow_ok = Some(delay);
+        }
+        sink
     }
 
     fn reset(&self) {
         self.count.store(0, Ordering::SeqCst);
         self.first_ns.store(u64::MAX, Ordering::SeqCst);
         self.last_ns.store(0, Ordering::SeqCst);
+        self.max_in_flight.store(0, Ordering::SeqCst);
         self.latencies
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -215,6 +234,14 @@ async fn sink_handler(State(sink): State<Arc<Sink>>, body: Bytes) -> StatusCode 
     sink.first_ns.fetch_min(now, Ordering::SeqCst);
     sink.last_ns.fetch_max(now, Ordering::SeqCst);
     sink.count.fetch_add(1, Ordering::SeqCst);
+    if let Some(wait) = sink.slow_ok {
+        // Counted at the endpoint: the requests it is answering at this moment.
+        let now = sink.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        sink.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(wait).await;
+        sink.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return StatusCode::NO_CONTENT;
+    }
     if let Some(wait) = sink.slow_fail {
         tokio::time::sleep(wait).await;
         return StatusCode::SERVICE_UNAVAILABLE;
@@ -1060,12 +1087,12 @@ async fn promotion_precision(
     Ok(Percentiles::of(lags))
 }
 
-/// The ceiling loop (`hookrelay bench-ceiling`): consume with `prefetch`, POST each body to
+/// The ceiling loop (`hookrelay bench-ceiling`): consume each of `queues` with `prefetch`, POST each body to
 /// `url` (when given), ack. Writes one line, `first`, to stdout when the first delivery arrives,
 /// so its starter can time from there. Runs until killed.
 pub async fn ceiling_loop(
     config: &Config,
-    queue: &str,
+    queues: &[String],
     prefetch: u16,
     url: Option<&str>,
     forward: Option<&str>,
@@ -1095,14 +1122,22 @@ pub async fn ceiling_loop(
         .transpose()
         .map_err(|e| BenchError::Other(format!("{e}")))?;
     let mut first = true;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    // One consumer per queue on the one channel; the prefetch is per consumer (basic.qos
+    // without global), so each queue has `prefetch` in flight, as a sharded worker's lanes do.
+    let mut consumers = Vec::with_capacity(queues.len());
+    for queue in queues {
+        consumers.push(
+            channel
+                .basic_consume(
+                    queue.as_str().into(),
+                    "".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?,
+        );
+    }
+    let mut consumer = futures_util::stream::select_all(consumers);
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
         if first {

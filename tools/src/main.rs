@@ -50,8 +50,9 @@ enum Command {
     /// The bench's ceiling loop (started by `hookrelay-dev bench`).
     #[command(hide = true)]
     BenchCeiling {
-        #[arg(long)]
-        queue: String,
+        /// The queue(s) to consume, comma-separated: one consumer each, `--prefetch` each.
+        #[arg(long, value_delimiter = ',', required = true)]
+        queue: Vec<String>,
         #[arg(long)]
         prefetch: u16,
         /// POST each body here first; without it, no request (the noisy-neighbour floor).
@@ -114,6 +115,33 @@ struct BenchArgs {
     /// Tenant A's backlog in the noisy-neighbour scenarios.
     #[arg(long, default_value_t = 20_000)]
     noisy_backlog: usize,
+    /// Sharded throughput: for each of these shard counts (comma-separated), and each --workers
+    /// count, a raw ceiling over as many queues and hookrelay on a ladder with that many shards.
+    /// The main run is skipped.
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    shards: Vec<u16>,
+    /// Worker processes on the one ladder, for --shards (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "N", default_value = "1")]
+    workers: Vec<u16>,
+    /// Tenants the events of --shards and --fleet-cap are spread over.
+    #[arg(long, default_value_t = 64)]
+    tenants: usize,
+    /// Runs of each combination (--shards, --fleet-cap).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Fleet-wide cap: two worker processes, one subscription with max_concurrent = --cap,
+    /// the most requests at once counted at the endpoint. The main run is skipped.
+    #[arg(long)]
+    fleet_cap: bool,
+    /// The subscription's max_concurrent for --fleet-cap.
+    #[arg(long, default_value_t = 10)]
+    cap: u32,
+    /// Events for --fleet-cap.
+    #[arg(long, default_value_t = 2_000)]
+    cap_events: usize,
+    /// How long the --fleet-cap endpoint takes to answer, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    cap_delay_ms: u64,
     /// The hookrelay binary the worker runs from; by default the one beside this binary.
     #[arg(long, value_name = "FILE")]
     worker_bin: Option<PathBuf>,
@@ -202,6 +230,32 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 ceiling: exe,
                 worker,
             };
+            if !args.shards.is_empty() || args.fleet_cap {
+                let options = bench::shards::ShardOptions {
+                    shards: if args.shards.is_empty() {
+                        vec![1]
+                    } else {
+                        args.shards
+                    },
+                    workers: args.workers,
+                    events: options.events,
+                    prefetch: options.prefetch,
+                    tenants: args.tenants,
+                    repeat: args.repeat.max(1),
+                    queue_type: options.queue_type,
+                    fleet_cap: args.fleet_cap,
+                    cap: args.cap,
+                    cap_events: args.cap_events,
+                    cap_delay: Duration::from_millis(args.cap_delay_ms),
+                };
+                let report = bench::shards::run(&config, &options, &binaries).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if !args.noisy.is_empty() {
                 let options = bench::noisy::NoisyOptions {
                     scenarios: args.noisy,
