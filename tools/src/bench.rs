@@ -768,6 +768,7 @@ async fn run_hookrelay(
         sink,
         options.latency_events,
         options.latency_rate,
+        Duration::from_secs(120),
         |i| to_ingress(&ingress, event(i, format!("lat_{i}"), "bench_fast")),
     )
     .await?;
@@ -982,12 +983,19 @@ async fn fresh_first_attempts(
     event: &impl Fn(usize, String, &str) -> NewEvent,
 ) -> Result<Percentiles, BenchError> {
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    timed_deliveries(publisher, sink, options.isolation_events, 500, |i| {
-        to_ingress(
-            ingress,
-            event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast"),
-        )
-    })
+    timed_deliveries(
+        publisher,
+        sink,
+        options.isolation_events,
+        500,
+        Duration::from_secs(120),
+        |i| {
+            to_ingress(
+                ingress,
+                event(i, format!("fresh_{}_{i}", &tag[..6]), "bench_fast"),
+            )
+        },
+    )
     .await
 }
 
@@ -997,18 +1005,20 @@ fn to_ingress(ingress: &str, e: NewEvent) -> (String, String, Vec<u8>, BasicProp
     (ingress.to_owned(), e.tenant, e.body, properties)
 }
 
-/// Publishes `n` messages at `rate` per second and measures publish to arrival at `sink`.
+/// Publishes `n` messages at `rate` per second and measures publish to arrival at `sink`,
+/// waiting up to `timeout` for the last.
 async fn timed_deliveries(
     publisher: &Arc<Publisher>,
     sink: &Sink,
     n: usize,
     rate: u32,
+    timeout: Duration,
     make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
 ) -> Result<Percentiles, BenchError> {
     sink.reset();
     sink.record.store(true, Ordering::SeqCst);
     publish_paced(publisher, n, rate, make).await?;
-    wait_count(sink, n as u64, Duration::from_secs(120)).await?;
+    wait_count(sink, n as u64, timeout).await?;
     sink.record.store(false, Ordering::SeqCst);
     Ok(Percentiles::of(sink.take_latencies()))
 }

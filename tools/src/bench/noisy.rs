@@ -45,7 +45,7 @@ use hookrelay::delivery::signing::generate_secret;
 
 use super::{
     BenchError, BenchSession, Binaries, Sink, body, declare_raw_queue, machine, publish_many,
-    publish_paced, raw_loop_command, say, start_sink_on, start_worker, subscription_entry,
+    raw_loop_command, say, start_sink_on, start_worker, subscription_entry, timed_deliveries,
     to_ingress,
 };
 use crate::kit::{Percentiles, wait_until};
@@ -177,6 +177,9 @@ impl NoisyReport {
         out
     }
 }
+
+/// How long B's last event may take to arrive: behind A's backlog of up to 200,000.
+const B_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Runs each scenario asked for, one after the other, each on its own ladder and worker.
 pub async fn run(
@@ -376,17 +379,18 @@ async fn run_scenario(
         // The worker is up and B's path warm before anything is measured.
         b_sink.reset();
         publish_many(publisher, 20, |i| b_event("warm", i)).await?;
-        wait_delivered(&b_sink, 20, Duration::from_secs(60)).await?;
+        super::wait_count(&b_sink, 20, Duration::from_secs(60)).await?;
 
         let mut b_idle = None;
         if scenario.steady() {
             say("steady: B alone");
             b_idle = Some(
-                b_latency(
+                timed_deliveries(
                     publisher,
                     &b_sink,
                     options.steady_b_events,
                     options.steady_b_rate,
+                    B_TIMEOUT,
                     |i| b_event("idle", i),
                 )
                 .await?,
@@ -435,7 +439,7 @@ async fn run_scenario(
             (options.onset_b_events, options.onset_b_rate)
         };
         let before = deferrals(&client, &metrics, None).await;
-        let b = b_latency(publisher, &b_sink, b_events, b_rate, |i| {
+        let b = timed_deliveries(publisher, &b_sink, b_events, b_rate, B_TIMEOUT, |i| {
             b_event("measured", i)
         })
         .await?;
@@ -554,26 +558,6 @@ async fn floor(
         ));
     }
     result
-}
-
-/// Publishes B's `n` events at `rate` per second and measures publish to arrival.
-async fn b_latency(
-    publisher: &Arc<Publisher>,
-    sink: &Sink,
-    n: usize,
-    rate: u32,
-    make: impl Fn(usize) -> (String, String, Vec<u8>, BasicProperties),
-) -> Result<Percentiles, BenchError> {
-    sink.reset();
-    sink.record.store(true, Ordering::SeqCst);
-    publish_paced(publisher, n, rate, make).await?;
-    wait_delivered(sink, n as u64, Duration::from_secs(900)).await?;
-    sink.record.store(false, Ordering::SeqCst);
-    Ok(Percentiles::of(sink.take_latencies()))
-}
-
-async fn wait_delivered(sink: &Sink, n: u64, timeout: Duration) -> Result<(), BenchError> {
-    super::wait_count(sink, n, timeout).await
 }
 
 /// The worker's `hookrelay_deferrals_total`, for one reason or all; 0 when unreadable.
