@@ -69,9 +69,9 @@ pub enum MoveError {
     },
 }
 
-/// Messages in `queue` now (ready ones).
-pub async fn depth(channel: &Channel, queue: &str) -> Result<u32, lapin::Error> {
-    let q = channel
+/// `queue` as the broker sees it now (ready messages, consumers), by a passive declare.
+pub async fn inspect(channel: &Channel, queue: &str) -> Result<lapin::Queue, lapin::Error> {
+    channel
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
@@ -80,8 +80,12 @@ pub async fn depth(channel: &Channel, queue: &str) -> Result<u32, lapin::Error> 
             },
             FieldTable::default(),
         )
-        .await?;
-    Ok(q.message_count())
+        .await
+}
+
+/// Messages in `queue` now (ready ones).
+pub async fn depth(channel: &Channel, queue: &str) -> Result<u32, lapin::Error> {
+    Ok(inspect(channel, queue).await?.message_count())
 }
 
 /// One pass over what `queue` holds when it starts (messages arriving later wait for the next

@@ -24,8 +24,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::options::QueueDeleteOptions;
 use serde::Serialize;
 
 use hookrelay::config::Config;
@@ -419,15 +418,7 @@ async fn hookrelay(
 }
 
 async fn consumers(channel: &lapin::Channel, queue: &str) -> u32 {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    hookrelay::ops::mover::inspect(channel, queue)
         .await
         .map_or(0, |q| q.consumer_count())
 }
