@@ -15,6 +15,7 @@
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, progress.
+//! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets.
 //! - [`cli`]: the command line.
 //! - [`units`]: durations, clocks, truncation: a leaf every module may use.
 //!
@@ -29,4 +30,5 @@ pub mod contract;
 pub mod delivery;
 pub mod observe;
 pub mod ops;
+pub mod store;
 pub mod units;

@@ -98,13 +98,11 @@ pub fn signature_header<'a>(
     header
 }
 
-/// A fresh random secret in `whsec_` form (for the demo and tests).
+/// A fresh secret in `whsec_` form: 32 bytes from the operating system's random source.
 pub fn generate_secret() -> String {
-    let a = uuid::Uuid::new_v4();
-    let b = uuid::Uuid::new_v4();
-    let mut bytes = Vec::with_capacity(32);
-    bytes.extend_from_slice(a.as_bytes());
-    bytes.extend_from_slice(b.as_bytes());
+    use chacha20poly1305::aead::{OsRng, rand_core::RngCore};
+    let mut bytes = [0u8; 32];
+    OsRng.fill_bytes(&mut bytes);
     format!("{SECRET_PREFIX}{}", STANDARD.encode(bytes))
 }
 

@@ -12,4 +12,4 @@ pub mod secrets;
 
 pub use live::{LiveSubscriptions, Reload};
 pub use parse::{EventFilter, Subscription, SubscriptionError, SubscriptionErrors, Subscriptions};
-pub use secrets::{SecretError, SecretRef, SecretSpec, SecretStore};
+pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};

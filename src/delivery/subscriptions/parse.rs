@@ -79,7 +79,7 @@ pub enum EventFilter {
 }
 
 impl EventFilter {
-    fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, String> {
         if let Some(prefix) = raw.strip_suffix('*') {
             if !prefix.ends_with('.') || check_event_type(prefix.trim_end_matches('.')).is_err() {
                 return Err(format!(
@@ -97,6 +97,53 @@ impl EventFilter {
             EventFilter::Exact(t) => t == event_type,
             EventFilter::Prefix(p) => event_type.starts_with(p.as_str()),
         }
+    }
+}
+
+/// As written: `order.created`, `order.*`.
+impl std::fmt::Display for EventFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EventFilter::Exact(t) => f.write_str(t),
+            EventFilter::Prefix(p) => write!(f, "{p}*"),
+        }
+    }
+}
+
+/// A subscription's endpoint: an http:// or https:// URL with a host. The error shows the URL
+/// without user information and query, and not at all when it does not parse: either may hold a
+/// password or token.
+pub fn parse_url(raw: &str) -> Result<reqwest::Url, String> {
+    match reqwest::Url::parse(raw) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(url),
+        Ok(other) => Err(format!(
+            "{:?}: expected an http:// or https:// URL with a host",
+            crate::config::shown_url(&other)
+        )),
+        Err(e) => Err(format!("not a URL: {e}")),
+    }
+}
+
+/// A subscription's event types: exact names and `prefix.*` wildcards, at least one. Every
+/// problem is reported.
+pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, Vec<String>> {
+    if raw.is_empty() {
+        return Err(vec![
+            "an empty list would match nothing; leave event_types out to receive every type".into(),
+        ]);
+    }
+    let mut filters = Vec::new();
+    let mut problems = Vec::new();
+    for r in raw {
+        match EventFilter::parse(r.as_ref()) {
+            Ok(f) => filters.push(f),
+            Err(message) => problems.push(message),
+        }
+    }
+    if problems.is_empty() {
+        Ok(filters)
+    } else {
+        Err(problems)
     }
 }
 
@@ -161,10 +208,13 @@ impl Subscription {
     }
 }
 
-/// Every subscription, by id.
+/// Every subscription, by id, and the enabled ones by tenant (a fan-out looks up its tenant's
+/// subscriptions, not all of them: a store may hold millions).
 #[derive(Debug, Clone, Default)]
 pub struct Subscriptions {
     by_id: HashMap<String, Arc<Subscription>>,
+    /// Sorted by id.
+    by_tenant: HashMap<String, Vec<Arc<Subscription>>>,
 }
 
 impl Subscriptions {
@@ -228,55 +278,24 @@ impl Subscriptions {
             if let Err(e) = check_tenant(entry.tenant.get_ref()) {
                 errors.push(error(entry.tenant.span().start, "tenant", e.to_string()));
             }
-            let url = match reqwest::Url::parse(entry.url.get_ref()) {
-                Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
-                    Some(url)
-                }
-                // The URL is shown without user information and query, and not at all when it
-                // does not parse: either may hold a password or token (the line says where).
-                Ok(other) => {
-                    errors.push(error(
-                        entry.url.span().start,
-                        "url",
-                        format!(
-                            "{:?}: expected an http:// or https:// URL with a host",
-                            crate::config::shown_url(&other)
-                        ),
-                    ));
-                    None
-                }
-                Err(e) => {
-                    errors.push(error(
-                        entry.url.span().start,
-                        "url",
-                        format!("not a URL: {e}"),
-                    ));
+            let url = match parse_url(entry.url.get_ref()) {
+                Ok(url) => Some(url),
+                Err(message) => {
+                    errors.push(error(entry.url.span().start, "url", message));
                     None
                 }
             };
             let event_types = match &entry.event_types {
                 None => None,
-                Some(types) => {
-                    let mut filters = Vec::new();
-                    for raw in types.get_ref() {
-                        match EventFilter::parse(raw) {
-                            Ok(f) => filters.push(f),
-                            Err(message) => {
-                                errors.push(error(types.span().start, "event_types", message))
-                            }
+                Some(types) => match parse_event_types(types.get_ref()) {
+                    Ok(filters) => Some(filters),
+                    Err(messages) => {
+                        for message in messages {
+                            errors.push(error(types.span().start, "event_types", message));
                         }
+                        None
                     }
-                    if types.get_ref().is_empty() {
-                        errors.push(error(
-                            types.span().start,
-                            "event_types",
-                            "an empty list would match nothing; leave event_types out to \
-                             receive every type"
-                                .into(),
-                        ));
-                    }
-                    Some(filters)
-                }
+                },
             };
             let mut secrets = Vec::new();
             for raw in entry.secrets.get_ref() {
@@ -343,7 +362,7 @@ impl Subscriptions {
             }
         }
         if errors.is_empty() {
-            Ok(Self { by_id })
+            Ok(Self::from_map(by_id))
         } else {
             Err(SubscriptionErrors(errors))
         }
@@ -400,12 +419,63 @@ impl Subscriptions {
     }
 
     pub fn from_list(list: impl IntoIterator<Item = Subscription>) -> Self {
-        Self {
-            by_id: list
-                .into_iter()
+        Self::from_map(
+            list.into_iter()
                 .map(|s| (s.id.clone(), Arc::new(s)))
                 .collect(),
+        )
+    }
+
+    fn from_map(by_id: HashMap<String, Arc<Subscription>>) -> Self {
+        let mut by_tenant: HashMap<String, Vec<Arc<Subscription>>> = HashMap::new();
+        for s in by_id.values().filter(|s| s.enabled) {
+            by_tenant
+                .entry(s.tenant.clone())
+                .or_default()
+                .push(Arc::clone(s));
         }
+        for list in by_tenant.values_mut() {
+            list.sort_by(|a, b| a.id.cmp(&b.id));
+        }
+        Self { by_id, by_tenant }
+    }
+
+    /// This version with some subscriptions replaced (`Some`) or removed (`None`), by id. Only
+    /// the tenants concerned are re-indexed.
+    pub fn with_changes(
+        &self,
+        changes: impl IntoIterator<Item = (String, Option<Subscription>)>,
+    ) -> Self {
+        let mut by_id = self.by_id.clone();
+        let mut by_tenant = self.by_tenant.clone();
+        let mut touched = std::collections::HashSet::new();
+        for (id, new) in changes {
+            if let Some(old) = by_id.remove(&id) {
+                touched.insert(old.tenant.clone());
+            }
+            if let Some(new) = new {
+                touched.insert(new.tenant.clone());
+                by_id.insert(id, Arc::new(new));
+            }
+        }
+        for tenant in &touched {
+            by_tenant.remove(tenant);
+        }
+        for s in by_id
+            .values()
+            .filter(|s| s.enabled && touched.contains(&s.tenant))
+        {
+            by_tenant
+                .entry(s.tenant.clone())
+                .or_default()
+                .push(Arc::clone(s));
+        }
+        for tenant in &touched {
+            if let Some(list) = by_tenant.get_mut(tenant) {
+                list.sort_by(|a, b| a.id.cmp(&b.id));
+            }
+        }
+        Self { by_id, by_tenant }
     }
 
     pub fn get(&self, id: &str) -> Option<&Arc<Subscription>> {
@@ -419,14 +489,12 @@ impl Subscriptions {
     /// The enabled subscriptions of `tenant` that receive `event_type`, by id: a fan-out's
     /// targets.
     pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<Subscription>> {
-        let mut found: Vec<Arc<Subscription>> = self
-            .by_id
-            .values()
-            .filter(|s| s.enabled && s.tenant == tenant && s.accepts(event_type))
-            .cloned()
-            .collect();
-        found.sort_by(|a, b| a.id.cmp(&b.id));
-        found
+        self.by_tenant.get(tenant).map_or_else(Vec::new, |list| {
+            list.iter()
+                .filter(|s| s.accepts(event_type))
+                .cloned()
+                .collect()
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -1,0 +1,361 @@
+//! The PostgreSQL store: its schema (versioned migrations in `migrations/`, applied by
+//! `hookrelay store migrate`, checked at worker start), loading subscriptions into the same
+//! [`Subscriptions`] the file gives, and the writes the importer makes.
+//!
+//! Every row is validated as a file entry is; a row that does not validate (written by hand,
+//! say) is left out with its problem reported, never half-used.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+
+use crate::contract::envelope::{check_id, check_tenant};
+use crate::delivery::subscriptions::{
+    SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions, parse::parse_event_types,
+    parse::parse_url,
+};
+use crate::units::Rate;
+
+/// The schema, embedded: `migrations/NNNN_name.sql`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The channel the triggers notify with a subscription id when it changes.
+pub const CHANNEL: &str = "hookrelay_subscriptions";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "cannot reach the subscription store at {shown}: {source}; check the URL in \
+         `subscriptions` and that PostgreSQL answers"
+    )]
+    Unreachable { shown: String, source: sqlx::Error },
+    #[error(
+        "the subscription store's schema lacks migration(s) {missing}: run `hookrelay store \
+         migrate` (with the same `subscriptions` URL)"
+    )]
+    Behind { missing: String },
+    #[error(
+        "the subscription store's schema has migration(s) {unknown} this hookrelay does not know: \
+         a newer hookrelay migrated it; run that version"
+    )]
+    Ahead { unknown: String },
+    #[error("subscription store: {0}")]
+    Query(#[from] sqlx::Error),
+    #[error("subscription store migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A row left out of the snapshot, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowProblem {
+    pub id: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for RowProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "subscription {:?} in the store: {}",
+            self.id, self.message
+        )
+    }
+}
+
+/// A connection pool to the store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    shown: String,
+}
+
+const SUBSCRIPTION_COLUMNS: &str =
+    "id, tenant, url, event_types, enabled, paused, max_concurrent, rate";
+const SECRET_COLUMNS: &str = "subscription_id, reference, sealed, \
+     (extract(epoch from expires_at) * 1000)::int8 AS expires_ms";
+
+impl PgStore {
+    /// Connects (lazily for the pool's later connections); fails if the first does not open
+    /// within `timeout`.
+    pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let shown = super::Source::Postgres(url.to_owned()).shown();
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(timeout)
+            .connect(url)
+            .await
+            .map_err(|source| StoreError::Unreachable {
+                shown: shown.clone(),
+                source,
+            })?;
+        Ok(Self { pool, shown })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The URL without its password.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// Applies the migrations not applied yet; returns their versions and descriptions.
+    pub async fn migrate(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        let before = self.applied().await?;
+        MIGRATOR.run(&self.pool).await?;
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !before.contains(&m.version))
+            .map(|m| (m.version, m.description.to_string()))
+            .collect())
+    }
+
+    /// The versions applied, none when the store was never migrated.
+    pub async fn applied(&self) -> Result<Vec<i64>, StoreError> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The schema must be exactly what this hookrelay knows: a worker refuses to start
+    /// otherwise, with what to do.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let applied = self.applied().await?;
+        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+        let missing: Vec<String> = known
+            .iter()
+            .filter(|v| !applied.contains(v))
+            .map(ToString::to_string)
+            .collect();
+        if !missing.is_empty() {
+            return Err(StoreError::Behind {
+                missing: missing.join(", "),
+            });
+        }
+        let unknown: Vec<String> = applied
+            .iter()
+            .filter(|v| !known.contains(v))
+            .map(ToString::to_string)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(StoreError::Ahead {
+                unknown: unknown.join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Every subscription, and the rows left out.
+    pub async fn load_all(&self) -> Result<(Subscriptions, Vec<RowProblem>), StoreError> {
+        let rows = sqlx::query(&format!("SELECT {SUBSCRIPTION_COLUMNS} FROM subscriptions"))
+            .fetch_all(&self.pool)
+            .await?;
+        let secrets = sqlx::query(&format!(
+            "SELECT {SECRET_COLUMNS} FROM subscription_secrets \
+             ORDER BY subscription_id, position DESC"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let (list, problems) = build(&rows, &secrets);
+        Ok((Subscriptions::from_list(list), problems))
+    }
+
+    /// The subscriptions `ids` as they are now: `None` for one that no longer exists (or whose
+    /// row does not validate: its problem is in the second list).
+    #[allow(clippy::type_complexity)]
+    pub async fn load_some(
+        &self,
+        ids: &[String],
+    ) -> Result<(Vec<(String, Option<Subscription>)>, Vec<RowProblem>), StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SUBSCRIPTION_COLUMNS} FROM subscriptions WHERE id = ANY($1)"
+        ))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let secrets = sqlx::query(&format!(
+            "SELECT {SECRET_COLUMNS} FROM subscription_secrets WHERE subscription_id = ANY($1) \
+             ORDER BY subscription_id, position DESC"
+        ))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let (list, problems) = build(&rows, &secrets);
+        let mut found: HashMap<String, Subscription> =
+            list.into_iter().map(|s| (s.id.clone(), s)).collect();
+        let changes = ids
+            .iter()
+            .map(|id| (id.clone(), found.remove(id)))
+            .collect();
+        Ok((changes, problems))
+    }
+
+    /// Writes `subscription` as the file describes it (references, not sealed secrets),
+    /// changing nothing when the store already says the same: importing a file twice is a
+    /// no-op, and workers are not notified of it. Returns whether anything changed.
+    pub async fn put_from_file(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        sub: &Subscription,
+        existing: Option<&Subscription>,
+    ) -> Result<bool, StoreError> {
+        if existing.is_some_and(|e| e == sub) {
+            return Ok(false);
+        }
+        let event_types: Option<Vec<String>> = sub
+            .event_types
+            .as_ref()
+            .map(|f| f.iter().map(ToString::to_string).collect());
+        let max_concurrent = sub
+            .max_concurrent
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+        sqlx::query(
+            "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
+             max_concurrent, rate) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET tenant = $2, url = $3, event_types = $4, \
+             enabled = $5, paused = $6, max_concurrent = $7, rate = $8, updated_at = now()",
+        )
+        .bind(&sub.id)
+        .bind(&sub.tenant)
+        .bind(sub.url.as_str())
+        .bind(event_types)
+        .bind(sub.enabled)
+        .bind(sub.paused)
+        .bind(max_concurrent)
+        .bind(sub.rate.map(|r| r.to_string()))
+        .execute(&mut **tx)
+        .await?;
+        if existing.is_none_or(|e| e.secrets != sub.secrets) {
+            sqlx::query("DELETE FROM subscription_secrets WHERE subscription_id = $1")
+                .bind(&sub.id)
+                .execute(&mut **tx)
+                .await?;
+            // Oldest first, so the newest gets the highest position.
+            for spec in sub.secrets.iter().rev() {
+                let (reference, sealed) = match &spec.reference {
+                    SecretRef::Sealed(s) => (None, Some(s.sealed.to_vec())),
+                    other => (Some(other.to_string()), None),
+                };
+                sqlx::query(
+                    "INSERT INTO subscription_secrets (subscription_id, reference, sealed, \
+                     expires_at) VALUES ($1, $2, $3, to_timestamp($4::float8 / 1000))",
+                )
+                .bind(&sub.id)
+                .bind(reference)
+                .bind(sealed)
+                .bind(spec.expires.map(epoch_ms))
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn epoch_ms(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Rows into subscriptions: secrets grouped by subscription (newest first, as queried), each
+/// row validated like a file entry.
+fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProblem>) {
+    let mut by_sub: HashMap<String, Vec<Result<SecretSpec, String>>> = HashMap::new();
+    for row in secrets {
+        let Ok(sub_id) = row.try_get::<String, _>("subscription_id") else {
+            continue;
+        };
+        by_sub
+            .entry(sub_id.clone())
+            .or_default()
+            .push(secret(row, &sub_id));
+    }
+    let mut list = Vec::with_capacity(rows.len());
+    let mut problems = Vec::new();
+    for row in rows {
+        let id: String = row.try_get("id").unwrap_or_default();
+        match subscription(row, by_sub.remove(&id).unwrap_or_default()) {
+            Ok(sub) => list.push(sub),
+            Err(message) => problems.push(RowProblem { id, message }),
+        }
+    }
+    (list, problems)
+}
+
+fn secret(row: &PgRow, sub_id: &str) -> Result<SecretSpec, String> {
+    let reference: Option<String> = row.try_get("reference").map_err(|e| e.to_string())?;
+    let sealed: Option<Vec<u8>> = row.try_get("sealed").map_err(|e| e.to_string())?;
+    let expires_ms: Option<i64> = row.try_get("expires_ms").map_err(|e| e.to_string())?;
+    let reference = match (reference, sealed) {
+        (Some(r), None) => SecretRef::parse(&r)?,
+        (None, Some(bytes)) => SecretRef::Sealed(SealedSecret {
+            subscription_id: sub_id.to_owned(),
+            sealed: Arc::from(bytes),
+        }),
+        _ => return Err("a secret row needs a reference or a sealed value, not both".into()),
+    };
+    let expires = expires_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs()));
+    Ok(SecretSpec { reference, expires })
+}
+
+fn subscription(
+    row: &PgRow,
+    secrets: Vec<Result<SecretSpec, String>>,
+) -> Result<Subscription, String> {
+    let field = |name: &str, e: sqlx::Error| format!("{name}: {e}");
+    let id: String = row.try_get("id").map_err(|e| field("id", e))?;
+    check_id(&id)
+        .map_err(|_| format!("id {id:?}: expected 1 to 128 letters, digits, '_' or '-'"))?;
+    let tenant: String = row.try_get("tenant").map_err(|e| field("tenant", e))?;
+    check_tenant(&tenant).map_err(|e| format!("tenant: {e}"))?;
+    let url: String = row.try_get("url").map_err(|e| field("url", e))?;
+    let url = parse_url(&url).map_err(|e| format!("url: {e}"))?;
+    let event_types: Option<Vec<String>> = row
+        .try_get("event_types")
+        .map_err(|e| field("event_types", e))?;
+    let event_types = event_types
+        .map(|t| parse_event_types(&t))
+        .transpose()
+        .map_err(|e| format!("event_types: {}", e.join("; ")))?;
+    let rate: Option<String> = row.try_get("rate").map_err(|e| field("rate", e))?;
+    let rate = rate
+        .map(|r| r.parse::<Rate>())
+        .transpose()
+        .map_err(|e| format!("rate: {e}"))?;
+    let max_concurrent: Option<i32> = row
+        .try_get("max_concurrent")
+        .map_err(|e| field("max_concurrent", e))?;
+    let secrets = secrets
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("secrets: {e}"))?;
+    if secrets.is_empty() {
+        return Err("secrets: none; at least one is needed to sign deliveries".into());
+    }
+    Ok(Subscription {
+        id,
+        tenant,
+        url,
+        event_types,
+        secrets,
+        enabled: row.try_get("enabled").map_err(|e| field("enabled", e))?,
+        paused: row.try_get("paused").map_err(|e| field("paused", e))?,
+        max_concurrent: max_concurrent
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 0),
+        rate,
+    })
+}
