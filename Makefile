@@ -1,5 +1,6 @@
-# The two commands README starts with. Both bring up a local RabbitMQ first if none answers.
-.PHONY: demo test broker check
+# The two commands README starts with. Both bring up a local RabbitMQ first if none answers;
+# the tests also a PostgreSQL.
+.PHONY: demo test broker database check
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
@@ -7,13 +8,16 @@ demo: broker
 
 # Format, lint, every test against the real broker, then the fault suite (which starts broker
 # nodes of its own on other ports and never touches the shared one).
-test: broker check
+test: broker database check
 	cargo nextest run --workspace --all-targets --no-fail-fast -E 'not binary(faults)'
 	cargo test --doc --workspace --quiet
 	cargo nextest run --test faults --no-fail-fast --no-capture
 
 broker:
 	rabbitmq/up
+
+database:
+	postgres/up
 
 check:
 	cargo fmt --all -- --check

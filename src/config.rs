@@ -198,7 +198,8 @@ impl<'de> Deserialize<'de> for SecretUrl {
 pub struct Config {
     /// The ladder file (`HOOKRELAY_LADDER`).
     pub ladder: PathBuf,
-    /// The subscriptions file (`HOOKRELAY_SUBSCRIPTIONS`).
+    /// The subscriptions file, or a `postgres://` URL of the subscription store
+    /// (`HOOKRELAY_SUBSCRIPTIONS`).
     pub subscriptions: PathBuf,
     pub amqp: AmqpConfig,
     pub management: ManagementConfig,
@@ -207,6 +208,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
+    pub store: StoreConfig,
     pub reload: ReloadConfig,
     pub egress: EgressConfig,
     pub endpoints: EndpointConfig,
@@ -226,6 +228,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
+            store: StoreConfig::default(),
             reload: ReloadConfig::default(),
             egress: EgressConfig::default(),
             endpoints: EndpointConfig::default(),
@@ -391,6 +394,32 @@ impl Default for SecretsConfig {
     fn default() -> Self {
         Self {
             refresh: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The PostgreSQL subscription store (used when `subscriptions` is a `postgres://` URL).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// References (`env:NAME`, `file:PATH`) to the keys that seal stored secrets, newest first:
+    /// the first seals, all open. Each key is 32 bytes in base64 (`hookrelay store
+    /// generate-key`). Needed by the API, and by workers once the store holds sealed secrets.
+    pub keys: Vec<String>,
+    /// How often a worker reads the whole store again, besides the changes it is notified of.
+    #[serde(with = "humantime_serde")]
+    pub resync: Duration,
+    /// The longest a connection to the store may take to open.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            resync: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -594,10 +623,16 @@ impl Config {
             ("worker.shutdown_grace", self.worker.shutdown_grace),
             ("reload.interval", self.reload.interval),
             ("metrics.poll_interval", self.metrics.poll_interval),
+            ("store.resync", self.store.resync),
+            ("store.connect_timeout", self.store.connect_timeout),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::invalid(field, "must be longer than zero"));
             }
+        }
+        for key in &self.store.keys {
+            crate::delivery::subscriptions::SecretRef::parse(key)
+                .map_err(|e| ConfigError::invalid("store.keys", e))?;
         }
         if self.amqp.reconnect_max < self.amqp.reconnect_min {
             return Err(ConfigError::invalid(

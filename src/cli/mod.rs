@@ -3,7 +3,7 @@
 //!
 //! `args` holds the clap definitions, whose doc comments are the help text; each command group
 //! has a file of its own (`topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
-//! `redrive`, `attempts`), and `common` what several of them share.
+//! `redrive`, `attempts`, `store`), and `common` what several of them share.
 
 mod args;
 mod attempts;
@@ -11,6 +11,7 @@ mod common;
 mod publish;
 mod redrive;
 mod status;
+mod store;
 mod subscriptions;
 mod tier;
 mod topology;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 
 pub use args::{
     AttemptsCommand, Cli, Command, EXIT_DRIFT, LadderArg, PublishArgs, RedriveArgs, StatusArgs,
-    SubscriptionsCommand, TierCommand, TopologyCommand, WorkerArgs,
+    StoreArg, StoreCommand, SubscriptionsCommand, TierCommand, TopologyCommand, WorkerArgs,
 };
 
 use crate::config::Config;
@@ -36,5 +37,6 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Tier(cmd) => tier::run(cmd, &config).await,
         Command::Redrive(args) => redrive::run(args, &config).await,
         Command::Attempts(cmd) => attempts::run(cmd, &config).await,
+        Command::Store(cmd) => store::run(cmd, &config).await,
     }
 }

@@ -1,31 +1,40 @@
 //! `subscriptions check`: validate a subscriptions file offline; `subscriptions pause` and
-//! `resume`: set `paused` in the file, and return a paused subscription's parked deliveries.
+//! `resume`: set `paused` in the file or the store, and return a paused subscription's parked
+//! deliveries; `import` and `export`: between a file and the PostgreSQL store.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use super::args::SubscriptionsCommand;
+use super::args::{StoreArg, SubscriptionsCommand};
 use super::common::{connect, load_ladder, publisher};
-use crate::config::Config;
+use crate::config::{Config, ProcessEnv};
 use crate::delivery::subscriptions::{SecretStore, Subscriptions};
+use crate::store::{PgStore, Source};
 
 pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         SubscriptionsCommand::Check { file } => check(&file, config),
+        SubscriptionsCommand::Import { file, store } => import(&file, &store, config).await,
+        SubscriptionsCommand::Export {
+            store,
+            out,
+            secrets_dir,
+        } => export(&store, out.as_deref(), secrets_dir.as_deref(), config).await,
         SubscriptionsCommand::Pause { subscription, file } => {
             let path = file.unwrap_or_else(|| config.subscriptions.clone());
-            if set_paused(&path, &subscription, true)? {
+            let source = Source::from_setting(&path);
+            if set_paused(&source, &subscription, true, config).await? {
                 println!(
                     "Paused {subscription} in {}: from their next reload (within {}), workers \
                      park its deliveries; nothing is attempted, cancelled or charged. Resume \
                      with `hookrelay subscriptions resume {subscription}`.",
-                    path.display(),
-                    crate::units::fmt_duration(config.reload.interval)
+                    source.shown(),
+                    crate::units::fmt_duration(seen_within(&source, config))
                 );
             } else {
-                println!("{subscription} is already paused in {}.", path.display());
+                println!("{subscription} is already paused in {}.", source.shown());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -37,21 +46,28 @@ pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::R
         } => {
             let ladder = load_ladder(&ladder, config)?;
             let path = file.unwrap_or_else(|| config.subscriptions.clone());
-            if set_paused(&path, &subscription, false)? {
+            let source = Source::from_setting(&path);
+            if set_paused(&source, &subscription, false, config).await? {
                 // Not needed for safety (a late park is moved by the second pass or returned
                 // to the worker after the unbind), only so that little parks again.
-                let wait = config.reload.interval * 2;
+                let wait = seen_within(&source, config) * 2;
                 println!(
                     "Set paused = false for {subscription} in {}; waiting {} for the workers to \
                      reload.",
-                    path.display(),
+                    source.shown(),
                     crate::units::fmt_duration(wait)
                 );
                 tokio::time::sleep(wait).await;
             }
-            let subscriptions = match Subscriptions::load(&path) {
-                Ok(s) => s,
-                Err(errors) => bail!("{errors}"),
+            let subscriptions = match &source {
+                Source::File(path) => match Subscriptions::load(path) {
+                    Ok(s) => s,
+                    Err(errors) => bail!("{errors}"),
+                },
+                Source::Postgres(url) => {
+                    let store = PgStore::connect(url, config.store.connect_timeout).await?;
+                    store.load_all().await?.0
+                }
             };
             // Refused before connecting: nothing to clean up.
             crate::ops::pause::check_resumable(&subscriptions, &subscription)?;
@@ -99,9 +115,39 @@ pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::R
     }
 }
 
+/// How soon workers see a change: the file's reload interval, or a notification from the store.
+fn seen_within(source: &Source, config: &Config) -> std::time::Duration {
+    match source {
+        Source::File(_) => config.reload.interval,
+        Source::Postgres(_) => std::time::Duration::from_secs(1),
+    }
+}
+
+/// Sets `paused` for `subscription` in the file or the store; false when it already said so.
+async fn set_paused(
+    source: &Source,
+    subscription: &str,
+    paused: bool,
+    config: &Config,
+) -> anyhow::Result<bool> {
+    match source {
+        Source::File(path) => set_paused_in_file(path, subscription, paused),
+        Source::Postgres(url) => {
+            let store = PgStore::connect(url, config.store.connect_timeout).await?;
+            store.check_schema().await?;
+            match crate::store::postgres::set_paused(&store, subscription, paused).await? {
+                Some(changed) => Ok(changed),
+                // Deleted: nothing to unpause; what it parked comes back and is cancelled.
+                None if !paused => Ok(false),
+                None => bail!("no subscription {subscription:?} in {}", store.shown()),
+            }
+        }
+    }
+}
+
 /// Sets `paused` for `subscription` in the file at `path` (write, then rename, as the worker's
 /// reload expects); false when it already said so.
-fn set_paused(path: &PathBuf, subscription: &str, paused: bool) -> anyhow::Result<bool> {
+fn set_paused_in_file(path: &Path, subscription: &str, paused: bool) -> anyhow::Result<bool> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let shown = path.display().to_string();
@@ -143,4 +189,63 @@ fn check(file: &Path, config: &Config) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+async fn import(file: &Path, store: &StoreArg, config: &Config) -> anyhow::Result<ExitCode> {
+    let subscriptions = match Subscriptions::load(file) {
+        Ok(s) => s,
+        Err(errors) => bail!(
+            "{} is not valid; nothing imported:\n{errors}",
+            file.display()
+        ),
+    };
+    let store = super::store::open(store, config).await?;
+    store.check_schema().await?;
+    let total = u64::try_from(subscriptions.len()).unwrap_or(u64::MAX);
+    let progress = crate::ops::progress::Progress::new(total, "written");
+    let mut done = 0;
+    let report = crate::store::transfer::import(&store, &subscriptions, || {
+        done += 1;
+        progress.set(done, "in one transaction");
+    })
+    .await;
+    progress.finish();
+    let report = report?;
+    println!(
+        "{} into {}: {} created, {} updated, {} unchanged.",
+        file.display(),
+        store.shown(),
+        report.created,
+        report.updated,
+        report.unchanged
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn export(
+    store: &StoreArg,
+    out: Option<&Path>,
+    secrets_dir: Option<&Path>,
+    config: &Config,
+) -> anyhow::Result<ExitCode> {
+    let store = super::store::open(store, config).await?;
+    store.check_schema().await?;
+    let keyring = if secrets_dir.is_some() {
+        crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?
+    } else {
+        crate::store::seal::Keyring::empty()
+    };
+    if let Some(dir) = secrets_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let text = crate::store::transfer::export(&store, &keyring, secrets_dir).await?;
+    match out {
+        Some(path) => {
+            std::fs::write(path, &text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!("{} written from {}.", path.display(), store.shown());
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

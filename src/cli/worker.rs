@@ -4,27 +4,48 @@ use std::process::ExitCode;
 
 use super::args::WorkerArgs;
 use super::common::load_ladder;
-use crate::config::Config;
-use crate::delivery::subscriptions::LiveSubscriptions;
+use std::sync::Arc;
+
+use crate::config::{Config, ProcessEnv};
+use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
+use crate::store::Source;
 
 pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     // Installed first: from here on SIGTERM or SIGINT is a clean stop, even while connecting.
     let mut shutdown = std::pin::pin!(shutdown_signal());
     let ladder = load_ladder(&args.ladder, &config)?;
-    let path = args
+    let setting = args
         .subscriptions
         .clone()
         .unwrap_or_else(|| config.subscriptions.clone());
-    let subscriptions = LiveSubscriptions::from_file(&path)?;
+    let source = Source::from_setting(&setting);
+    let (subscriptions, store) = match &source {
+        Source::File(path) => (LiveSubscriptions::from_file(path)?, None),
+        Source::Postgres(url) => {
+            let store = crate::store::follow::open(url, config.store.connect_timeout).await?;
+            let (first, problems) = store.load_all().await?;
+            for p in &problems {
+                tracing::error!(problem = %p, "A stored subscription does not validate; left out");
+            }
+            (LiveSubscriptions::followed(first), Some(store))
+        }
+    };
     tracing::info!(
         subscriptions = subscriptions.current().len(),
-        file = %path.display(),
+        from = %source.shown(),
         ladder = %ladder.prefix,
         lease_window = %crate::units::fmt_duration(config.lease_window()),
         "Starting worker"
     );
+    let keyring = if store.is_some() {
+        crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?
+    } else {
+        crate::store::seal::Keyring::empty()
+    };
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);
+    setup.secrets = SecretStore::new(setup.config.secrets.refresh).with_keyring(Arc::new(keyring));
+    setup.store = store;
     setup.name = args.name;
     let worker = tokio::select! {
         started = Worker::start(setup) => started?,

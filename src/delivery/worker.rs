@@ -77,6 +77,9 @@ pub struct WorkerSetup {
     pub lookup: Arc<dyn Lookup>,
     /// Labels the worker's connections in the management UI: `<name> consume`, `<name> publish`.
     pub name: String,
+    /// The PostgreSQL store `subscriptions` was loaded from, which the worker follows; `None`
+    /// for a file (reloaded as it changes) or fixed subscriptions.
+    pub store: Option<crate::store::PgStore>,
 }
 
 impl WorkerSetup {
@@ -88,6 +91,7 @@ impl WorkerSetup {
             subscriptions,
             lookup: Arc::new(SystemLookup),
             name: "hookrelay-worker".into(),
+            store: None,
         }
     }
 }
@@ -105,6 +109,7 @@ pub struct Worker {
     /// which lanes of tenants no longer dedicated exist. Filled at start and by every poll of
     /// the management API (`metrics.poll_interval`).
     queues: tokio::sync::watch::Sender<Option<Vec<String>>>,
+    store: Option<crate::store::PgStore>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -156,6 +161,7 @@ impl Worker {
             secrets,
             lookup,
             name,
+            store,
         } = setup;
         config
             .validate()
@@ -229,6 +235,7 @@ impl Worker {
             name,
             lanes,
             queues,
+            store,
         })
     }
 
@@ -254,6 +261,16 @@ impl Worker {
             stop_helpers.clone(),
         ))];
         let metrics = self.dispatcher.metrics.clone();
+        if let Some(store) = self.store.take() {
+            helpers.push(tokio::spawn(crate::store::follow::follow(
+                store,
+                Arc::clone(&self.dispatcher.subscriptions),
+                Arc::clone(&self.dispatcher.secrets),
+                metrics.clone(),
+                self.dispatcher.config.store.resync,
+                stop_helpers.clone(),
+            )));
+        }
         if let Some(listener) = self.vitals.take() {
             helpers.push(tokio::spawn(crate::observe::vitals::serve(
                 listener,

@@ -55,6 +55,13 @@ pub struct Metrics {
     pub reconnects: IntCounter,
     /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
     pub subscription_reloads: IntCounterVec,
+    /// 1 while the subscription store answers (always 1 for a file); 0 while the worker
+    /// delivers on its last snapshot of a PostgreSQL store that does not answer.
+    pub subscription_store_up: IntGauge,
+    /// When the snapshot last matched the PostgreSQL store (Unix time, seconds).
+    pub subscription_store_synced: prometheus::Gauge,
+    /// Subscription changes read from the PostgreSQL store after a notification.
+    pub subscription_store_changes: IntCounter,
     /// Notices (operational events, attempt log) dropped because the buffer was full.
     pub notices_dropped: IntCounter,
     /// Notices the broker did not confirm.
@@ -112,7 +119,10 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 25] = [
+    let collectors: [&dyn Collector; 28] = [
+        &m.subscription_store_up,
+        &m.subscription_store_synced,
+        &m.subscription_store_changes,
         &m.fleet_workers,
         &m.endpoints_recovering,
         &m.endpoints_quarantined,
@@ -296,6 +306,34 @@ impl Metrics {
                 "hookrelay_subscription_reloads_total",
                 "Changed subscriptions files looked at, by result (applied, refused)",
                 &["result"],
+            ),
+            subscription_store_up: {
+                let g = register(
+                    &r,
+                    IntGauge::new(
+                        "hookrelay_subscription_store_up",
+                        "1 while the subscription store answers; 0 while the worker delivers on its last snapshot",
+                    )
+                    .expect("valid metric"),
+                );
+                g.set(1);
+                g
+            },
+            subscription_store_synced: register(
+                &r,
+                prometheus::Gauge::new(
+                    "hookrelay_subscription_store_synced_timestamp_seconds",
+                    "When the snapshot last matched the PostgreSQL subscription store (Unix time)",
+                )
+                .expect("valid metric"),
+            ),
+            subscription_store_changes: register(
+                &r,
+                IntCounter::new(
+                    "hookrelay_subscription_store_changes_total",
+                    "Subscription changes read from the PostgreSQL store after a notification",
+                )
+                .expect("valid metric"),
             ),
             notices_dropped: register(
                 &r,

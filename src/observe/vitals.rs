@@ -48,13 +48,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: Ca
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
-            get(|State(m): State<Metrics>| async move {
-                if m.consuming.get() == 1 {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not consuming\n")
-                }
-            }),
+            get(|State(m): State<Metrics>| async move { readiness(&m) }),
         )
         .with_state(metrics);
     if let Some(addr) = addr {
@@ -63,6 +57,31 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, stop: Ca
     let _ = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
+}
+
+/// `/readyz`: ready while consuming every lane. A subscription store that does not answer does
+/// not make the worker unready (it delivers on its last snapshot), but the detail says so.
+fn readiness(m: &Metrics) -> (StatusCode, String) {
+    let (status, mut text) = if m.consuming.get() == 1 {
+        (StatusCode::OK, "ready\n".to_owned())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not consuming\n".to_owned(),
+        )
+    };
+    if m.subscription_store_up.get() == 0 {
+        let synced = m.subscription_store_synced.get();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        text.push_str(&format!(
+            "subscription store unreachable: delivering on the snapshot taken {:.0} s ago\n",
+            (now - synced).max(0.0)
+        ));
+    }
+    (status, text)
 }
 
 /// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready

@@ -4,14 +4,46 @@
 //! is a path, or a `postgres://` URL.
 //!
 //! - [`postgres`]: the database store: migrations, loading, writing.
+//! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
+//!   delivering on the last one while the database is away.
 //! - [`seal`]: secrets at rest, encrypted with the store's keys.
+//! - [`transfer`]: import a file into the store, export the store as a file.
 
+pub mod follow;
 pub mod postgres;
 pub mod seal;
+pub mod transfer;
 
 use std::path::{Path, PathBuf};
 
 pub use postgres::{PgStore, StoreError};
+
+use crate::config::{Env, StoreConfig};
+use crate::delivery::subscriptions::SecretRef;
+use seal::Keyring;
+
+/// The store's keys, read from their references (`store.keys`). The message names the
+/// reference at fault, never a key.
+pub fn keyring(config: &StoreConfig, env: &dyn Env) -> Result<Keyring, String> {
+    let mut keys = Vec::with_capacity(config.keys.len());
+    for raw in &config.keys {
+        let reference = SecretRef::parse(raw).map_err(|e| format!("store.keys: {raw}: {e}"))?;
+        let text = match &reference {
+            SecretRef::Env(name) => env.var(name).ok_or_else(|| {
+                format!("store.keys: {reference}: environment variable is not set")
+            })?,
+            SecretRef::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("store.keys: {reference}: cannot read file: {e}"))?,
+            SecretRef::Sealed(_) => {
+                return Err(format!("store.keys: {reference}: not a reference"));
+            }
+        };
+        Keyring::from_base64(&[text.trim()])
+            .map_err(|e| format!("store.keys: {reference}: {e}"))?;
+        keys.push(text.trim().to_owned());
+    }
+    Keyring::from_base64(&keys).map_err(|e| format!("store.keys: {e}"))
+}
 
 /// The `subscriptions` setting, read.
 #[derive(Debug, Clone, PartialEq, Eq)]

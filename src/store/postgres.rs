@@ -20,6 +20,8 @@ use crate::delivery::subscriptions::{
 };
 use crate::units::Rate;
 
+use super::seal::Keyring;
+
 /// The schema, embedded: `migrations/NNNN_name.sql`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
@@ -158,17 +160,28 @@ impl PgStore {
         Ok(())
     }
 
+    /// A read-only transaction in which both tables are read at one point in time.
+    async fn snapshot(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
     /// Every subscription, and the rows left out.
     pub async fn load_all(&self) -> Result<(Subscriptions, Vec<RowProblem>), StoreError> {
+        let mut tx = self.snapshot().await?;
         let rows = sqlx::query(&format!("SELECT {SUBSCRIPTION_COLUMNS} FROM subscriptions"))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
         let secrets = sqlx::query(&format!(
             "SELECT {SECRET_COLUMNS} FROM subscription_secrets \
              ORDER BY subscription_id, position DESC"
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         let (list, problems) = build(&rows, &secrets);
         Ok((Subscriptions::from_list(list), problems))
     }
@@ -180,19 +193,21 @@ impl PgStore {
         &self,
         ids: &[String],
     ) -> Result<(Vec<(String, Option<Subscription>)>, Vec<RowProblem>), StoreError> {
+        let mut tx = self.snapshot().await?;
         let rows = sqlx::query(&format!(
             "SELECT {SUBSCRIPTION_COLUMNS} FROM subscriptions WHERE id = ANY($1)"
         ))
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
         let secrets = sqlx::query(&format!(
             "SELECT {SECRET_COLUMNS} FROM subscription_secrets WHERE subscription_id = ANY($1) \
              ORDER BY subscription_id, position DESC"
         ))
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         let (list, problems) = build(&rows, &secrets);
         let mut found: HashMap<String, Subscription> =
             list.into_iter().map(|s| (s.id.clone(), s)).collect();
@@ -358,4 +373,105 @@ fn subscription(
             .filter(|&n| n > 0),
         rate,
     })
+}
+
+/// How many secrets the store holds, of each kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SecretCounts {
+    pub references: usize,
+    pub sealed: usize,
+}
+
+pub async fn secret_counts(store: &PgStore) -> Result<SecretCounts, StoreError> {
+    let (references, sealed): (i64, i64) =
+        sqlx::query_as("SELECT count(reference), count(sealed) FROM subscription_secrets")
+            .fetch_one(store.pool())
+            .await?;
+    Ok(SecretCounts {
+        references: usize::try_from(references).unwrap_or(0),
+        sealed: usize::try_from(sealed).unwrap_or(0),
+    })
+}
+
+/// How many sealed secrets are sealed with the keyring's first key.
+pub async fn sealed_with(store: &PgStore, ring: &Keyring) -> Result<usize, StoreError> {
+    let rows: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT sealed FROM subscription_secrets WHERE sealed IS NOT NULL")
+            .fetch_all(store.pool())
+            .await?;
+    Ok(rows.iter().filter(|s| ring.is_current(s)).count())
+}
+
+/// Seals every sealed secret not sealed with the first key again with it, in one transaction;
+/// returns how many. A secret that does not open with any key of the ring stops it: nothing is
+/// changed, and the error names its subscription.
+pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<usize, ResealError> {
+    let mut tx = store.pool().begin().await.map_err(StoreError::from)?;
+    let rows: Vec<(String, i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT subscription_id, position, sealed FROM subscription_secrets \
+         WHERE sealed IS NOT NULL FOR UPDATE",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    let mut count = 0;
+    for (id, position, sealed) in rows {
+        if ring.is_current(&sealed) {
+            continue;
+        }
+        let secret = ring.open(&id, &sealed).map_err(|e| ResealError::Open {
+            id: id.clone(),
+            message: e.to_string(),
+        })?;
+        let again = ring.seal(&id, &secret).map_err(|e| ResealError::Open {
+            id: id.clone(),
+            message: e.to_string(),
+        })?;
+        sqlx::query(
+            "UPDATE subscription_secrets SET sealed = $3 \
+             WHERE subscription_id = $1 AND position = $2",
+        )
+        .bind(&id)
+        .bind(position)
+        .bind(again)
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        count += 1;
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(count)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResealError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the sealed secret of subscription {id:?}: {message}; nothing was changed")]
+    Open { id: String, message: String },
+}
+
+/// Sets `paused` of a subscription; `None` when there is no such subscription, else whether
+/// it changed.
+pub async fn set_paused(
+    store: &PgStore,
+    id: &str,
+    paused: bool,
+) -> Result<Option<bool>, StoreError> {
+    let exists: Option<bool> = sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = $1")
+        .bind(id)
+        .fetch_optional(store.pool())
+        .await?;
+    match exists {
+        None => Ok(None),
+        Some(now) if now == paused => Ok(Some(false)),
+        Some(_) => {
+            sqlx::query("UPDATE subscriptions SET paused = $2, updated_at = now() WHERE id = $1")
+                .bind(id)
+                .bind(paused)
+                .execute(store.pool())
+                .await?;
+            Ok(Some(true))
+        }
+    }
 }

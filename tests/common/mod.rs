@@ -6,12 +6,14 @@
 //! - [`hostile`]: the table of messages that break the contract.
 //! - [`egress`]: a permissive egress policy and a resolver with fixed answers.
 //! - [`node`]: RabbitMQ nodes of a test's own, for the fault suite.
+//! - [`pg`]: PostgreSQL databases and servers of a test's own, for the store.
 
 #![allow(dead_code)]
 
 pub mod egress;
 pub mod hostile;
 pub mod node;
+pub mod pg;
 
 // Not every test binary uses each of these.
 #[allow(unused_imports)]
@@ -520,9 +522,31 @@ impl RunningWorker {
 
     /// Starts a worker from a setup; its name and a fast secret refresh are set here.
     pub async fn start_setup(t: &TestLadder, mut setup: WorkerSetup) -> Self {
+        setup.secrets = SecretStore::new(Duration::from_millis(100));
+        Self::launch(t, setup).await
+    }
+
+    /// A worker that follows a PostgreSQL store, opening sealed secrets with `keyring`.
+    pub async fn start_following(
+        t: &TestLadder,
+        config: Config,
+        store: hookrelay::store::PgStore,
+        keyring: hookrelay::store::seal::Keyring,
+    ) -> Self {
+        let (first, problems) = store.load_all().await.unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut setup =
+            WorkerSetup::new(config, t.ladder.clone(), LiveSubscriptions::followed(first));
+        setup.store = Some(store);
+        setup.secrets =
+            SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::new(keyring));
+        Self::launch(t, setup).await
+    }
+
+    /// Starts a worker from a setup as it is; its name is set here.
+    pub async fn launch(t: &TestLadder, mut setup: WorkerSetup) -> Self {
         let name = format!("{} worker", t.ladder.prefix);
         setup.name = name.clone();
-        setup.secrets = SecretStore::new(Duration::from_millis(100));
         let worker = Worker::start(setup).await.unwrap();
         let metrics = worker.metrics();
         let vitals = worker.vitals_addr();

@@ -65,6 +65,22 @@ impl LiveSubscriptions {
         Subscriptions::parse(&path.display().to_string(), text)
     }
 
+    /// Subscriptions a store keeps current ([`crate::store::follow`]), starting with `first`.
+    pub fn followed(first: Subscriptions) -> Self {
+        Self::fixed(first)
+    }
+
+    /// Puts a whole new version in force (a full read of a store).
+    pub fn replace(&self, subscriptions: Subscriptions) {
+        self.current.store(Arc::new(subscriptions));
+    }
+
+    /// Replaces (`Some`) or removes (`None`) some subscriptions, by id.
+    pub fn apply(&self, changes: Vec<(String, Option<Subscription>)>) {
+        let next = self.current.load().with_changes(changes);
+        self.current.store(Arc::new(next));
+    }
+
     /// The version in force now.
     pub fn current(&self) -> Arc<Subscriptions> {
         self.current.load_full()

@@ -1,0 +1,196 @@
+//! PostgreSQL for the store's tests: a database of the test's own on the machine's server
+//! (created with a unique name, dropped after, also when the test panics), and, for the fault
+//! tests, a server of the test's own on another port that the test stops and starts.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use hookrelay::store::PgStore;
+use sqlx::Connection;
+
+/// The server the tests use (`HOOKRELAY_TEST_DATABASE_URL`), as `postgres/up` leaves it.
+pub fn server_url() -> String {
+    std::env::var("HOOKRELAY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// `url` with its database replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let mut u = url::Url::parse(url).unwrap();
+    u.set_path(&format!("/{db}"));
+    u.to_string()
+}
+
+/// A database of the test's own, dropped with this value.
+pub struct TestDb {
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+impl TestDb {
+    pub async fn create() -> Self {
+        Self::create_on(&server_url()).await
+    }
+
+    pub async fn create_on(admin: &str) -> Self {
+        let name = format!("hookrelay_t_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        Self {
+            url: with_database(admin, &name),
+            admin: admin.to_owned(),
+            name,
+        }
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self) -> PgStore {
+        let store = PgStore::connect(&self.url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime; the drop statement gets a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A PostgreSQL server of the test's own on `port`, in a temporary directory: stopped and
+/// started by the test, removed with this value. Never the machine's server.
+pub struct PgNode {
+    pub port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.flatten().map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    versions.sort();
+    versions
+        .pop()
+        .expect("PostgreSQL's binaries under /usr/lib/postgresql (postgres/up installs them)")
+}
+
+fn as_postgres(program: &PathBuf) -> Command {
+    // The server refuses to run as root.
+    if nix_is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl PgNode {
+    pub fn start(port: u16) -> Self {
+        let bin = pg_bin();
+        let dir =
+            std::env::temp_dir().join(format!("hookrelay-pgnode-{port}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        if nix_is_root() {
+            assert!(
+                Command::new("chown")
+                    .arg("postgres:")
+                    .arg(&dir)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+        let out = as_postgres(&bin.join("initdb"))
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let node = Self { port, dir, bin };
+        node.resume();
+        node
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server at once (connections are cut).
+    pub fn stop(&self) {
+        let _ = as_postgres(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+    }
+
+    /// Starts it again and waits until it answers.
+    pub fn resume(&self) {
+        let out = as_postgres(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .arg("-o")
+            .arg(format!(
+                "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
+                self.port,
+                self.dir.display()
+            ))
+            .args(["-w", "start"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PgNode {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,379 @@
+//! The PostgreSQL subscription store on a real server: migrations, import and export, workers
+//! that follow changes, sealed secrets, and delivery going on while the database is away.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pg::{PgNode, TestDb};
+use common::{Counters, RunningWorker, SubsFile, TestLadder, event, secret, wait_until};
+use hookrelay::delivery::subscriptions::{
+    SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions,
+};
+use hookrelay::store::PgStore;
+use hookrelay::store::postgres::StoreError;
+use hookrelay::store::seal::{Keyring, generate_key};
+use hookrelay::store::transfer;
+use hookrelay_tools::receiver::{Receiver, Reply};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Writes `sub` into the store as the importer does.
+async fn put(store: &PgStore, sub: &Subscription) {
+    let (now, _) = store.load_all().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .put_from_file(&mut tx, sub, now.get(&sub.id).map(AsRef::as_ref))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn migrations_apply_once_and_a_store_without_them_is_refused_with_what_to_do() {
+    let db = TestDb::create().await;
+    let store = PgStore::connect(&db.url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let err = store.check_schema().await.unwrap_err();
+    assert!(matches!(err, StoreError::Behind { .. }), "{err}");
+    assert!(err.to_string().contains("hookrelay store migrate"), "{err}");
+
+    let (code, out, err) = common::hookrelay(&["store", "migrate", "--store", &db.url], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("applied 1 subscriptions"), "{out}");
+    let (code, out, _) = common::hookrelay(&["store", "migrate", "--store", &db.url], &[]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("nothing to apply"), "{out}");
+    store.check_schema().await.unwrap();
+    // The password is never shown.
+    assert!(!out.contains(":postgres@"), "{out}");
+
+    let (code, out, _) = common::hookrelay(&["store", "status", "--store", &db.url], &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("subscriptions:  0"), "{out}");
+}
+
+#[tokio::test]
+async fn import_is_idempotent_and_export_writes_the_same_subscriptions_back() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let text = r#"
+[[subscription]]
+id = "a"
+tenant = "acme"
+url = "https://hooks.example.com/a"
+event_types = ["order.*", "invoice.paid"]
+secrets = ["env:A_NEW", { ref = "env:A_OLD", expires = "2030-01-31T00:00:00Z" }]
+rate = "50/s"
+max_concurrent = 8
+
+[[subscription]]
+id = "b"
+tenant = "acme"
+url = "https://hooks.example.com/b"
+secrets = ["file:/run/secrets/b"]
+paused = true
+
+[[subscription]]
+id = "c"
+tenant = "globex"
+url = "https://globex.example/hook"
+secrets = ["env:C"]
+enabled = false
+"#;
+    let file = SubsFile::new(text);
+    let (code, out, err) = common::hookrelay(
+        &[
+            "subscriptions",
+            "import",
+            file.path.to_str().unwrap(),
+            "--store",
+            &db.url,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("3 created, 0 updated, 0 unchanged"), "{out}");
+
+    let parsed = Subscriptions::load(&file.path).unwrap();
+    let again = transfer::import(&store, &parsed, || {}).await.unwrap();
+    assert_eq!((again.created, again.updated, again.unchanged), (0, 0, 3));
+
+    let (stored, problems) = store.load_all().await.unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    for sub in parsed.iter() {
+        assert_eq!(stored.get(&sub.id).map(AsRef::as_ref), Some(sub.as_ref()));
+    }
+
+    // One change: one update, the rest untouched.
+    file.write(&text.replace(
+        "https://hooks.example.com/b",
+        "https://hooks.example.com/b2",
+    ));
+    let changed = Subscriptions::load(&file.path).unwrap();
+    let report = transfer::import(&store, &changed, || {}).await.unwrap();
+    assert_eq!(
+        (report.created, report.updated, report.unchanged),
+        (0, 1, 2)
+    );
+
+    let exported = transfer::export(&store, &Keyring::empty(), None)
+        .await
+        .unwrap();
+    let back = Subscriptions::parse("export", &exported).unwrap();
+    assert_eq!(back.len(), 3);
+    for sub in changed.iter() {
+        assert_eq!(
+            back.get(&sub.id).map(AsRef::as_ref),
+            Some(sub.as_ref()),
+            "{exported}"
+        );
+    }
+
+    // An invalid file imports nothing.
+    let bad = SubsFile::new(
+        "[[subscription]]\nid = \"d\"\ntenant = \"acme\"\nurl = \"ftp://x\"\nsecrets = [\"env:D\"]\n",
+    );
+    let (code, _, err) = common::hookrelay(
+        &[
+            "subscriptions",
+            "import",
+            bad.path.to_str().unwrap(),
+            "--store",
+            &db.url,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("nothing imported") && err.contains("url"),
+        "{err}"
+    );
+    assert_eq!(store.load_all().await.unwrap().0.len(), 3);
+}
+
+#[tokio::test]
+async fn sealed_secrets_sign_deliveries_and_export_refuses_them_without_a_secrets_dir() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let key = generate_key();
+    let ring = Keyring::from_base64(&[&key]).unwrap();
+    let whsec = hookrelay::delivery::signing::generate_secret();
+    let t = TestLadder::apply("store-sealed", &["1s"], &["1s"]).await;
+    let receiver = Receiver::start(std::slice::from_ref(&whsec), |_| Reply::Status(204))
+        .await
+        .unwrap();
+    let mut sub = Subscription::new(
+        "sealed",
+        "acme",
+        receiver.url("/").parse().unwrap(),
+        SecretRef::Env("UNUSED".into()),
+    );
+    sub.secrets = vec![SecretSpec::new(SecretRef::Sealed(SealedSecret {
+        subscription_id: "sealed".into(),
+        sealed: Arc::from(ring.seal("sealed", whsec.as_bytes()).unwrap()),
+    }))];
+    put(&store, &sub).await;
+
+    let w = RunningWorker::start_following(
+        &t,
+        t.config.clone(),
+        store.clone(),
+        Keyring::from_base64(&[&key]).unwrap(),
+    )
+    .await;
+    t.publish(&event("evt_sealed", "acme", "sealed")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    w.stop().await;
+
+    let err = transfer::export(&store, &ring, None).await.unwrap_err();
+    assert!(err.to_string().contains("--secrets-dir"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let text = transfer::export(&store, &ring, Some(dir.path()))
+        .await
+        .unwrap();
+    assert!(!text.contains(&whsec), "the file holds references only");
+    let back = Subscriptions::parse("export", &text).unwrap();
+    let SecretRef::File(path) = &back.get("sealed").unwrap().secrets[0].reference else {
+        panic!("{text}");
+    };
+    assert_eq!(std::fs::read_to_string(path).unwrap().trim(), whsec);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+}
+
+#[tokio::test]
+async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-follow", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let first = common::ok_receiver(&s).await;
+    let second = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub", "acme", &first.url("/"), &s),
+    )
+    .await;
+    let w =
+        RunningWorker::start_following(&t, t.config.clone(), store.clone(), Keyring::empty()).await;
+
+    t.publish(&event("evt_1", "acme", "sub")).await;
+    assert!(first.wait_until(WAIT, |r| r.delivered_count() == 1).await);
+
+    // Repointed: the next delivery goes to the new URL.
+    let changes = |w: &RunningWorker| {
+        w.metrics
+            .count("hookrelay_subscription_store_changes_total", &[])
+    };
+    let before = changes(&w);
+    let started = Instant::now();
+    sqlx::query("UPDATE subscriptions SET url = $1 WHERE id = 'sub'")
+        .bind(second.url("/"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(wait_until(WAIT, async || changes(&w) > before).await);
+    let seen_after = started.elapsed();
+    eprintln!("change in force after {seen_after:?}");
+    t.publish(&event("evt_2", "acme", "sub")).await;
+    assert!(second.wait_until(WAIT, |r| r.delivered_count() == 1).await);
+    assert_eq!(first.delivered_count(), 1);
+
+    // Paused: parked, not attempted.
+    let before = changes(&w);
+    sqlx::query("UPDATE subscriptions SET paused = true WHERE id = 'sub'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(wait_until(WAIT, async || changes(&w) > before).await);
+    t.publish(&event("evt_3", "acme", "sub")).await;
+    let parking = t.ladder.paused_queue("sub");
+    assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await == 1).await);
+    assert_eq!(second.request_count(), 1);
+
+    // Deleted: a new event for it is dead-lettered as for an unknown subscription, not sent.
+    let before = changes(&w);
+    sqlx::query("DELETE FROM subscriptions WHERE id = 'sub'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(wait_until(WAIT, async || changes(&w) > before).await);
+    t.publish(&event("evt_4", "acme", "sub")).await;
+    assert!(
+        wait_until(WAIT, async || {
+            w.metrics
+                .count("hookrelay_outcomes_total", &[("outcome", "invalid")])
+                >= 1
+        })
+        .await
+    );
+    assert_eq!(second.request_count(), 1);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_returns() {
+    let port = 46_000 + u16::try_from(std::process::id() % 1000).unwrap();
+    let node = Arc::new(
+        tokio::task::spawn_blocking(move || PgNode::start(port))
+            .await
+            .unwrap(),
+    );
+    let db = TestDb::create_on(&node.url()).await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-down", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let first = common::ok_receiver(&s).await;
+    let second = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub", "acme", &first.url("/"), &s),
+    )
+    .await;
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(2);
+    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
+    let up = |w: &RunningWorker| {
+        w.metrics
+            .registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == "hookrelay_subscription_store_up")
+            .map(|f| f.get_metric()[0].get_gauge().value())
+    };
+    assert_eq!(up(&w), Some(1.0));
+
+    // The database goes away under load.
+    t.publish_all((0..100).map(|i| event(&format!("evt_a{i}"), "acme", "sub")))
+        .await;
+    let n = Arc::clone(&node);
+    tokio::task::spawn_blocking(move || n.stop()).await.unwrap();
+    t.publish_all((0..100).map(|i| event(&format!("evt_b{i}"), "acme", "sub")))
+        .await;
+    assert!(
+        first.wait_until(WAIT, |r| r.delivered_count() == 200).await,
+        "{}",
+        first.delivered_count()
+    );
+    assert!(
+        wait_until(WAIT, async || up(&w) == Some(0.0)).await,
+        "the store's absence is reported"
+    );
+    let readyz = reqwest::get(format!("http://{}/readyz", w.vitals.unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(readyz.status(), 200);
+    let detail = readyz.text().await.unwrap();
+    assert!(
+        detail.contains("subscription store unreachable"),
+        "{detail}"
+    );
+
+    // Back: a change made after is in force without a restart.
+    let n = Arc::clone(&node);
+    tokio::task::spawn_blocking(move || n.resume())
+        .await
+        .unwrap();
+    assert!(wait_until(WAIT, async || up(&w) == Some(1.0)).await);
+    sqlx::query("UPDATE subscriptions SET url = $1 WHERE id = 'sub'")
+        .bind(second.url("/"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // Until the change is in force, events still go to the first URL; none is lost.
+    let mut after = 0;
+    let repointed = wait_until(WAIT, async || {
+        after += 1;
+        t.publish(&event(&format!("evt_after{after}"), "acme", "sub"))
+            .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        second.delivered_count() >= 1
+    })
+    .await;
+    assert!(repointed, "the change made after the outage is in force");
+    assert!(
+        wait_until(WAIT, async || {
+            first.delivered_count() + second.delivered_count() == 200 + after
+        })
+        .await,
+        "lost 0: {} + {} of {}",
+        first.delivered_count(),
+        second.delivered_count(),
+        200 + after
+    );
+    assert_eq!(first.duplicates() + second.duplicates(), 0);
+    w.stop().await;
+    drop(store);
+    drop(db);
+}
