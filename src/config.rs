@@ -485,6 +485,12 @@ pub struct EndpointConfig {
     /// (`endpoint.quarantined`; `endpoint.recovered` when it closes).
     #[serde(with = "humantime_serde")]
     pub quarantine_after: Duration,
+    /// How long a breaker stays open before hookrelay pauses the subscriptions pointing at its
+    /// endpoint in a PostgreSQL store, with a reason (`subscription.disabled`): their envelopes
+    /// park rather than cycle through the tiers until they expire. `0s`: never. A file is never
+    /// written: with a file this does nothing.
+    #[serde(with = "humantime_serde")]
+    pub disable_after: Duration,
     /// Attempts at once an endpoint is allowed when its breaker closes. The limit grows by one
     /// with each success and halves with each failure (or 429) until it reaches the endpoint's
     /// cap, so a recovered endpoint is not met with its whole backlog at once. `0`: no ramp.
@@ -505,6 +511,7 @@ impl Default for EndpointConfig {
             breaker_cooldown: Duration::from_secs(30),
             horizon: Duration::ZERO,
             quarantine_after: Duration::from_secs(300),
+            disable_after: Duration::from_secs(5 * 24 * 3600),
             recovery_start: 2,
             rate: None,
         }

@@ -377,3 +377,88 @@ async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_ret
     drop(store);
     drop(db);
 }
+
+#[tokio::test]
+async fn an_endpoint_failing_for_disable_after_has_its_subscriptions_disabled_and_parked() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-disable", &["1s"], &["1s"; 30]).await;
+    let events = t.keep_all(t.ladder.events_exchange().as_str()).await;
+    let s = secret();
+    let failing = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(503))
+        .await
+        .unwrap();
+    let healthy = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("down", "acme", &failing.url("/hook"), &s),
+    )
+    .await;
+    put(
+        &store,
+        &common::subscription("other", "acme", &healthy.url("/hook"), &s),
+    )
+    .await;
+    let mut config = t.config.clone();
+    config.endpoints.breaker_failures = 1;
+    config.endpoints.breaker_cooldown = Duration::from_millis(300);
+    config.endpoints.quarantine_after = Duration::from_millis(500);
+    config.endpoints.disable_after = Duration::from_secs(2);
+    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
+    t.publish(&event("evt_down", "acme", "down")).await;
+    t.publish(&event("evt_other", "acme", "other")).await;
+
+    let reason = async || -> Option<(bool, Option<String>)> {
+        sqlx::query_as("SELECT paused, disabled_reason FROM subscriptions WHERE id = 'down'")
+            .fetch_optional(store.pool())
+            .await
+            .unwrap()
+    };
+    assert!(
+        wait_until(WAIT, async || reason()
+            .await
+            .is_some_and(|(paused, _)| paused))
+        .await,
+        "the failing endpoint's subscription is disabled"
+    );
+    let (_, why) = reason().await.unwrap();
+    assert!(
+        why.as_deref().unwrap_or_default().contains("disable_after"),
+        "{why:?}"
+    );
+    // Its envelope waits in its parking queue, not cancelled, not dead-lettered.
+    let parking = t.ladder.paused_queue("down");
+    assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await == 1).await);
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+    // The other endpoint was never touched.
+    assert_eq!(healthy.delivered_count(), 1);
+    let other: bool = sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = 'other'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(!other);
+    // Announced once, with the reason.
+    let mut announced = Vec::new();
+    wait_until(WAIT, async || {
+        while let Some(m) = t
+            .channel
+            .basic_get(
+                events.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap()
+        {
+            let e: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
+            if e["event"] == "subscription.disabled" {
+                announced.push(e);
+            }
+        }
+        !announced.is_empty()
+    })
+    .await;
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert_eq!(announced[0]["subscription"], "down");
+    assert_eq!(announced[0]["reason"], "endpoint_failing");
+    w.stop().await;
+}

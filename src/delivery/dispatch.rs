@@ -16,8 +16,8 @@ use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
-use crate::delivery::endpoint::Endpoints;
 use crate::delivery::endpoint::HealthSignal;
+use crate::delivery::endpoint::{EndpointKey, Endpoints};
 use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
@@ -43,6 +43,9 @@ pub struct Dispatcher {
     /// Cancelled when the drain deadline has passed: deliveries still trying to store their
     /// outcome give up (unacked, they return to their lanes).
     pub(crate) abandon: tokio_util::sync::CancellationToken,
+    /// The PostgreSQL store the subscriptions come from, if any: where endpoints failing for
+    /// `endpoints.disable_after` get their subscriptions disabled.
+    pub(crate) store: Option<crate::store::PgStore>,
 }
 
 /// The decision, and what the HTTP attempt (if one was made) produced.
@@ -101,6 +104,7 @@ impl Dispatcher {
             notices,
             metrics,
             abandon: tokio_util::sync::CancellationToken::new(),
+            store: None,
         }
     }
 
@@ -280,6 +284,10 @@ impl Dispatcher {
                     info!(endpoint = %endpoint, open_for_ms = open_for.as_millis() as u64, "Endpoint recovered");
                     ("endpoint.recovered", endpoint, open_for)
                 }
+                HealthSignal::DisableDue { key, open_for } => {
+                    self.disable(key, *open_for);
+                    continue;
+                }
             };
             let detail = format!(
                 "circuit breaker open for {}",
@@ -291,6 +299,53 @@ impl Dispatcher {
                     .detail(&detail),
             );
         }
+    }
+
+    /// Pauses, in the store, every enabled subscription pointing at an endpoint whose breaker
+    /// has been open for `endpoints.disable_after`, with the reason, and announces each as
+    /// `subscription.disabled`: what waits for them parks instead of cycling through the tiers
+    /// until it expires. In a fleet, only the worker whose update changed a row announces it.
+    fn disable(&self, key: &EndpointKey, open_for: Duration) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let ids: Vec<String> = self
+            .subscriptions
+            .current()
+            .iter()
+            .filter(|s| s.enabled && !s.paused && EndpointKey::of(&s.url) == *key)
+            .map(|s| s.id.clone())
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let reason = format!(
+            "endpoint {} failing: its circuit breaker has been open for {} \
+             (endpoints.disable_after); resume the subscription once it answers",
+            key.label(),
+            crate::units::fmt_duration(Duration::from_secs(open_for.as_secs()))
+        );
+        let notices = self.notices.clone();
+        let endpoint = key.label();
+        tokio::spawn(async move {
+            match crate::store::postgres::disable(&store, &ids, &reason).await {
+                Ok(disabled) => {
+                    for (id, tenant) in disabled {
+                        warn!(subscription = %id, endpoint = %endpoint, "Subscription disabled: its endpoint has been failing for endpoints.disable_after; its deliveries park until it is resumed");
+                        let mut event =
+                            OperationalEvent::new("subscription.disabled", "endpoint_failing")
+                                .endpoint(&endpoint)
+                                .detail(&reason);
+                        event.tenant = Some(tenant);
+                        event.subscription = Some(id);
+                        notices.operational(event);
+                    }
+                }
+                Err(e) => {
+                    warn!(endpoint = %endpoint, error = %e, "Cannot disable the subscriptions of a failing endpoint; they keep being retried");
+                }
+            }
+        });
     }
 
     /// The delivery horizon: as configured, or the schedule's span.

@@ -80,6 +80,8 @@ pub struct Breaker {
     open_since: Option<Instant>,
     /// Whether this opening was announced as a quarantine.
     quarantined: bool,
+    /// Whether this opening asked for its subscriptions to be disabled.
+    disabled: bool,
 }
 
 /// A change in an endpoint's health that operators are told of (`endpoint.quarantined`,
@@ -96,6 +98,12 @@ pub enum HealthSignal {
         endpoint: String,
         open_for: Duration,
     },
+    /// Its breaker has been open for `open_for`, at least `endpoints.disable_after`: the
+    /// subscriptions pointing at `key` are to be disabled (paused, with a reason).
+    DisableDue {
+        key: EndpointKey,
+        open_for: Duration,
+    },
 }
 
 impl Breaker {
@@ -106,7 +114,19 @@ impl Breaker {
             state: State::Closed { failures: 0 },
             open_since: None,
             quarantined: false,
+            disabled: false,
         }
+    }
+
+    /// How long it has been open, the first time that is `after` or longer in this opening:
+    /// the moment to disable its subscriptions, once. `after` zero: never.
+    pub fn disable_due(&mut self, now: Instant, after: Duration) -> Option<Duration> {
+        let open_for = now.saturating_duration_since(self.open_since?);
+        if after.is_zero() || self.disabled || open_for < after {
+            return None;
+        }
+        self.disabled = true;
+        Some(open_for)
     }
 
     /// How long it has been open, the first time that is `after` or longer in this opening:
@@ -161,6 +181,7 @@ impl Breaker {
             return None;
         }
         let since = self.open_since.take()?;
+        self.disabled = false;
         std::mem::take(&mut self.quarantined).then(|| now.saturating_duration_since(since))
     }
 
@@ -563,7 +584,7 @@ impl Endpoints {
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let rate = rate.or(config.rate);
         let now = Instant::now();
-        let (admitted, quarantine, ramp_full) = {
+        let (admitted, quarantine, ramp_full, disable) = {
             let mut all = self.0.lock_health();
             let health = all.entry(key.clone()).or_insert_with(|| {
                 Health::new(Breaker::new(
@@ -574,6 +595,7 @@ impl Endpoints {
             let admitted = health.breaker.admit(now);
             // Seen at the deliveries that reach it: an endpoint nobody sends to is nobody's worry.
             let quarantine = health.breaker.quarantine_due(now, config.quarantine_after);
+            let disable = health.breaker.disable_due(now, config.disable_after);
             // A probe has no ramp (the ramp starts when a probe closes the breaker).
             let ramp_full = match health.ramp {
                 Some(ramp)
@@ -588,8 +610,14 @@ impl Endpoints {
             if !matches!(admitted, Admit::Refused { .. }) && ramp_full.is_none() {
                 health.in_flight += 1;
             }
-            (admitted, quarantine, ramp_full)
+            (admitted, quarantine, ramp_full, disable)
         };
+        if let Some(open_for) = disable {
+            self.0.signal(HealthSignal::DisableDue {
+                key: key.clone(),
+                open_for,
+            });
+        }
         if let Some(open_for) = quarantine {
             self.0.signal(HealthSignal::Quarantined {
                 endpoint: key.label(),
@@ -722,6 +750,26 @@ mod tests {
         b.record(false, t2);
         assert_eq!(b.admit(t2), Admit::Allowed);
         assert!(!b.is_open());
+    }
+
+    #[test]
+    fn a_breaker_open_long_enough_asks_once_per_opening_for_its_subscriptions_to_be_disabled() {
+        let t0 = Instant::now();
+        let after = Duration::from_secs(3600);
+        let mut b = Breaker::new(1, Duration::from_secs(5));
+        assert_eq!(b.disable_due(t0 + after, after), None, "closed");
+        b.record(true, t0);
+        assert_eq!(b.disable_due(t0 + after / 2, after), None, "not yet");
+        assert_eq!(b.disable_due(t0 + after, Duration::ZERO), None, "0s: never");
+        assert_eq!(b.disable_due(t0 + after, after), Some(after));
+        assert_eq!(b.disable_due(t0 + after * 2, after), None, "once");
+        // Closed and open again: a new opening asks again, after its own time.
+        let t1 = t0 + after * 2;
+        assert_eq!(b.admit(t1), Admit::Probe);
+        b.record(false, t1);
+        b.record(true, t1);
+        assert_eq!(b.disable_due(t1 + after / 2, after), None);
+        assert_eq!(b.disable_due(t1 + after, after), Some(after));
     }
 
     #[test]

@@ -217,7 +217,7 @@ impl Worker {
         let queues = tokio::sync::watch::Sender::new(list_queues(&config).await);
         let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
         let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
-        let dispatcher = Dispatcher::new(
+        let mut dispatcher = Dispatcher::new(
             config,
             ladder,
             Arc::new(subscriptions),
@@ -227,6 +227,7 @@ impl Worker {
             notices,
             metrics,
         );
+        dispatcher.store = store.clone();
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,

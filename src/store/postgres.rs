@@ -466,12 +466,34 @@ pub async fn set_paused(
         None => Ok(None),
         Some(now) if now == paused => Ok(Some(false)),
         Some(_) => {
-            sqlx::query("UPDATE subscriptions SET paused = $2, updated_at = now() WHERE id = $1")
-                .bind(id)
-                .bind(paused)
-                .execute(store.pool())
-                .await?;
+            // Resuming clears why hookrelay had disabled it, if it had.
+            sqlx::query(
+                "UPDATE subscriptions SET paused = $2, updated_at = now(), \
+                 disabled_reason = CASE WHEN $2 THEN disabled_reason END WHERE id = $1",
+            )
+            .bind(id)
+            .bind(paused)
+            .execute(store.pool())
+            .await?;
             Ok(Some(true))
         }
     }
+}
+
+/// Pauses the enabled, unpaused subscriptions among `ids` with `reason` (hookrelay disabling
+/// the subscriptions of an endpoint failing for `endpoints.disable_after`); returns the (id,
+/// tenant) of those this call changed.
+pub async fn disable(
+    store: &PgStore,
+    ids: &[String],
+    reason: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        "UPDATE subscriptions SET paused = true, disabled_reason = $2, updated_at = now() \
+         WHERE id = ANY($1) AND enabled AND NOT paused RETURNING id, tenant",
+    )
+    .bind(ids)
+    .bind(reason)
+    .fetch_all(store.pool())
+    .await?)
 }
