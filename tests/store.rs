@@ -225,11 +225,16 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
         &common::subscription("sub", "acme", &first.url("/"), &s),
     )
     .await;
-    let w =
-        RunningWorker::start_following(&t, t.config.clone(), store.clone(), Keyring::empty()).await;
+    // No periodic full read within the test: only the notification can bring a change.
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
 
-    t.publish(&event("evt_1", "acme", "sub")).await;
-    assert!(first.wait_until(WAIT, |r| r.delivered_count() == 1).await);
+    // Under load: a backlog being delivered while the subscription is repointed.
+    const LOAD: usize = 2_000;
+    t.publish_all((0..LOAD).map(|i| event(&format!("evt_load{i}"), "acme", "sub")))
+        .await;
+    assert!(first.wait_until(WAIT, |r| r.delivered_count() >= 100).await);
 
     // Repointed: the next delivery goes to the new URL.
     let changes = |w: &RunningWorker| {
@@ -245,10 +250,29 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
         .unwrap();
     assert!(wait_until(WAIT, async || changes(&w) > before).await);
     let seen_after = started.elapsed();
-    eprintln!("change in force after {seen_after:?}");
+    // The figure against the 1 s target comes from the benchmark (README, Performance); here,
+    // only that a notification brought it, far sooner than any resync.
+    eprintln!(
+        "change in force after {seen_after:?}, with {} of {LOAD} delivered",
+        first.delivered_count()
+    );
+    assert!(seen_after < Duration::from_secs(10), "{seen_after:?}");
+    // Every envelope of the backlog is delivered once, to one URL or the other.
+    assert!(
+        wait_until(WAIT, async || {
+            first.delivered_count() + second.delivered_count() == LOAD
+        })
+        .await
+    );
+    let to_first = first.delivered_count();
     t.publish(&event("evt_2", "acme", "sub")).await;
-    assert!(second.wait_until(WAIT, |r| r.delivered_count() == 1).await);
-    assert_eq!(first.delivered_count(), 1);
+    assert!(
+        second
+            .wait_until(WAIT, |r| r.delivered_count() == LOAD - to_first + 1)
+            .await
+    );
+    assert_eq!(first.delivered_count(), to_first);
+    assert_eq!(first.duplicates() + second.duplicates(), 0);
 
     // Paused: parked, not attempted.
     let before = changes(&w);
@@ -260,7 +284,7 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
     t.publish(&event("evt_3", "acme", "sub")).await;
     let parking = t.ladder.paused_queue("sub");
     assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await == 1).await);
-    assert_eq!(second.request_count(), 1);
+    let sent = second.request_count();
 
     // Deleted: a new event for it is dead-lettered as for an unknown subscription, not sent.
     let before = changes(&w);
@@ -278,7 +302,7 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
         })
         .await
     );
-    assert_eq!(second.request_count(), 1);
+    assert_eq!(second.request_count(), sent);
     w.stop().await;
 }
 
@@ -461,4 +485,80 @@ async fn an_endpoint_failing_for_disable_after_has_its_subscriptions_disabled_an
     assert_eq!(announced[0]["subscription"], "down");
     assert_eq!(announced[0]["reason"], "endpoint_failing");
     w.stop().await;
+}
+
+#[tokio::test]
+async fn the_worker_command_runs_on_the_store_and_pause_and_resume_write_it() {
+    let db = TestDb::create().await;
+    let t = TestLadder::apply("store-cli", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = common::ladder_file(&t, &dir);
+    let url = std::path::PathBuf::from(&db.url);
+
+    // Not migrated: the worker refuses, saying what to run.
+    let out = common::worker_process("unmigrated", &ladder, &url)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hookrelay store migrate"), "{err}");
+    assert!(!err.contains(":postgres@"), "no password in errors: {err}");
+
+    let store = db.store().await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub_a", "acme", &receiver.url("/"), &s),
+    )
+    .await;
+    let mut child = common::worker_process(&format!("{} cli", t.ladder.prefix), &ladder, &url)
+        .spawn()
+        .unwrap();
+    t.publish(&event("evt_1", "acme", "sub_a")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+
+    let ladder_arg = ladder.to_str().unwrap();
+    let (code, out, err) =
+        common::hookrelay(&["subscriptions", "pause", "sub_a", "--file", &db.url], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let paused: bool = sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = 'sub_a'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(paused);
+    // Seen by the worker within its notification: the next event parks.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    t.publish(&event("evt_2", "acme", "sub_a")).await;
+    let parking = t.ladder.paused_queue("sub_a");
+    assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await == 1).await);
+    assert_eq!(receiver.delivered_count(), 1);
+
+    let (code, out, err) = common::hookrelay(
+        &[
+            "subscriptions",
+            "resume",
+            "sub_a",
+            "--file",
+            &db.url,
+            "--ladder",
+            ladder_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("1 parked delivery(ies) returned"), "{out}");
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 2)
+            .await
+    );
+    assert_eq!(receiver.duplicates(), 0);
+    let _ = child.kill().await;
 }
