@@ -30,6 +30,38 @@ async fn put(store: &PgStore, sub: &Subscription) {
     tx.commit().await.unwrap();
 }
 
+/// A ladder, two endpoints, subscription `sub` of acme pointing at the first, and a worker
+/// following the store, reading it whole every `resync`.
+struct Repointable {
+    t: TestLadder,
+    first: Receiver,
+    second: Receiver,
+    w: RunningWorker,
+    _secret: common::Secret,
+}
+
+async fn repointable(name: &str, store: &PgStore, resync: Duration) -> Repointable {
+    let t = TestLadder::apply(name, &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let first = common::ok_receiver(&s).await;
+    let second = common::ok_receiver(&s).await;
+    put(
+        store,
+        &common::subscription("sub", "acme", &first.url("/"), &s),
+    )
+    .await;
+    let mut config = t.config.clone();
+    config.store.resync = resync;
+    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
+    Repointable {
+        t,
+        first,
+        second,
+        w,
+        _secret: s,
+    }
+}
+
 #[tokio::test]
 async fn migrations_apply_once_and_a_store_without_them_is_refused_with_what_to_do() {
     let db = TestDb::create().await;
@@ -216,19 +248,14 @@ async fn sealed_secrets_sign_deliveries_and_export_refuses_them_without_a_secret
 async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
     let db = TestDb::create().await;
     let store = db.store().await;
-    let t = TestLadder::apply("store-follow", &["1s"], &["1s", "1s"]).await;
-    let s = secret();
-    let first = common::ok_receiver(&s).await;
-    let second = common::ok_receiver(&s).await;
-    put(
-        &store,
-        &common::subscription("sub", "acme", &first.url("/"), &s),
-    )
-    .await;
     // No periodic full read within the test: only the notification can bring a change.
-    let mut config = t.config.clone();
-    config.store.resync = Duration::from_secs(600);
-    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
+    let Repointable {
+        t,
+        first,
+        second,
+        w,
+        _secret: _kept,
+    } = repointable("store-follow", &store, Duration::from_secs(600)).await;
 
     // Under load: a backlog being delivered while the subscription is repointed.
     const LOAD: usize = 2_000;
@@ -316,18 +343,13 @@ async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_ret
     );
     let db = TestDb::create_on(&node.url()).await;
     let store = db.store().await;
-    let t = TestLadder::apply("store-down", &["1s"], &["1s", "1s"]).await;
-    let s = secret();
-    let first = common::ok_receiver(&s).await;
-    let second = common::ok_receiver(&s).await;
-    put(
-        &store,
-        &common::subscription("sub", "acme", &first.url("/"), &s),
-    )
-    .await;
-    let mut config = t.config.clone();
-    config.store.resync = Duration::from_secs(2);
-    let w = RunningWorker::start_following(&t, config, store.clone(), Keyring::empty()).await;
+    let Repointable {
+        t,
+        first,
+        second,
+        w,
+        _secret: _kept,
+    } = repointable("store-down", &store, Duration::from_secs(2)).await;
     let up = |w: &RunningWorker| {
         w.metrics
             .registry

@@ -155,20 +155,25 @@ impl PgNode {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// `pg_ctl -D <its data directory>`.
+    fn pg_ctl(&self) -> Command {
+        let mut c = as_postgres(&self.bin.join("pg_ctl"));
+        c.arg("-D").arg(self.dir.join("data"));
+        c
+    }
+
     /// Stops the server at once (connections are cut).
     pub fn stop(&self) {
-        let _ = as_postgres(&self.bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.join("data"))
+        let _ = self
+            .pg_ctl()
             .args(["-m", "immediate", "-w", "stop"])
             .output();
     }
 
     /// Starts it again and waits until it answers.
     pub fn resume(&self) {
-        let out = as_postgres(&self.bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.join("data"))
+        let out = self
+            .pg_ctl()
             .arg("-l")
             .arg(self.dir.join("server.log"))
             .arg("-o")
