@@ -146,3 +146,36 @@ async fn one_worker_keeps_an_endpoint_under_its_rate() {
 async fn two_workers_keep_an_endpoint_under_its_rate() {
     rate_limit_holds_at_the_endpoint("fleetrate2", 2).await;
 }
+
+#[tokio::test]
+async fn a_joining_worker_takes_its_share_from_the_start_not_after_its_first_poll() {
+    let t = TestLadder::apply("fleet-join", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    let first = fleet(&t, 1, std::slice::from_ref(&sub)).await;
+    // Once the broker's statistics show the first worker's consumer.
+    let api = common::management(&t.config);
+    let lane = t.ladder.fleet_lane();
+    assert!(
+        wait_until(WAIT, async || {
+            api.queues()
+                .await
+                .is_ok_and(|qs| qs.iter().any(|q| q.name == lane && q.consumers == 1))
+        })
+        .await
+    );
+    // The second worker's first poll is an hour away: what it counts now it counted at start.
+    let mut config = t.config.clone();
+    config.metrics.poll_interval = Duration::from_secs(3600);
+    let second = RunningWorker::start_with(&t, config, vec![sub]).await;
+    assert_eq!(
+        second.metrics.fleet_workers.get(),
+        2,
+        "a worker joining one other takes half the limits before it consumes"
+    );
+    second.stop().await;
+    for w in first {
+        w.stop().await;
+    }
+}

@@ -487,6 +487,15 @@ impl Ladder {
         self.name("ingress.unrouted")
     }
     /// The shared first-attempt lane of an unsharded ladder.
+    /// The lane whose consumers are the fleet: the first shared lane (shard 0 when sharded),
+    /// which every worker consumes ([`crate::delivery::fleet`]).
+    pub fn fleet_lane(&self) -> String {
+        self.shared_lanes()
+            .first()
+            .map(|(first, _, _)| first.clone())
+            .unwrap_or_else(|| self.first_lane())
+    }
+
     pub fn first_lane(&self) -> String {
         self.name("ready.first")
     }

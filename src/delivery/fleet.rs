@@ -11,39 +11,81 @@
 //! (this worker is between sessions), the last known count stays; it starts at 1, so a worker
 //! alone, or one that never reaches the API, keeps the whole limits as before.
 //!
+//! A worker joining counts the fleet before it consumes: the consumers of that lane when it
+//! starts, plus itself. The management API's counts lag (by its statistics interval, 5 s by
+//! default), so for [`JOIN_GRACE`] a poll that counts fewer than that is taken as stale and the
+//! count at joining stays; after that, or once a poll agrees, polls decide. Too many workers
+//! counted for a moment costs a little throughput; too few would exceed the endpoint's limit.
+//!
 //! Shares round down, at least 1: a cap of 10 over 3 workers is 3 each, so the fleet's sum
 //! never exceeds the cap, unless there are more workers than the cap, when each still makes one
 //! attempt at a time (an endpoint must not starve) and the fleet may make one per worker.
 //! A change of shares does not recall attempts already out: for about one attempt after a
 //! worker joins, the older workers' attempts made under their larger share are still finishing.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::units::Rate;
 
+/// How long the count a worker made when joining outlasts polls that count fewer: more than
+/// the management API's default statistics interval (5 s) twice over.
+pub const JOIN_GRACE: Duration = Duration::from_secs(15);
+
 /// The live worker count, shared by a worker's management poll and its admissions.
 #[derive(Debug, Clone)]
-pub struct Fleet(Arc<AtomicU32>);
+pub struct Fleet(Arc<Count>);
+
+#[derive(Debug)]
+struct Count {
+    workers: AtomicU32,
+    /// The count at joining, and until when a lower poll is taken as stale.
+    joined: Mutex<Option<(u32, Instant)>>,
+}
 
 impl Default for Fleet {
     fn default() -> Self {
-        Self(Arc::new(AtomicU32::new(1)))
+        Self(Arc::new(Count {
+            workers: AtomicU32::new(1),
+            joined: Mutex::new(None),
+        }))
     }
 }
 
 impl Fleet {
     /// Live workers, as last seen; 1 until a poll says otherwise.
     pub fn workers(&self) -> u32 {
-        self.0.load(Ordering::Relaxed).max(1)
+        self.0.workers.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Counts the fleet when this worker joins, before it consumes: `others` consume the lane
+    /// already, so the fleet is `others + 1` from now, and stays at least that for `grace`
+    /// unless a poll agrees sooner.
+    pub fn join(&self, others: u32, now: Instant, grace: Duration) -> u32 {
+        let count = others.saturating_add(1);
+        self.0.workers.store(count, Ordering::Relaxed);
+        *self.0.joined.lock().unwrap_or_else(|p| p.into_inner()) = Some((count, now + grace));
+        count
     }
 
     /// Takes a consumer count of the first shared lane; 0 (nobody consuming it, this worker
-    /// included) keeps the last count. Returns the count in force.
+    /// included) keeps the last count, and so does a lower count while the count at joining
+    /// holds. Returns the count in force.
     pub fn observe(&self, consumers: u32) -> u32 {
+        self.observe_at(consumers, Instant::now())
+    }
+
+    pub fn observe_at(&self, consumers: u32, now: Instant) -> u32 {
+        let mut joined = self.0.joined.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((count, until)) = *joined {
+            if consumers < count && now < until {
+                return self.workers();
+            }
+            *joined = None;
+        }
         if consumers > 0 {
-            self.0.store(consumers, Ordering::Relaxed);
+            self.0.workers.store(consumers, Ordering::Relaxed);
         }
         self.workers()
     }
@@ -96,6 +138,27 @@ impl Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joining_worker_counts_itself_until_polls_catch_up() {
+        let fleet = Fleet::default();
+        let t0 = Instant::now();
+        assert_eq!(fleet.join(1, t0, JOIN_GRACE), 2);
+        assert_eq!(fleet.share(10), 5);
+        // A stale poll that has not seen this worker yet does not halve the fleet back.
+        assert_eq!(fleet.observe_at(1, t0 + Duration::from_secs(5)), 2);
+        // A poll that agrees ends the grace; later polls decide alone.
+        assert_eq!(fleet.observe_at(2, t0 + Duration::from_secs(6)), 2);
+        assert_eq!(fleet.observe_at(1, t0 + Duration::from_secs(7)), 1);
+        // Without agreement, the grace runs out.
+        let late = Fleet::default();
+        late.join(2, t0, JOIN_GRACE);
+        assert_eq!(late.observe_at(1, t0 + JOIN_GRACE), 1);
+        // More workers seen at once are taken at once.
+        let more = Fleet::default();
+        more.join(0, t0, JOIN_GRACE);
+        assert_eq!(more.observe_at(3, t0), 3);
+    }
 
     #[test]
     fn shares_round_down_and_never_reach_zero() {

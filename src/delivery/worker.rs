@@ -214,7 +214,18 @@ impl Worker {
             ladder.attempts_exchange(),
             metrics.clone(),
         );
-        let queues = tokio::sync::watch::Sender::new(list_queues(&config).await);
+        let listed = list_queues(&config).await;
+        // Consumers of the lane every worker consumes, before this one does: the fleet it joins.
+        let others = listed.as_ref().and_then(|queues| {
+            let counted = ladder.fleet_lane();
+            queues
+                .iter()
+                .find(|q| q.name == counted)
+                .map(|q| q.consumers)
+        });
+        let queues = tokio::sync::watch::Sender::new(
+            listed.map(|queues| queues.into_iter().map(|q| q.name).collect()),
+        );
         let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
         let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
         let mut dispatcher = Dispatcher::new(
@@ -228,6 +239,14 @@ impl Worker {
             metrics,
         );
         dispatcher.store = store.clone();
+        if let Some(others) = others {
+            let workers = dispatcher.endpoints.fleet().join(
+                u32::try_from(others).unwrap_or(u32::MAX),
+                std::time::Instant::now(),
+                crate::delivery::fleet::JOIN_GRACE,
+            );
+            dispatcher.metrics.fleet_workers.set(i64::from(workers));
+        }
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
@@ -651,7 +670,7 @@ pub fn shard_prefetch(budget: u16, shards: u16) -> u16 {
 }
 
 /// The queues of the worker's vhost, or `None` (logged) when the management API cannot say.
-async fn list_queues(config: &Config) -> Option<Vec<String>> {
+async fn list_queues(config: &Config) -> Option<Vec<crate::broker::management::QueueInfo>> {
     let listed = match Management::new(
         &config.management.url,
         &Management::vhost_of(&config.amqp.url),
@@ -660,9 +679,9 @@ async fn list_queues(config: &Config) -> Option<Vec<String>> {
         Err(e) => Err(e),
     };
     match listed {
-        Ok(queues) => Some(queues.into_iter().map(|q| q.name).collect()),
+        Ok(queues) => Some(queues),
         Err(e) => {
-            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers");
+            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers, and the fleet is counted then");
             None
         }
     }

@@ -103,11 +103,7 @@ pub async fn poll_queues(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
-    let counted = ladder
-        .shared_lanes()
-        .first()
-        .map(|(first, _, _)| first.clone())
-        .unwrap_or_else(|| ladder.first_lane());
+    let counted = ladder.fleet_lane();
     metrics.fleet_workers.set(i64::from(fleet.workers()));
     loop {
         tokio::select! {
