@@ -168,6 +168,11 @@ async fn status_shows_every_queue_of_the_ladder_and_explains_failures() {
         "{table}"
     );
     assert!(table.contains(&format!("{p}.retry-5s")), "{table}");
+    // Nobody consumes the test's ladder: a fleet of none.
+    assert!(
+        table.contains(&format!("Workers: 0 (consumers of {p}.ready.first;")),
+        "{table}"
+    );
 
     // A ladder nobody applied, and a management API that does not answer.
     let other = dir.path().join("other.toml");

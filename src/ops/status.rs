@@ -327,12 +327,27 @@ fn opt_rate(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}"))
 }
 
+/// The workers consuming the ladder: one consumer each on the fleet's lane, the count every
+/// worker divides the endpoint limits by.
+fn render_fleet(ladder: &Ladder, rows: &[QueueStatus]) -> String {
+    let lane = ladder.fleet_lane();
+    match rows.iter().find(|r| r.queue == lane && r.exists) {
+        Some(r) => format!(
+            "Workers: {} (consumers of {lane}; each takes 1/{} of every endpoint cap and rate)\n\n",
+            r.consumers,
+            r.consumers.max(1)
+        ),
+        None => "\n".to_owned(),
+    }
+}
+
 /// The table `hookrelay status` prints.
 pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) -> String {
     let mut out = format!(
-        "Ladder {:?} on vhost {vhost:?} (RabbitMQ {broker}); rates are per second\n\n",
+        "Ladder {:?} on vhost {vhost:?} (RabbitMQ {broker}); rates are per second\n",
         ladder.prefix
     );
+    out.push_str(&render_fleet(ladder, rows));
     let header = [
         "QUEUE", "ROLE", "READY", "UNACKED", "CONS", "IN/s", "OUT/s", "OLDEST", "TTL", "NEXT",
     ];
