@@ -22,10 +22,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // lapin logs every message the broker returns, body and all, at WARN: a webhook's payload
+    // has no place in a log line. hookrelay counts and reports returns itself.
+    const QUIET: &str = "lapin::returned_messages=error";
     let level = config.log.level.as_str();
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(QUIET.parse().unwrap_or_default());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -858,3 +858,45 @@ async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_un
     );
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
 }
+
+#[tokio::test]
+async fn an_unbound_attempt_log_is_counted_and_said_once_never_dumped_per_record() {
+    let t = TestLadder::apply("unrouted-log", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let ((_dir, _subs), mut command) = subprocess_for(&t, &receiver, &s);
+    let port = common::node::free_port();
+    let child = command
+        .env("HOOKRELAY_LOG_LEVEL", "info")
+        .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Records with several routing keys, over more than a second: nobody keeps the log.
+    for round in 0..3 {
+        t.publish_all((0..20).map(|i| common::event(&format!("evt_{round}_{i}"), "acme", "sub_a")))
+            .await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(
+        receiver
+            .wait_until(Duration::from_secs(20), |r| r.delivered_count() == 60)
+            .await
+    );
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let counted = wait_until(Duration::from_secs(10), async || {
+        let (_, metrics) = http_get(addr, "/metrics").await;
+        sample(&metrics, "hookrelay_notices_unroutable_total").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    terminate(&child);
+    let out = child.wait_with_output().await.unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !log.contains("returned us a message"),
+        "no record is dumped per return: {log}"
+    );
+    assert!(counted, "unroutable notices are counted");
+    let said = log.matches("no queue is bound").count();
+    assert_eq!(said, 1, "said once a minute at most: {log}");
+}

@@ -265,6 +265,8 @@ impl Notices {
 
 /// How long notices for a routing key nobody is bound to are skipped after the broker said so.
 const UNROUTED_PAUSE: Duration = Duration::from_secs(1);
+/// How often unroutable notices are said in the log.
+const UNROUTED_SAID_EVERY: Duration = Duration::from_secs(60);
 
 /// Publishes notices, pipelining confirms. A notice the broker returns as unroutable (no queue is
 /// bound for its routing key) would have been dropped by the broker anyway; for a second after
@@ -282,13 +284,30 @@ async fn drain(
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    let settle = |result: Result<(), PublishError>| match result {
+    let mut said: Option<Instant> = None;
+    let mut unsaid: u64 = 0;
+    let mut settle = |result: Result<(), PublishError>| match result {
         Ok(()) => {}
         Err(PublishError::Unroutable {
             exchange,
             routing_key,
             ..
         }) => {
+            metrics.notices_unroutable.inc();
+            // Said at most once a minute, without the record: the count is in the metric.
+            unsaid += 1;
+            if said.is_none_or(|at| at.elapsed() >= UNROUTED_SAID_EVERY) {
+                warn!(
+                    %exchange,
+                    %routing_key,
+                    returned = unsaid,
+                    "Notices returned by the broker: no queue is bound to keep them; bind a \
+                     queue or stream to the exchange to keep them (counted in \
+                     hookrelay_notices_unroutable_total, said at most once a minute)"
+                );
+                said = Some(Instant::now());
+                unsaid = 0;
+            }
             if let Some(route) = routes.iter().find(|r| r.exchange == exchange) {
                 route.mark_unrouted(routing_key);
             }

@@ -64,6 +64,8 @@ pub struct Metrics {
     pub subscription_store_changes: IntCounter,
     /// Notices (operational events, attempt log) dropped because the buffer was full.
     pub notices_dropped: IntCounter,
+    /// Notices the broker returned because no queue is bound for them (nobody keeps them).
+    pub notices_unroutable: IntCounter,
     /// Notices the broker did not confirm.
     pub notices_failed: IntCounter,
     /// Endpoints whose breaker has been open longer than `endpoints.quarantine_after`.
@@ -119,7 +121,7 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 28] = [
+    let collectors: [&dyn Collector; 29] = [
         &m.subscription_store_up,
         &m.subscription_store_synced,
         &m.subscription_store_changes,
@@ -148,6 +150,7 @@ pub fn metric_names() -> Vec<String> {
         &m.subscription_reloads,
         &m.notices_dropped,
         &m.notices_failed,
+        &m.notices_unroutable,
     ];
     let mut names: Vec<String> = collectors
         .iter()
@@ -340,6 +343,14 @@ impl Metrics {
                 IntCounter::new(
                     "hookrelay_notices_dropped_total",
                     "Operational events and attempt-log entries dropped because the buffer was full",
+                )
+                .expect("valid metric"),
+            ),
+            notices_unroutable: register(
+                &r,
+                IntCounter::new(
+                    "hookrelay_notices_unroutable_total",
+                    "Notices returned by the broker because no queue is bound for them",
                 )
                 .expect("valid metric"),
             ),
