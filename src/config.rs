@@ -496,7 +496,7 @@ pub struct EndpointConfig {
     /// cap, so a recovered endpoint is not met with its whole backlog at once. `0`: no ramp.
     pub recovery_start: u32,
     /// Requests per unit of time per endpoint (`"50/s"`, `"600/m"`), fleet-wide; a
-    /// subscription's `rate` overrides. A delivery over it is deferred into the shortest tier.
+    /// subscription's `rate` overrides. A delivery over it is deferred into a deferral queue.
     /// `""`: no limit.
     #[serde(serialize_with = "write_optional", deserialize_with = "read_rate")]
     pub rate: Option<Rate>,

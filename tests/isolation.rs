@@ -13,7 +13,7 @@ use common::{
     wait_until,
 };
 use hookrelay::contract::headers;
-use hookrelay::contract::ladder::QueueType;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -190,21 +190,30 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
 
 #[tokio::test]
 async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full() {
-    // The 5s tier is in no step of the schedule: only an escalating deferral would use it.
-    let t = TestLadder::apply("cap", &["300ms", "5s"], &["300ms"; 6]).await;
+    // One long tier: a deferral that waited there would hold its envelope for 30 s. The
+    // deferral queues are short, and the second is in no step of anything but an escalation.
+    let ladder = Ladder::build(
+        &common::unique("cap"),
+        QueueType::Quorum,
+        &["30s"],
+        &["30s"; 2],
+    )
+    .unwrap()
+    .with_deferrals(&["200ms", "700ms"])
+    .unwrap();
+    let t = TestLadder::apply_ladder(common::config(), ladder).await;
     let s = secret();
+    // Faster than the shortest deferral queue: an endpoint none of whose attempts has answered
+    // within that delay counts as stuck (see `route::is_stuck`), which is not this test.
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
-        Reply::Slow(Duration::from_millis(200), 200)
+        Reply::Slow(Duration::from_millis(100), 200)
     })
     .await
     .unwrap();
     let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
     capped.max_concurrent = Some(3);
-    let mut config = t.config.clone();
-    // Longer than this ladder's 1.8 s span: deferrals are not attempts, so every envelope is
-    // delivered in the end.
-    config.endpoints.horizon = Duration::from_secs(120);
-    let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
+    let worker = RunningWorker::start_with(&t, t.config.clone(), vec![capped]).await;
+    let published = std::time::Instant::now();
     t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
         .await;
     assert!(
@@ -212,11 +221,12 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
             .wait_until(Duration::from_secs(60), |r| r.delivered_count() == 30)
             .await
     );
+    let took = published.elapsed();
     let m = worker.metrics.clone();
     worker.stop().await;
     assert_eq!(receiver.max_in_flight(), 3);
-    // 30 envelopes at 3 x 200 ms cannot all get a slot at once: some were deferred to a tier,
-    // with no request made, and none was charged an attempt for it.
+    // 30 envelopes at 3 x 100 ms cannot all get a slot at once: some were deferred, with no
+    // request made, and none was charged an attempt for it.
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
     assert_eq!(
         receiver.request_count(),
@@ -224,12 +234,24 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
         "no request was made for a deferral"
     );
     assert!(receiver.records().iter().all(|r| r.attempt == 1));
-    // A healthy endpoint at its cap is paced through the shortest tier, however often an
-    // envelope found it full: never held back in longer tiers as for an open breaker.
-    assert_eq!(
-        m.count("hookrelay_retries_total", &[("tier", "retry-5s")]),
-        0,
-        "cap deferrals escalated"
+    // A healthy endpoint at its cap: deferred into the deferral queues, never into the tier,
+    // so the last envelope came back in a fraction of the tier's 30 s (10 rounds of 100 ms
+    // take 1 s; the rest is the deferrals' round trips).
+    let into = |tier: &str| m.count("hookrelay_retries_total", &[("tier", tier)]);
+    assert_eq!(into("retry-30s"), 0, "a cap deferral waited in the tier");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    // The first deferral waits 200 ms; one that finds the cap full again in a row waits longer.
+    assert!(into("defer-200ms") > 0);
+    assert!(
+        into("defer-700ms") > 0,
+        "busy deferrals in a row escalate: {} then {}",
+        into("defer-200ms"),
+        into("defer-700ms")
+    );
+    eprintln!(
+        "took {took:?}; deferrals into defer-200ms {}, into defer-700ms {}",
+        into("defer-200ms"),
+        into("defer-700ms")
     );
     assert_eq!(receiver.duplicates(), 0);
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
@@ -324,7 +346,7 @@ async fn retry_after_is_honoured_under_load() {
     .await
     .unwrap();
     // Room for all at once: an envelope over the endpoint's cap would be deferred (at once,
-    // into the shortest tier) rather than wait, which is not what this test is about.
+    // into a deferral queue) rather than wait, which is not what this test is about.
     let mut sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
     sub.max_concurrent = Some(N as u32);
     let worker = RunningWorker::start(&t, vec![sub]).await;
@@ -634,6 +656,16 @@ async fn a_delivery_over_its_endpoints_cap_leaves_the_lane_at_once() {
     assert_eq!(hang.accepted.load(Ordering::SeqCst), 1, "A's cap is 1");
     let m = worker.metrics.clone();
     assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) >= 1);
+    // A's one attempt never answers: once its endpoint has shown no progress for the shortest
+    // deferral queue's delay, its deliveries wait in the tier instead of cycling through the
+    // deferral queues.
+    let into = |tier: &str| m.count("hookrelay_retries_total", &[("tier", tier)]);
+    assert!(
+        wait_until(WAIT, async || into("retry-1s") > 0).await,
+        "a stuck endpoint's deferrals went on cycling: {} into defer-250ms",
+        into("defer-250ms")
+    );
+    assert_eq!(into("defer-5s"), 0, "no escalation while stuck");
     drop(hang);
     worker.stop().await;
 }

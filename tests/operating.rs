@@ -673,10 +673,13 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
     let ladder =
         hookrelay::contract::ladder::Ladder::parse(include_str!("../topology/ladder.toml"))
             .unwrap();
-    let tiers: Vec<String> = ladder.tiers.iter().map(|t| t.name.clone()).collect();
+    let tiers: Vec<String> = ladder
+        .tier_ids()
+        .map(|id| ladder.tier(id).name.clone())
+        .collect();
     assert_eq!(
         stalled_tiers, tiers,
-        "every tier of the default ladder has a stall rule"
+        "every tier and deferral queue of the default ladder has a stall rule"
     );
 }
 

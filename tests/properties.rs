@@ -7,7 +7,7 @@ use std::time::Duration;
 use hookrelay::contract::envelope::{Envelope, check_event_type, check_id, check_tenant};
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::Ladder;
-use hookrelay::delivery::route::{AttemptResult, DeadReason, Outcome, decide};
+use hookrelay::delivery::route::{AttemptResult, DeadReason, DeferCause, Outcome, decide};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use proptest::prelude::*;
@@ -121,16 +121,21 @@ fn results() -> impl Strategy<Value = AttemptResult> {
         ".{0,20}".prop_map(AttemptResult::Transport),
         ".{0,20}".prop_map(AttemptResult::NotSent),
         ".{0,20}".prop_map(AttemptResult::EgressDenied),
-        (
-            ".{0,20}",
-            proptest::option::of(0u64..200_000),
-            proptest::bool::ANY
-        )
-            .prop_map(|(reason, wait, escalate)| AttemptResult::Deferred {
+        (".{0,20}", 0u64..200_000, proptest::bool::ANY).prop_map(|(reason, wait, outage)| {
+            AttemptResult::Deferred {
                 reason,
-                wait: wait.map(Duration::from_secs),
-                escalate,
-            }),
+                cause: if outage {
+                    DeferCause::Outage {
+                        probe_in: Duration::from_secs(wait),
+                    }
+                } else {
+                    DeferCause::Busy {
+                        quiet_for: Duration::from_millis(wait),
+                        latency: Duration::from_millis(wait / 3),
+                    }
+                },
+            }
+        }),
     ]
 }
 

@@ -76,17 +76,22 @@ async fn a_tenant_stays_in_its_shard_and_its_retries_return_to_the_same_index() 
         "24 tenants spread over the shards: {first:?}"
     );
 
-    // Retry copies as the worker publishes them (into a tier, marked with their shard) come
-    // back to the retry shard of that index once the tier's TTL runs out; a copy without the
-    // mark, or naming a shard this ladder does not have, goes to shard 0, never nowhere.
+    // Retry copies as the worker publishes them (into a tier or a deferral queue, marked with
+    // their shard) come back to the retry shard of that index once the TTL runs out; a copy
+    // without the mark, or naming a shard this ladder does not have, goes to shard 0, never
+    // nowhere.
     let publisher = t.publisher().await;
-    let tier = t.ladder.tier_at(0).unwrap();
+    let waits = [
+        t.ladder.tier_at(0).unwrap(),
+        t.ladder.deferral_at(0).unwrap(),
+    ];
     let copies: Vec<(String, Option<u16>)> = first
         .iter()
         .map(|(tenant, shard)| (tenant.clone(), Some(*shard)))
         .chain([("nomark".to_owned(), None), ("gone".to_owned(), Some(9))])
         .collect();
-    for (tenant, shard) in &copies {
+    for (i, (tenant, shard)) in copies.iter().enumerate() {
+        let tier = waits[i % waits.len()];
         let e = event(&format!("evt_retry_{tenant}"), tenant, "sub");
         let props = headers::retry_properties(&e.properties(), tenant, 1, 0, "HTTP 503", None);
         let props = headers::with_shard(props, *shard);

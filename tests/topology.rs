@@ -6,18 +6,44 @@ use std::process::Command;
 
 use common::{TestLadder, management};
 use hookrelay::broker::drift::Drift;
-use hookrelay::contract::ladder::QueueType;
+use hookrelay::contract::ladder::{Ladder, QueueType};
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
 #[tokio::test]
 async fn apply_is_idempotent_and_plan_sees_no_drift() {
-    let t = TestLadder::apply("apply", &["1s", "5s"], &["1s", "5s", "5s"]).await;
-    // A second apply changes nothing and does not fail.
+    // A ladder applied before deferral queues existed: the same ladder with them is drift,
+    // the deferral queues missing, until apply declares them.
+    let before = Ladder::build(
+        &common::unique("apply"),
+        QueueType::Quorum,
+        &["1s", "5s"],
+        &["1s", "5s", "5s"],
+    )
+    .unwrap();
+    let mut t = TestLadder::apply_ladder(
+        common::config(),
+        before.clone().with_deferrals(&[]).unwrap(),
+    )
+    .await;
+    let api = management(&t.config);
+    let drift = before.objects().diff(&api.objects().await.unwrap());
+    let missing: Vec<String> = drift.iter().map(ToString::to_string).collect();
+    assert_eq!(missing.len(), 2 * before.deferrals.len(), "{missing:#?}");
+    for q in before.deferrals.iter().map(|d| &d.name) {
+        assert!(
+            missing.contains(&format!("missing: queue {}.{q}", before.prefix)),
+            "{missing:#?}"
+        );
+    }
+    t.ladder = before;
+    // Apply declares them; a second apply changes nothing and does not fail.
+    t.ladder.objects().apply(&t.channel).await.unwrap();
     let applied = t.ladder.objects().apply(&t.channel).await.unwrap();
     assert_eq!(
         (applied.exchanges, applied.queues, applied.bindings),
-        (7, 5, 4)
+        (7, 9, 8),
+        "2 tiers and 4 deferral queues, each bound to the delay exchange"
     );
     let api = management(&t.config);
     let objects = api.objects().await.unwrap();
@@ -38,6 +64,17 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     );
     assert_eq!(tier.arguments["x-dead-letter-strategy"], "at-least-once");
     assert_eq!(tier.queue_type, "quorum");
+    let defer = api
+        .queue(&t.ladder.tier_queue(t.ladder.deferral_at(0).unwrap()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(defer.arguments["x-message-ttl"], 250);
+    assert_eq!(
+        defer.arguments["x-dead-letter-exchange"],
+        t.ladder.promote_exchange()
+    );
+    assert_eq!(defer.queue_type, "quorum");
 }
 
 #[tokio::test]

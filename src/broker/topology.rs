@@ -695,6 +695,21 @@ mod tests {
             tier.arguments["x-overflow"],
             Arg::Str("reject-publish".into())
         );
+        // Deferral queues are declared and routed exactly as tiers are.
+        let defer = topo
+            .queues
+            .iter()
+            .find(|q| q.name == "hookrelay.defer-250ms")
+            .unwrap();
+        assert_eq!(defer.arguments["x-message-ttl"], Arg::Int(250));
+        assert_eq!(
+            defer.arguments["x-dead-letter-exchange"],
+            Arg::Str("hookrelay.promote".into())
+        );
+        assert!(topo.bindings.iter().any(|b| b.source == "hookrelay.delay"
+            && b.destination == "hookrelay.defer-5s"
+            && b.routing_key == "defer-5s.*"));
+        assert_eq!(tier_queues.len(), 9, "5 tiers and 4 deferral queues");
     }
 
     #[test]

@@ -11,9 +11,9 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::contract::headers::{
-    ATTEMPTS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER,
-    FIRST_TRY_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER, check_header_sizes, header_str,
-    header_u64,
+    ATTEMPTS_HEADER, BUSY_DEFERRALS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER,
+    EVENT_ID_HEADER, FIRST_TRY_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER, check_header_sizes,
+    header_str, header_u64,
 };
 use crate::units::{now_ms, shorten};
 
@@ -234,6 +234,9 @@ pub struct Envelope {
     pub deferrals: u32,
     /// When it first went to a tier: the start of its delivery horizon.
     pub first_try_ms: Option<u64>,
+    /// Deferrals in a row for a busy endpoint (at a limit, not down): which deferral queue the
+    /// next one waits in.
+    pub busy_deferrals: u32,
 }
 
 impl Envelope {
@@ -297,6 +300,14 @@ impl Envelope {
             })?,
         };
         let first_try_ms = header_u64(headers, FIRST_TRY_HEADER)?;
+        let busy_deferrals = match header_u64(headers, BUSY_DEFERRALS_HEADER)? {
+            None => 0,
+            Some(n) => u32::try_from(n).map_err(|_| InvalidEnvelope::BadHeader {
+                header: BUSY_DEFERRALS_HEADER,
+                expected: "a deferral count hookrelay wrote",
+                found: n.to_string(),
+            })?,
+        };
         check_body(body, max_body)?;
         Ok(Self {
             id,
@@ -309,6 +320,7 @@ impl Envelope {
             last_endpoint: last_endpoint.map(str::to_owned),
             deferrals,
             first_try_ms,
+            busy_deferrals,
         })
     }
 
@@ -397,6 +409,7 @@ pub(crate) mod tests {
                 last_endpoint: None,
                 deferrals: 0,
                 first_try_ms: None,
+                busy_deferrals: 0,
             }
         );
     }

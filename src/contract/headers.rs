@@ -37,6 +37,10 @@ pub const DEFERRALS_HEADER: &str = "x-hookrelay-deferrals";
 /// When the envelope first went to a tier (ms since the epoch): its delivery horizon runs
 /// from there.
 pub const FIRST_TRY_HEADER: &str = "x-hookrelay-first-try-ms";
+/// Deferrals in a row for a busy endpoint (its cap, host cap, rate or recovery limit reached):
+/// the next such deferral waits in the deferral queue of that index (the longest past the
+/// end). Reset by an attempt made or a deferral of another kind.
+pub const BUSY_DEFERRALS_HEADER: &str = "x-hookrelay-busy-deferrals";
 /// The error of the last failed attempt.
 pub const LAST_ERROR_HEADER: &str = "x-hookrelay-last-error";
 /// Why a message is in the dead sink: `rejected`, `exhausted`, `invalid`, ...
@@ -80,10 +84,11 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
 /// rewrite.
-const SMALL_HEADERS: [&str; 17] = [
+const SMALL_HEADERS: [&str; 18] = [
     SUBSCRIPTION_HEADER,
     SHARD_HEADER,
     DEFERRALS_HEADER,
+    BUSY_DEFERRALS_HEADER,
     FIRST_TRY_HEADER,
     EVENT_ID_HEADER,
     ENDPOINT_HEADER,
@@ -337,6 +342,15 @@ fn put_str(headers: &mut FieldTable, name: &str, value: &str) {
     headers.insert(name.into(), AMQPValue::LongString(value.into()));
 }
 
+/// `headers` without `name` (a `FieldTable` has no removal of its own).
+fn remove(headers: &mut FieldTable, name: &str) {
+    if headers.inner().contains_key(name) {
+        let mut kept = headers.inner().clone();
+        kept.remove(name);
+        *headers = kept.into();
+    }
+}
+
 fn put_u64(headers: &mut FieldTable, name: &str, value: u64) {
     headers.insert(
         name.into(),
@@ -378,15 +392,22 @@ pub fn retry_properties(
 }
 
 /// Adds the deferral accounting to a retry's or a dead letter's properties: the deferrals so
-/// far and when the envelope first went to a tier (its horizon's start).
+/// far, when the envelope first went to a tier (its horizon's start), and its busy deferrals
+/// in a row (the header is left out at 0).
 pub fn with_deferrals(
     properties: BasicProperties,
     deferrals: u32,
     first_try_ms: u64,
+    busy_deferrals: u32,
 ) -> BasicProperties {
     let mut headers = properties.headers().clone().unwrap_or_default();
     put_u64(&mut headers, DEFERRALS_HEADER, deferrals.into());
     put_u64(&mut headers, FIRST_TRY_HEADER, first_try_ms);
+    if busy_deferrals > 0 {
+        put_u64(&mut headers, BUSY_DEFERRALS_HEADER, busy_deferrals.into());
+    } else {
+        remove(&mut headers, BUSY_DEFERRALS_HEADER);
+    }
     properties.with_headers(headers)
 }
 
@@ -419,11 +440,7 @@ pub fn dead_properties(original: &BasicProperties, dead: &DeadLetter<'_>) -> Bas
         Some(tenant) => put_str(&mut headers, TENANT_HEADER, tenant),
         // Not a valid envelope: a tenant header it came with is the producer's claim, which
         // redrive must not route by.
-        None => {
-            let mut kept = headers.inner().clone();
-            kept.remove(TENANT_HEADER);
-            headers = kept.into();
-        }
+        None => remove(&mut headers, TENANT_HEADER),
     }
     props.with_headers(headers)
 }
@@ -490,6 +507,7 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
     let forget = [
         ATTEMPTS_HEADER,
         DEFERRALS_HEADER,
+        BUSY_DEFERRALS_HEADER,
         FIRST_TRY_HEADER,
         DUE_HEADER,
         LAST_ERROR_HEADER,
@@ -543,15 +561,7 @@ pub fn with_shard(properties: BasicProperties, shard: Option<u16>) -> BasicPrope
     let mut headers = properties.headers().clone().unwrap_or_default();
     match shard {
         Some(i) => put_str(&mut headers, SHARD_HEADER, &i.to_string()),
-        None if headers.inner().contains_key(SHARD_HEADER) => {
-            let kept: std::collections::BTreeMap<_, _> = headers
-                .inner()
-                .iter()
-                .filter(|(k, _)| k.as_str() != SHARD_HEADER)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            headers = FieldTable::from(kept);
-        }
+        None if headers.inner().contains_key(SHARD_HEADER) => remove(&mut headers, SHARD_HEADER),
         None => return properties,
     }
     properties.with_headers(headers)

@@ -1,12 +1,14 @@
 //! The retry ladder as the application owns it: the file in `topology/` (prefix, queue type,
-//! tiers, schedule, dedicated tenants), the schedule's arithmetic, and every name the ladder
-//! gives a queue or exchange, with the role a queue name stands for. The broker objects it
-//! stands for are [`crate::broker::topology`]'s.
+//! tiers, schedule, deferral queues, dedicated tenants), the schedule's arithmetic, and every
+//! name the ladder gives a queue or exchange, with the role a queue name stands for. The broker
+//! objects it stands for are [`crate::broker::topology`]'s.
 //!
 //! ```text
 //! producer --(key: tenant)--> {p}.ingress --(alternate)--> {p}.ingress.unrouted --> {p}.ready.first
 //! worker --(key: retry-10s.<tenant>)--> {p}.delay --> {p}.retry-10s (TTL) --(expired)-->
 //!     {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
+//! worker --(key: defer-250ms.<tenant>)--> {p}.delay --> {p}.defer-250ms (TTL) --(expired)-->
+//!     {p}.promote, as a tier (a deferral queue: a busy endpoint's delivery waits there)
 //! worker --(default exchange)--> {p}.dead
 //!
 //! with `shards = N` (N > 1), the shared lanes become N of each, keyed by tenant:
@@ -83,6 +85,15 @@ struct LadderFile {
     dedicated: Vec<DedicatedFile>,
     #[serde(default = "default_shards")]
     shards: u16,
+    #[serde(default = "default_deferrals")]
+    defer: Vec<String>,
+}
+
+/// The deferral queues of a ladder file without the setting.
+pub const DEFAULT_DEFERRALS: [&str; 4] = ["250ms", "500ms", "1s", "5s"];
+
+fn default_deferrals() -> Vec<String> {
+    DEFAULT_DEFERRALS.iter().map(|d| (*d).to_owned()).collect()
 }
 
 /// One shard keeps the layout of a ladder without the setting: one shared first lane, one
@@ -127,13 +138,14 @@ pub struct Tier {
     pub name: String,
 }
 
-/// A tier of one ladder: only the ladder hands them out, shortest delay first, so they order
-/// as the delays do.
+/// A tier or a deferral queue of one ladder: only the ladder hands them out. Retry tiers come
+/// first, shortest delay first, then the deferral queues, shortest first: two ids of one kind
+/// order as their delays do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TierId(usize);
 
 impl TierId {
-    /// The tier's position in [`Ladder::tiers`].
+    /// The tier's position in [`Ladder::tiers`] (a deferral queue's is past the last tier).
     pub fn index(self) -> usize {
         self.0
     }
@@ -154,7 +166,7 @@ pub enum QueueRole {
         tenant: Option<String>,
         shard: Option<u16>,
     },
-    /// A delay tier (index into [`Ladder::tiers`]).
+    /// A delay tier or a deferral queue (they differ only in what the worker sends there).
     Tier(TierId),
     /// The parking queue of a held tier.
     Parked(TierId),
@@ -191,6 +203,10 @@ pub struct Ladder {
     /// How many shared first-attempt (and retry) lanes there are, keyed by tenant; 1 is the
     /// unsharded layout.
     pub shards: u16,
+    /// Deferral queues, shortest first: TTL queues like the tiers (named `defer-250ms`), where
+    /// a delivery waits whose endpoint is up but busy (at its cap, its host's cap, its rate or
+    /// its recovery limit). Not part of the schedule; possibly none.
+    pub deferrals: Vec<Tier>,
 }
 
 impl Ladder {
@@ -219,7 +235,8 @@ impl Ladder {
             &file.tiers.iter().map(String::as_str).collect::<Vec<_>>(),
             &file.schedule.iter().map(String::as_str).collect::<Vec<_>>(),
         )?
-        .with_shards(file.shards)?;
+        .with_shards(file.shards)?
+        .with_deferrals(&file.defer.iter().map(String::as_str).collect::<Vec<_>>())?;
         for (i, d) in file.dedicated.into_iter().enumerate() {
             ladder = ladder
                 .with_dedicated(&d.tenant, d.in_flight)
@@ -242,6 +259,13 @@ impl Ladder {
             ));
         }
         self.shards = shards;
+        Ok(self)
+    }
+
+    /// Replaces the deferral queues with ones of these delays (`[]`: none; busy endpoints'
+    /// deliveries then wait in the shortest tier).
+    pub fn with_deferrals(mut self, delays: &[&str]) -> Result<Self, LadderError> {
+        self.deferrals = parse_waits("defer", "defer", delays)?;
         Ok(self)
     }
 
@@ -291,27 +315,7 @@ impl Ladder {
         if tiers.is_empty() {
             return Err(invalid("tiers", "at least one tier is needed"));
         }
-        let mut parsed = Vec::with_capacity(tiers.len());
-        for (i, raw) in tiers.iter().enumerate() {
-            let delay = parse_delay(&format!("tiers[{i}]"), raw)?;
-            if delay.as_millis() > MAX_TTL_MS {
-                return Err(invalid(
-                    format!("tiers[{i}]"),
-                    format!("{raw} is longer than RabbitMQ's TTL limit (about 49 days)"),
-                ));
-            }
-            if parsed.iter().any(|t: &Tier| t.delay == delay) {
-                return Err(invalid(
-                    format!("tiers[{i}]"),
-                    format!("{raw} is listed twice"),
-                ));
-            }
-            parsed.push(Tier {
-                delay,
-                name: format!("retry-{}", fmt_duration(delay)),
-            });
-        }
-        parsed.sort_by_key(|t| t.delay);
+        let parsed = parse_waits("tiers", "retry", tiers)?;
         let mut steps = Vec::with_capacity(schedule.len());
         for (i, raw) in schedule.iter().enumerate() {
             let delay = parse_delay(&format!("schedule[{i}]"), raw)?;
@@ -330,14 +334,16 @@ impl Ladder {
             };
             steps.push(TierId(index));
         }
-        Ok(Self {
+        Self {
             prefix: prefix.to_owned(),
             queue_type,
             tiers: parsed,
             schedule: steps,
             dedicated: Vec::new(),
             shards: 1,
-        })
+            deferrals: Vec::new(),
+        }
+        .with_deferrals(&DEFAULT_DEFERRALS)
     }
 
     /// The number of attempts an envelope gets: the first, then one per schedule entry.
@@ -367,14 +373,17 @@ impl Ladder {
         )
     }
 
-    /// Tier `id`.
+    /// Tier (or deferral queue) `id`.
     pub fn tier(&self, id: TierId) -> &Tier {
-        &self.tiers[id.0]
+        self.tiers
+            .get(id.0)
+            .unwrap_or_else(|| &self.deferrals[id.0 - self.tiers.len()])
     }
 
-    /// Every tier, shortest first.
+    /// Every tier, shortest first, then every deferral queue, shortest first: every TTL queue
+    /// that promotes into the retry lanes.
     pub fn tier_ids(&self) -> impl Iterator<Item = TierId> + use<> {
-        (0..self.tiers.len()).map(TierId)
+        (0..self.tiers.len() + self.deferrals.len()).map(TierId)
     }
 
     /// The tier at `index` in [`Ladder::tiers`], if there is one.
@@ -382,15 +391,38 @@ impl Ladder {
         (index < self.tiers.len()).then_some(TierId(index))
     }
 
-    /// The tier whose name (`retry-1m`) or delay (`1m`) is `name`.
+    /// The deferral queue at `index` in [`Ladder::deferrals`], if there is one.
+    pub fn deferral_at(&self, index: usize) -> Option<TierId> {
+        (index < self.deferrals.len()).then_some(TierId(self.tiers.len() + index))
+    }
+
+    /// Where a delivery waits whose endpoint is busy, after `busy_before` such deferrals in a
+    /// row: the shortest deferral queue first, then each next one, then the longest for good,
+    /// so a slow endpoint's backlog does not cycle through the broker at the shortest delay.
+    /// `None` when the ladder has no deferral queues.
+    pub fn deferral_after(&self, busy_before: u32) -> Option<TierId> {
+        let last = self.deferrals.len().checked_sub(1)?;
+        let step = usize::try_from(busy_before).unwrap_or(usize::MAX).min(last);
+        self.deferral_at(step)
+    }
+
+    /// Whether `id` is a deferral queue rather than a tier of the schedule.
+    pub fn is_deferral(&self, id: TierId) -> bool {
+        id.0 >= self.tiers.len()
+    }
+
+    /// The tier or deferral queue whose name (`retry-1m`, `defer-1s`) or delay (`1m`) is
+    /// `name`; a delay names a tier before a deferral queue of the same delay.
     pub fn find_tier(&self, name: &str) -> Option<TierId> {
         let bare = self.local_name(name);
-        self.tiers
-            .iter()
-            .position(|t| {
-                t.name == bare || parse_delay("", bare).map(|d| d == t.delay).unwrap_or(false)
+        let all = || self.tier_ids().map(|id| (id, self.tier(id)));
+        all()
+            .find(|(_, t)| t.name == bare)
+            .map(|(id, _)| id)
+            .or_else(|| {
+                let delay = parse_delay("", bare).ok()?;
+                all().find(|(_, t)| t.delay == delay).map(|(id, _)| id)
             })
-            .map(TierId)
     }
 
     /// Tenants whose dedicated lanes exist on the broker (`queues`, by name) but are no longer
@@ -463,17 +495,11 @@ impl Ladder {
                     subscription: subscription.to_owned(),
                 });
         }
+        let named = |name: &str| self.tier_ids().find(|id| self.tier(*id).name == name);
         if let Some(tier) = local.strip_prefix("held.") {
-            return self
-                .tiers
-                .iter()
-                .position(|t| t.name == tier)
-                .map(|i| QueueRole::Parked(TierId(i)));
+            return named(tier).map(QueueRole::Parked);
         }
-        self.tiers
-            .iter()
-            .position(|t| t.name == local)
-            .map(|i| QueueRole::Tier(TierId(i)))
+        named(local).map(QueueRole::Tier)
     }
 
     fn name(&self, suffix: &str) -> String {
@@ -656,6 +682,33 @@ fn parse_shard(index: &str) -> Option<u16> {
     index.parse().ok().filter(|i| *i < MAX_SHARDS)
 }
 
+/// Parses the delays of a list of TTL queues (`field`, named `<kind>-<delay>`): each at least
+/// 1 ms, within RabbitMQ's TTL limit, listed once; returned shortest first.
+fn parse_waits(field: &str, kind: &str, delays: &[&str]) -> Result<Vec<Tier>, LadderError> {
+    let mut parsed: Vec<Tier> = Vec::with_capacity(delays.len());
+    for (i, raw) in delays.iter().enumerate() {
+        let delay = parse_delay(&format!("{field}[{i}]"), raw)?;
+        if delay.as_millis() > MAX_TTL_MS {
+            return Err(invalid(
+                format!("{field}[{i}]"),
+                format!("{raw} is longer than RabbitMQ's TTL limit (about 49 days)"),
+            ));
+        }
+        if parsed.iter().any(|t| t.delay == delay) {
+            return Err(invalid(
+                format!("{field}[{i}]"),
+                format!("{raw} is listed twice"),
+            ));
+        }
+        parsed.push(Tier {
+            delay,
+            name: format!("{kind}-{}", fmt_duration(delay)),
+        });
+    }
+    parsed.sort_by_key(|t| t.delay);
+    Ok(parsed)
+}
+
 fn parse_delay(field: &str, raw: &str) -> Result<Duration, LadderError> {
     let delay = humantime::parse_duration(raw).map_err(|e| {
         invalid(
@@ -718,6 +771,68 @@ mod tests {
         assert_eq!(ladder.find_tier("hookrelay.retry-1h"), Some(TierId(3)));
         assert_eq!(ladder.find_tier("10m"), Some(TierId(2)));
         assert_eq!(ladder.find_tier("2m"), None);
+    }
+
+    #[test]
+    fn deferral_queues_follow_the_tiers_and_escalate_to_the_longest() {
+        let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
+        let names: Vec<_> = ladder.deferrals.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["defer-250ms", "defer-500ms", "defer-1s", "defer-5s"]
+        );
+        // Ids past the tiers: the schedule and the tier arithmetic never see them.
+        let first = ladder.deferral_at(0).unwrap();
+        assert_eq!(first.index(), ladder.tiers.len());
+        assert!(ladder.is_deferral(first) && !ladder.is_deferral(TierId(4)));
+        assert_eq!(ladder.tier_ids().count(), 9);
+        assert_eq!(
+            ladder.tier_not_shorter_than(Duration::ZERO),
+            TierId(0),
+            "the shortest tier, not a deferral queue"
+        );
+        assert_eq!(ladder.tier_at(5), None);
+        let steps: Vec<_> = [0, 1, 2, 3, 1000]
+            .iter()
+            .map(|&n| ladder.tier(ladder.deferral_after(n).unwrap()).name.as_str())
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "defer-250ms",
+                "defer-500ms",
+                "defer-1s",
+                "defer-5s",
+                "defer-5s"
+            ]
+        );
+        // Found by name, by delay (a tier first), and by the name of their queues.
+        assert_eq!(ladder.find_tier("defer-1s"), ladder.deferral_at(2));
+        assert_eq!(
+            ladder.find_tier("hookrelay.defer-5s"),
+            ladder.deferral_at(3)
+        );
+        assert_eq!(ladder.find_tier("250ms"), ladder.deferral_at(0));
+        assert_eq!(ladder.find_tier("10s"), Some(TierId(0)));
+        assert_eq!(
+            ladder.role_of("hookrelay.defer-250ms"),
+            Some(QueueRole::Tier(first))
+        );
+        assert_eq!(
+            ladder.role_of("hookrelay.held.defer-250ms"),
+            Some(QueueRole::Parked(first))
+        );
+        assert_eq!(ladder.tier_queue(first), "hookrelay.defer-250ms");
+        assert_eq!(ladder.tier_routing_key(first, "acme"), "defer-250ms.acme");
+        // None at all: a busy endpoint's delivery has nowhere but the tiers.
+        let none = Ladder::parse("tiers = [\"1s\"]\nschedule = []\ndefer = []\n").unwrap();
+        assert_eq!(none.deferral_after(0), None);
+        assert_eq!(none.tier_ids().count(), 1);
+        let err = ladder.with_deferrals(&["1s", "1000ms"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid ladder: defer[1]: 1000ms is listed twice"
+        );
     }
 
     #[test]

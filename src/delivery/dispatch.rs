@@ -210,16 +210,11 @@ impl Dispatcher {
         }
         let (result, latency) = self.send(lane, envelope, &sub, body).await;
         let outcome = match &result {
-            AttemptResult::Deferred {
-                reason,
-                wait,
-                escalate,
-            } => defer(
+            AttemptResult::Deferred { reason, cause } => defer(
                 &self.ladder,
                 envelope,
                 reason,
-                *wait,
-                *escalate,
+                *cause,
                 self.horizon(),
                 now_ms(),
             ),
@@ -387,8 +382,7 @@ impl Dispatcher {
                     .inc();
                 let result = AttemptResult::Deferred {
                     reason: deferral.to_string(),
-                    wait: deferral.wait(),
-                    escalate: deferral.escalates(),
+                    cause: deferral.cause(),
                 };
                 return (result, None);
             }

@@ -19,12 +19,17 @@
 //! come back together. Rather than meet them with its whole cap, the endpoint gets a [`Ramp`]:
 //! a limit that starts at `endpoints.recovery_start`, grows by one with each success and halves
 //! with each failure (AIMD, as TCP's congestion window and adaptive concurrency limiters do),
-//! and ends when it reaches the cap. An envelope over that limit is deferred into the shortest
-//! tier: the endpoint is up, so it is paced, not held back as during the outage.
+//! and ends when it reaches the cap. An envelope over that limit is deferred as busy: the
+//! endpoint is up, so it is paced, not held back as during the outage.
 //!
 //! An endpoint may also have a rate limit (`rate = "50/s"` on its subscription, or
-//! `endpoints.rate`), enforced with a [`Gcra`]: a delivery over it is deferred into the shortest
-//! tier at once, like one over the cap, and never waits in the lane.
+//! `endpoints.rate`), enforced with a [`Gcra`]: a delivery over it is deferred as busy at once,
+//! like one over the cap, and never waits in the lane.
+//!
+//! A busy deferral waits in a deferral queue of a fraction of a second, unless the endpoint is
+//! stuck (its slots held by attempts that do not answer), which is told by when it last made
+//! progress and how long its attempts take ([`DeferCause::Busy`]); the choice is
+//! [`crate::delivery::route::defer`]'s.
 //!
 //! Caps and rate limits are the fleet's, not each worker's: with several workers each takes its
 //! share ([`Fleet`]). A cap of `cap` permits is held in a semaphore, and one attempt weighs as
@@ -40,7 +45,7 @@ use tracing::info;
 
 use crate::config::EndpointConfig;
 use crate::delivery::fleet::{Fleet, Gcra};
-use crate::delivery::route::AttemptResult;
+use crate::delivery::route::{AttemptResult, DeferCause};
 use crate::units::Rate;
 
 /// What the breaker lets through.
@@ -251,6 +256,11 @@ struct Health {
     ramp: Option<Ramp>,
     /// Attempts out now, under whatever cap (a subscription's own or the default).
     in_flight: u32,
+    /// When it last showed progress: an attempt to it finished, or one started while none was
+    /// out. A full cap with no progress for long means attempts that do not answer.
+    progress: Option<Instant>,
+    /// How long its attempts take: a moving average of the last ones (zero before the first).
+    latency: Duration,
 }
 
 impl Health {
@@ -259,6 +269,33 @@ impl Health {
             breaker,
             ramp: None,
             in_flight: 0,
+            progress: None,
+            latency: Duration::ZERO,
+        }
+    }
+
+    /// One attempt fewer out, which is progress; `took` is how long it took, when it ended
+    /// with a result.
+    fn finished(&mut self, now: Instant, took: Option<Duration>) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.progress = Some(now);
+        if let Some(took) = took {
+            // An exponential moving average over about the last 8 attempts.
+            self.latency = if self.latency.is_zero() {
+                took
+            } else {
+                (self.latency * 7 + took) / 8
+            };
+        }
+    }
+
+    /// What a deferral at a limit knows of the endpoint now.
+    fn busy(&self, now: Instant) -> DeferCause {
+        DeferCause::Busy {
+            quiet_for: self
+                .progress
+                .map_or(Duration::ZERO, |p| now.saturating_duration_since(p)),
+            latency: self.latency,
         }
     }
 
@@ -323,6 +360,8 @@ pub struct Slot {
     _host_permit: OwnedSemaphorePermit,
     endpoints: Arc<EndpointsInner>,
     finished: bool,
+    /// When it was admitted: its attempt's latency is measured from here.
+    started: Instant,
 }
 
 impl Slot {
@@ -334,13 +373,9 @@ impl Slot {
             let Some(health) = all.get_mut(&self.key) else {
                 return;
             };
-            health.in_flight = health.in_flight.saturating_sub(1);
-            health.record(
-                result,
-                self.cap,
-                inner.config.recovery_start,
-                Instant::now(),
-            )
+            let now = Instant::now();
+            health.finished(now, Some(now.saturating_duration_since(self.started)));
+            health.record(result, self.cap, inner.config.recovery_start, now)
         };
         if let Some(open_for) = recovered {
             inner.signal(HealthSignal::Recovered {
@@ -369,7 +404,7 @@ impl Drop for Slot {
         if !self.finished
             && let Some(health) = self.endpoints.lock_health().get_mut(&self.key)
         {
-            health.in_flight = health.in_flight.saturating_sub(1);
+            health.finished(Instant::now(), None);
         }
     }
 }
@@ -423,8 +458,13 @@ pub enum Deferral {
         endpoint: String,
         retry_in: Duration,
     },
-    /// The endpoint's own cap was full: `cap` is this worker's share of it.
-    OverCap { endpoint: String, cap: u32 },
+    /// The endpoint's own cap was full: `cap` is this worker's share of it. `busy`: what is
+    /// known of its progress.
+    OverCap {
+        endpoint: String,
+        cap: u32,
+        busy: DeferCause,
+    },
     /// The cap of the host the endpoint shares with others was full (this worker's share).
     HostOverCap { host: String, cap: u32 },
     /// The endpoint's rate limit (`rate`, shared by `workers`) allowed no request now.
@@ -434,7 +474,11 @@ pub enum Deferral {
         workers: u32,
     },
     /// The endpoint is recovering from an outage and had its ramp's limit (or more) in flight.
-    Recovering { endpoint: String, limit: u32 },
+    Recovering {
+        endpoint: String,
+        limit: u32,
+        busy: DeferCause,
+    },
 }
 
 impl Deferral {
@@ -448,23 +492,20 @@ impl Deferral {
         }
     }
 
-    /// How long the envelope should wait at least: until the breaker's next probe.
-    pub fn wait(&self) -> Option<Duration> {
+    /// Where the envelope should wait, as [`crate::delivery::route::defer`] reads it: an open
+    /// breaker is an outage (tiers that grow with its deferrals, at least until the next
+    /// probe); at a full cap or rate, or while it recovers, the endpoint is up and busy
+    /// (deferral queues of a fraction of a second, unless it has shown no progress for that
+    /// long). A host's cap is shared by its endpoints and a rate is ours, not the endpoint's
+    /// answer: neither says the endpoint is stuck.
+    pub fn cause(&self) -> DeferCause {
         match self {
-            Deferral::BreakerOpen { retry_in, .. } => Some(*retry_in),
-            Deferral::OverCap { .. }
-            | Deferral::HostOverCap { .. }
-            | Deferral::Recovering { .. }
-            | Deferral::OverRate { .. } => None,
+            Deferral::BreakerOpen { retry_in, .. } => DeferCause::Outage {
+                probe_in: *retry_in,
+            },
+            Deferral::OverCap { busy, .. } | Deferral::Recovering { busy, .. } => *busy,
+            Deferral::HostOverCap { .. } | Deferral::OverRate { .. } => DeferCause::BUSY,
         }
-    }
-
-    /// Whether the envelope's wait grows with its deferrals: only while the endpoint's breaker
-    /// is open (an outage may be long). At a full cap or rate, or while it recovers, the endpoint is up
-    /// and answering: the envelope is paced through the shortest tier, never held back in
-    /// longer ones because a burst found the cap full several times.
-    pub fn escalates(&self) -> bool {
-        matches!(self, Deferral::BreakerOpen { .. })
     }
 }
 
@@ -476,13 +517,15 @@ impl std::fmt::Display for Deferral {
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
                 crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
             ),
-            Deferral::OverCap { endpoint, cap } => {
+            Deferral::OverCap { endpoint, cap, .. } => {
                 write!(f, "deferred: {endpoint} had {cap} attempts in flight")
             }
             Deferral::HostOverCap { host, cap } => {
                 write!(f, "deferred: host {host} had {cap} attempts in flight")
             }
-            Deferral::Recovering { endpoint, limit } => write!(
+            Deferral::Recovering {
+                endpoint, limit, ..
+            } => write!(
                 f,
                 "deferred: {endpoint} is allowed at most {limit} attempts at once while it recovers"
             ),
@@ -584,7 +627,7 @@ impl Endpoints {
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let rate = rate.or(config.rate);
         let now = Instant::now();
-        let (admitted, quarantine, ramp_full, disable) = {
+        let (admitted, quarantine, ramp_full, busy, disable) = {
             let mut all = self.0.lock_health();
             let health = all.entry(key.clone()).or_insert_with(|| {
                 Health::new(Breaker::new(
@@ -606,11 +649,15 @@ impl Endpoints {
                 }
                 _ => None,
             };
+            let busy = health.busy(now);
             // Counted in now, under the lock, so two deliveries cannot both take the last place.
             if !matches!(admitted, Admit::Refused { .. }) && ramp_full.is_none() {
+                if health.in_flight == 0 {
+                    health.progress = Some(now);
+                }
                 health.in_flight += 1;
             }
-            (admitted, quarantine, ramp_full, disable)
+            (admitted, quarantine, ramp_full, busy, disable)
         };
         if let Some(open_for) = disable {
             self.0.signal(HealthSignal::DisableDue {
@@ -634,6 +681,7 @@ impl Endpoints {
             return Err(Deferral::Recovering {
                 endpoint: key.label(),
                 limit,
+                busy,
             });
         }
         let host_cap = config.max_concurrent_per_host.max(1);
@@ -666,6 +714,7 @@ impl Endpoints {
             Err(_) => Err(Deferral::OverCap {
                 endpoint: key.label(),
                 cap: fleet.share(cap),
+                busy,
             }),
         };
         match acquired {
@@ -676,6 +725,7 @@ impl Endpoints {
                 _host_permit: host_permit,
                 endpoints: Arc::clone(&self.0),
                 finished: false,
+                started: now,
             }),
             Err(deferral) => {
                 if let Some(health) = self.0.lock_health().get_mut(&key) {
@@ -843,7 +893,17 @@ mod tests {
         let _b = endpoints.admit(&url, None, None).unwrap();
         let third = endpoints.admit(&url, None, None).err().unwrap();
         assert_eq!(third.kind(), "concurrency");
-        assert!(!third.escalates(), "paced, not held back");
+        let quiet = |d: &Deferral| match d.cause() {
+            DeferCause::Busy { quiet_for, .. } => quiet_for,
+            other => panic!("busy, not held back: {other:?}"),
+        };
+        // The endpoint just started its attempts: busy, not stuck.
+        let pause = Duration::from_millis(30);
+        assert!(quiet(&third) < pause, "{third:?}");
+        // No answer since: the quiet grows; an answer (any) is progress again.
+        std::thread::sleep(pause);
+        let stuck = endpoints.admit(&url, None, None).err().unwrap();
+        assert!(quiet(&stuck) >= pause, "{stuck:?}");
         assert!(
             third
                 .to_string()
@@ -854,7 +914,9 @@ mod tests {
         // A subscription's own cap is its own budget.
         let _own = endpoints.admit(&url, Some(1), None).unwrap();
         a.finish(&AttemptResult::Timeout);
-        assert!(endpoints.admit(&url, None, None).is_ok());
+        let _c = endpoints.admit(&url, None, None).unwrap();
+        let answered = endpoints.admit(&url, None, None).err().unwrap();
+        assert!(quiet(&answered) < pause, "{answered:?}");
     }
 
     #[test]
@@ -883,8 +945,11 @@ mod tests {
         assert!(endpoints.admit(&limited, None, Some(rate)).is_ok());
         let over = endpoints.admit(&limited, None, Some(rate)).err().unwrap();
         assert_eq!(over.kind(), "rate");
-        assert!(!over.escalates(), "paced through the shortest tier");
-        assert_eq!(over.wait(), None);
+        assert_eq!(
+            over.cause(),
+            DeferCause::BUSY,
+            "ours, not the endpoint's: never stuck"
+        );
         assert!(
             over.to_string()
                 .ends_with(" is over its rate limit of 20/s (shared by 2 workers)"),
@@ -998,7 +1063,10 @@ mod tests {
         let (slots, deferral) = fill(&endpoints, &url);
         assert_eq!(slots.len(), 2);
         assert_eq!(deferral.kind(), "recovery");
-        assert!(!deferral.escalates(), "paced, not held back");
+        assert!(
+            matches!(deferral.cause(), DeferCause::Busy { .. }),
+            "paced, not held back"
+        );
         assert!(
             deferral
                 .to_string()

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::contract::envelope::{self, Envelope, InvalidEnvelope};
 use crate::contract::headers::{
-    ATTEMPTS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER, EVENT_ID_HEADER,
-    FIRST_TRY_HEADER,
+    ATTEMPTS_HEADER, BUSY_DEFERRALS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER,
+    EVENT_ID_HEADER, FIRST_TRY_HEADER,
 };
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
@@ -35,15 +35,34 @@ pub enum AttemptResult {
     NotSent(String),
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
-    /// No attempt was made: the endpoint's breaker is open, a concurrency cap was full, or the
-    /// endpoint is recovering at its limit. Not an attempt: [`defer`] decides what follows,
-    /// waiting at least `wait` (until the breaker's next probe) where that is known, in a tier
-    /// that grows with the envelope's deferrals if `escalate`.
-    Deferred {
-        reason: String,
-        wait: Option<Duration>,
-        escalate: bool,
+    /// No attempt was made: the endpoint's breaker is open, a concurrency cap or rate was
+    /// full, or the endpoint is recovering at its limit. Not an attempt: [`defer`] decides
+    /// what follows, by `cause`.
+    Deferred { reason: String, cause: DeferCause },
+}
+
+/// Why an endpoint took no attempt, as far as where the envelope waits goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeferCause {
+    /// Its breaker is open and lets a probe through in `probe_in`: an outage, which may be
+    /// long.
+    Outage { probe_in: Duration },
+    /// It is up but at a limit (its cap, its host's cap, its rate, its recovery ramp).
+    /// `quiet_for`: how long since it last showed progress (an attempt to it finished, or one
+    /// started while none was out); `latency`: how long its attempts take (a moving average;
+    /// zero while none has finished). Both zero where not known (a host or a rate).
+    Busy {
+        quiet_for: Duration,
+        latency: Duration,
     },
+}
+
+impl DeferCause {
+    /// A busy endpoint's cause with nothing known against it.
+    pub const BUSY: DeferCause = DeferCause::Busy {
+        quiet_for: Duration::ZERO,
+        latency: Duration::ZERO,
+    };
 }
 
 impl AttemptResult {
@@ -127,13 +146,16 @@ impl CancelReason {
 pub enum Outcome {
     /// 2xx: acknowledge.
     Delivered { status: u16 },
-    /// Republish into `tier` carrying `attempts_made`, then acknowledge. `deferred`: no
-    /// request was made, so the envelope's deferrals, not its attempts, grow by one.
+    /// Republish into `tier` (a tier or a deferral queue) carrying `attempts_made`, then
+    /// acknowledge. `deferred`: no request was made, so the envelope's deferrals, not its
+    /// attempts, grow by one. `busy_deferrals`: its busy deferrals in a row after this one
+    /// (0 unless this is one).
     Retry {
         tier: TierId,
         attempts_made: u32,
         error: String,
         deferred: bool,
+        busy_deferrals: u32,
     },
     /// Acknowledge without delivering; recorded with its reason.
     Cancelled {
@@ -274,11 +296,13 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
             || envelope.due_ms.is_some()
             || envelope.last_endpoint.is_some()
             || envelope.deferrals > 0
+            || envelope.busy_deferrals > 0
             || envelope.first_try_ms.is_some())
     {
         return Err(format!(
-            "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {FIRST_TRY_HEADER}, {DUE_HEADER} and \
-             {ENDPOINT_HEADER} are hookrelay's own and never on a first attempt"
+            "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {BUSY_DEFERRALS_HEADER}, \
+             {FIRST_TRY_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are hookrelay's own and \
+             never on a first attempt"
         ));
     }
     if let Some(event_id) = &envelope.event_id {
@@ -383,7 +407,14 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
     };
     let at_least = match (result, status, retry_after) {
         (_, Some(429 | 503), Some(wait)) => Some(wait),
-        (AttemptResult::Deferred { wait, .. }, _, _) => *wait,
+        (
+            AttemptResult::Deferred {
+                cause: DeferCause::Outage { probe_in },
+                ..
+            },
+            _,
+            _,
+        ) => Some(*probe_in),
         _ => None,
     };
     let tier = match at_least {
@@ -395,23 +426,31 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
         attempts_made,
         error: result.describe(),
         deferred: false,
+        busy_deferrals: 0,
     }
 }
 
-/// Decides what follows a deferral (no request made, so no attempt counted). The envelope
-/// waits in a tier that grows with its deferrals (the shortest after the first, the next after
-/// the second, up to the longest), so a long outage does not cycle it every few seconds; never
-/// shorter than the wait until the breaker's next probe. Unless not `escalate` (its endpoint is
-/// up, at its cap or recovering, so it is paced, not held back): then the shortest tier that
-/// covers `wait`.
+/// Decides what follows a deferral (no request made, so no attempt counted), by its cause:
+///
+/// - An outage (the breaker is open): a tier that grows with the envelope's deferrals (the
+///   shortest after the first, the next after the second, up to the longest), so a long outage
+///   does not cycle it every few seconds; never shorter than the wait until the breaker's next
+///   probe.
+/// - A busy endpoint (up, at a limit) that is making progress: the deferral queue its busy
+///   deferrals in a row call for ([`Ladder::deferral_after`]), so a healthy endpoint's burst
+///   costs it a fraction of a second, not the shortest tier's wait.
+/// - A busy endpoint that is stuck ([`is_stuck`]: its slots are held by attempts that do not
+///   answer, as when it hangs) or a ladder without deferral queues: the shortest tier, as
+///   before deferral queues existed; a stuck endpoint's backlog is not worth cycling through
+///   the broker every fraction of a second.
+///
 /// Deferrals alone would never exhaust the budget, so the delivery horizon ends it: `horizon`
 /// after its first try (`now_ms` if this is its first), it is dead-lettered `horizon_expired`.
 pub fn defer(
     ladder: &Ladder,
     envelope: &Envelope,
     reason: &str,
-    wait: Option<Duration>,
-    escalate: bool,
+    cause: DeferCause,
     horizon: Duration,
     now_ms: u64,
 ) -> Outcome {
@@ -431,22 +470,44 @@ pub fn defer(
             attempts_made: envelope.attempts_made,
         };
     }
-    let longest = ladder.tier_not_shorter_than(Duration::MAX);
-    let step = if escalate { deferrals - 1 } else { 0 };
-    let escalated = usize::try_from(step)
-        .ok()
-        .and_then(|i| ladder.tier_at(i))
-        .unwrap_or(longest);
-    let tier = match wait {
-        Some(wait) => escalated.max(ladder.tier_not_shorter_than(wait)),
-        None => escalated,
+    let shortest = ladder.tier_not_shorter_than(Duration::ZERO);
+    let (tier, busy_deferrals) = match cause {
+        DeferCause::Outage { probe_in } => {
+            let escalated = usize::try_from(deferrals - 1)
+                .ok()
+                .and_then(|i| ladder.tier_at(i))
+                .unwrap_or(ladder.tier_not_shorter_than(Duration::MAX));
+            (escalated.max(ladder.tier_not_shorter_than(probe_in)), 0)
+        }
+        DeferCause::Busy { quiet_for, latency } => {
+            match ladder.deferral_after(envelope.busy_deferrals) {
+                Some(queue) if !is_stuck(ladder, quiet_for, latency) => {
+                    (queue, envelope.busy_deferrals.saturating_add(1))
+                }
+                _ => (shortest, 0),
+            }
+        }
     };
     Outcome::Retry {
         tier,
         attempts_made: envelope.attempts_made,
         error: reason.to_owned(),
         deferred: true,
+        busy_deferrals,
     }
+}
+
+/// Whether a busy endpoint is stuck rather than slow: no progress for twice as long as its
+/// attempts take, and for at least the shortest deferral queue's delay (an endpoint none of
+/// whose attempts has finished yet is judged by that delay alone). A slow endpoint answering in
+/// 2 s at its cap finishes an attempt every 2 s at worst, so it is never stuck; one that hangs
+/// is stuck from the shortest deferral's delay after its first attempt, long before the
+/// request timeout ends that attempt and its breaker opens.
+pub fn is_stuck(ladder: &Ladder, quiet_for: Duration, latency: Duration) -> bool {
+    let shortest = ladder
+        .deferral_at(0)
+        .map_or(Duration::ZERO, |q| ladder.tier(q).delay);
+    quiet_for >= shortest.max(latency.saturating_mul(2))
 }
 
 /// Parses a `Retry-After` value: delay-seconds or an HTTP date.
@@ -605,6 +666,23 @@ mod tests {
         ));
     }
 
+    const OUTAGE: DeferCause = DeferCause::Outage {
+        probe_in: Duration::ZERO,
+    };
+    const BUSY: DeferCause = DeferCause::BUSY;
+
+    fn waits_in(outcome: &Outcome) -> (TierId, u32) {
+        match outcome {
+            Outcome::Retry {
+                tier,
+                busy_deferrals,
+                deferred: true,
+                ..
+            } => (*tier, *busy_deferrals),
+            other => panic!("a deferral: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_deferral_is_not_an_attempt_escalates_and_ends_at_the_horizon() {
         let l = ladder();
@@ -613,7 +691,7 @@ mod tests {
         e.attempts_made = 9; // one attempt left of the budget
         let now = 1_000_000_000_000;
         // Not counted: the attempts stay as they were, the deferral is marked.
-        let first = defer(&l, &e, "deferred: x", None, true, horizon, now);
+        let first = defer(&l, &e, "deferred: x", OUTAGE, horizon, now);
         assert!(matches!(
             first,
             Outcome::Retry { tier, attempts_made: 9, deferred: true, .. } if tier.index() == 0
@@ -622,32 +700,24 @@ mod tests {
         e.first_try_ms = Some(now);
         for (deferrals, tier) in [(1, 1), (2, 2), (3, 3), (4, 4), (40, 4)] {
             e.deferrals = deferrals;
-            assert!(matches!(
-                defer(&l, &e, "deferred: x", None, true, horizon, now + 1),
-                Outcome::Retry { tier: t, .. } if t.index() == tier
-            ));
+            assert_eq!(
+                waits_in(&defer(&l, &e, "deferred: x", OUTAGE, horizon, now + 1)),
+                (l.tier_at(tier).unwrap(), 0)
+            );
         }
         // The breaker probes again in 30 s: at least the 1m tier.
         e.deferrals = 0;
-        assert!(matches!(
-            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), true, horizon, now),
-            Outcome::Retry { tier, .. } if tier.index() == 1
-        ));
-        // Paced while its endpoint recovers: the shortest tier, however many deferrals came
-        // before, and still no shorter than a known wait.
-        e.deferrals = 40;
-        assert!(matches!(
-            defer(&l, &e, "deferred: x", None, false, horizon, now + 1),
-            Outcome::Retry { tier, deferred: true, .. } if tier.index() == 0
-        ));
-        assert!(matches!(
-            defer(&l, &e, "deferred: x", Some(Duration::from_secs(30)), false, horizon, now + 1),
-            Outcome::Retry { tier, .. } if tier.index() == 1
-        ));
+        let probe = DeferCause::Outage {
+            probe_in: Duration::from_secs(30),
+        };
+        assert_eq!(
+            waits_in(&defer(&l, &e, "deferred: x", probe, horizon, now)).0,
+            l.tier_at(1).unwrap()
+        );
         // The horizon ends it, however few attempts were made.
         e.deferrals = 7;
         let late = now + horizon.as_millis() as u64;
-        match defer(&l, &e, "deferred: x", None, true, horizon, late) {
+        match defer(&l, &e, "deferred: x", OUTAGE, horizon, late) {
             Outcome::Dead {
                 reason: DeadReason::Expired,
                 attempts_made: 9,
@@ -659,6 +729,94 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
+        // A busy endpoint's deferral ends there too.
+        assert!(matches!(
+            defer(&l, &e, "deferred: x", BUSY, horizon, late),
+            Outcome::Dead {
+                reason: DeadReason::Expired,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_busy_endpoint_defers_into_short_queues_that_grow_with_busy_deferrals_in_a_row() {
+        let l = ladder();
+        let horizon = l.span();
+        let now = 1_000_000_000_000;
+        let mut e = before_the_attempt::envelope(Some("s1"));
+        e.deferrals = 40; // an outage's deferrals before do not lengthen a busy one's wait
+        let queue = |i| l.deferral_at(i).unwrap();
+        // 250ms, 500ms, 1s, then 5s for good; the count in a row goes with it.
+        for (before, expected) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 3), (100, 3)] {
+            e.busy_deferrals = before;
+            let (tier, busy) = waits_in(&defer(&l, &e, "deferred: x", BUSY, horizon, now));
+            assert_eq!(tier, queue(expected), "after {before} in a row");
+            assert!(l.is_deferral(tier));
+            assert_eq!(busy, before + 1);
+        }
+        assert_eq!(l.tier(queue(0)).name, "defer-250ms");
+        // Stuck: no progress for as long as the shortest deferral queue waits (its attempts do
+        // not answer). The shortest tier, and the count in a row starts over.
+        e.busy_deferrals = 2;
+        let busy = |quiet_ms, latency_ms| DeferCause::Busy {
+            quiet_for: Duration::from_millis(quiet_ms),
+            latency: Duration::from_millis(latency_ms),
+        };
+        assert_eq!(
+            waits_in(&defer(&l, &e, "deferred: x", busy(250, 0), horizon, now)),
+            (l.tier_at(0).unwrap(), 0)
+        );
+        assert_eq!(
+            waits_in(&defer(&l, &e, "deferred: x", busy(249, 0), horizon, now)).0,
+            queue(2)
+        );
+        // A slow endpoint is judged by its own latency: quiet for 1.5 s while its attempts take
+        // 1 s is slow, not stuck; quiet for 2 s is stuck.
+        assert!(!is_stuck(
+            &l,
+            Duration::from_millis(1500),
+            Duration::from_secs(1)
+        ));
+        assert!(is_stuck(&l, Duration::from_secs(2), Duration::from_secs(1)));
+        assert!(!is_stuck(
+            &l,
+            Duration::from_millis(200),
+            Duration::from_millis(2)
+        ));
+        assert_eq!(
+            waits_in(&defer(
+                &l,
+                &e,
+                "deferred: x",
+                busy(1500, 1000),
+                horizon,
+                now
+            ))
+            .0,
+            queue(2)
+        );
+        // An outage starts the count over too.
+        assert_eq!(
+            waits_in(&defer(&l, &e, "deferred: x", OUTAGE, horizon, now)).1,
+            0
+        );
+        // A ladder without deferral queues: the shortest tier, as before they existed.
+        let none = ladder().with_deferrals(&[]).unwrap();
+        assert_eq!(none.deferral_after(0), None);
+        assert_eq!(
+            waits_in(&defer(&none, &e, "deferred: x", BUSY, horizon, now)),
+            (none.tier_at(0).unwrap(), 0)
+        );
+        // An attempt's retry carries no busy count.
+        assert!(matches!(
+            decide(&l, 0, &status(503)),
+            Outcome::Retry {
+                busy_deferrals: 0,
+                deferred: false,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -694,6 +852,7 @@ mod tests {
                 last_endpoint: None,
                 deferrals: 0,
                 first_try_ms: None,
+                busy_deferrals: 0,
             }
         }
 

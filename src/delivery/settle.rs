@@ -85,6 +85,7 @@ pub fn replacement(
             attempts_made,
             error,
             deferred,
+            busy_deferrals,
         } => {
             let envelope = envelope.ok_or(Unsettleable("retry without envelope"))?;
             let spec = ladder.tier(*tier);
@@ -105,6 +106,7 @@ pub fn replacement(
                         properties,
                         envelope.deferrals + u32::from(*deferred),
                         envelope.first_try_ms.unwrap_or(now_ms),
+                        *busy_deferrals,
                     ),
                 }],
             }
@@ -132,6 +134,7 @@ pub fn replacement(
                     properties,
                     deferrals,
                     e.first_try_ms.unwrap_or(now_ms),
+                    0,
                 );
             }
             Replacement::Publish {
@@ -579,6 +582,7 @@ mod tests {
             attempts_made: 2,
             error: "HTTP 503".into(),
             deferred: false,
+            busy_deferrals: 0,
         };
         let (target, messages) = published(
             replacement(
@@ -695,6 +699,7 @@ mod tests {
             attempts_made: 1,
             error: "timeout".into(),
             deferred: false,
+            busy_deferrals: 0,
         };
         assert!(build(&retry, None).is_err());
         let fan_out = Outcome::FanOut {

@@ -40,7 +40,7 @@ const HOLD_PRIORITY: i64 = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TierError {
-    #[error("{0:?} is not a tier of ladder {1:?}; its tiers are {2}")]
+    #[error("{0:?} is not a tier of ladder {1:?}; its tiers (and deferral queues) are {2}")]
     UnknownTier(String, String, String),
     #[error("{0} is not held (its parking queue does not exist)")]
     NotHeld(String),
@@ -69,9 +69,8 @@ pub fn find(ladder: &Ladder, name: &str) -> Result<TierId, TierError> {
             name.to_owned(),
             ladder.prefix.clone(),
             ladder
-                .tiers
-                .iter()
-                .map(|t| t.name.as_str())
+                .tier_ids()
+                .map(|id| ladder.tier(id).name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
         )

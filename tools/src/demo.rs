@@ -298,9 +298,9 @@ async fn run_inside(
     }
     let latency = Percentiles::of(latencies);
     let retried_by_tier = ladder
-        .tiers
-        .iter()
-        .map(|t| {
+        .tier_ids()
+        .map(|id| {
+            let t = ladder.tier(id);
             (
                 t.name.clone(),
                 metrics.count("hookrelay_retries_total", &[("tier", t.name.as_str())]),

@@ -78,8 +78,8 @@ impl Percentiles {
     }
 }
 
-/// `ladder` as a ladder file says it: prefix, queue type, tiers and schedule. Dedicated tenants
-/// are left out.
+/// `ladder` as a ladder file says it: prefix, queue type, tiers, schedule and deferral queues.
+/// Dedicated tenants are left out.
 pub fn ladder_toml(ladder: &Ladder) -> String {
     let list = |delays: &mut dyn Iterator<Item = Duration>| {
         delays
@@ -88,12 +88,14 @@ pub fn ladder_toml(ladder: &Ladder) -> String {
             .join(", ")
     };
     format!(
-        "prefix = \"{}\"\nqueue_type = \"{}\"\nshards = {}\ntiers = [{}]\nschedule = [{}]\n",
+        "prefix = \"{}\"\nqueue_type = \"{}\"\nshards = {}\ntiers = [{}]\nschedule = [{}]\n\
+         defer = [{}]\n",
         ladder.prefix,
         ladder.queue_type.as_str(),
         ladder.shards,
         list(&mut ladder.tiers.iter().map(|t| t.delay)),
         list(&mut ladder.schedule.iter().map(|&i| ladder.tier(i).delay)),
+        list(&mut ladder.deferrals.iter().map(|t| t.delay)),
     )
 }
 

@@ -279,26 +279,14 @@ pub async fn run(
     Ok(report)
 }
 
-/// `topology/ladder.toml`'s tiers and schedule under `prefix`.
+/// `topology/ladder.toml` (tiers, schedule, deferral queues) under `prefix`.
 fn default_ladder(prefix: &str, queue_type: QueueType) -> Result<Ladder, BenchError> {
-    let mut ladder = Ladder::parse(include_str!("../../../topology/ladder.toml"))?;
-    let tiers: Vec<String> = ladder
-        .tiers
-        .iter()
-        .map(|t| hookrelay::units::fmt_duration(t.delay))
-        .collect();
-    let schedule: Vec<String> = ladder
-        .schedule
-        .iter()
-        .map(|&i| hookrelay::units::fmt_duration(ladder.tier(i).delay))
-        .collect();
-    ladder = Ladder::build(
-        prefix,
+    let shipped = Ladder::parse(include_str!("../../../topology/ladder.toml"))?;
+    Ok(Ladder {
+        prefix: prefix.to_owned(),
         queue_type,
-        &tiers.iter().map(String::as_str).collect::<Vec<_>>(),
-        &schedule.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
-    Ok(ladder)
+        ..shipped
+    })
 }
 
 fn floor_queues(prefix: &str) -> [String; 2] {
