@@ -112,6 +112,11 @@ struct BenchArgs {
     /// throughput, latency, precision and isolation runs are skipped.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "SCENARIO")]
     noisy: Vec<bench::noisy::Scenario>,
+    /// Shards of the shared lanes in the noisy-neighbour onset scenarios: each runs with B in
+    /// another shard than A (target: B's p99 at most 2x its idle p99 + 50 ms) and in A's shard
+    /// (target: the floor + 1 s).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    noisy_shards: u16,
     /// Tenant A's backlog in the noisy-neighbour scenarios.
     #[arg(long, default_value_t = 20_000)]
     noisy_backlog: usize,
@@ -261,6 +266,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     scenarios: args.noisy,
                     backlog: args.noisy_backlog,
                     queue_type: options.queue_type,
+                    shards: args.noisy_shards,
                     ..Default::default()
                 };
                 let report = bench::noisy::run(&config, &options, &binaries).await?;

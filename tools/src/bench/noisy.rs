@@ -26,6 +26,12 @@
 //!   long enough to include A's backlog coming back from its tier through the retry lane and
 //!   being deferred again (the deferrals counted in B's window are reported). Target: B's p99 at
 //!   most 2x its idle p99 + 50 ms.
+//! - **With shards** (`--noisy-shards N`, onset scenarios only): the ladder's shared lanes are N
+//!   shards keyed by tenant. Each onset scenario runs twice: with B in another shard than A (B
+//!   alone first for its idle latency, then A's onset; target: B's p99 at most 2x idle + 50 ms,
+//!   as no FIFO of B's holds A's backlog), and with B in A's shard (target as unsharded: the
+//!   floor + 1 s). Tenant names are picked by probing: one event per candidate published into
+//!   the ladder before the worker starts, read back from the shard it landed in.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -95,6 +101,8 @@ pub struct NoisyOptions {
     /// default ladder and breaker), so A's return is inside it.
     pub steady_b_events: usize,
     pub steady_b_rate: u32,
+    /// Shards of the shared lanes (1: unsharded).
+    pub shards: u16,
 }
 
 impl Default for NoisyOptions {
@@ -107,6 +115,7 @@ impl Default for NoisyOptions {
             onset_b_rate: 100,
             steady_b_events: 300,
             steady_b_rate: 4,
+            shards: 1,
         }
     }
 }
@@ -114,6 +123,8 @@ impl Default for NoisyOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct NoisyRow {
     pub scenario: String,
+    /// With shards: whether B is in A's shard (`same`) or another (`other`); `-` unsharded.
+    pub b_shard: String,
     pub a_mode: String,
     pub a_backlog: usize,
     /// The raw loop's time to move A's backlog (onset only).
@@ -150,13 +161,14 @@ impl NoisyReport {
             self.machine, self.broker, self.queue_type, self.settings
         );
         out.push_str(
-            "scenario  A mode  A backlog  floor s  B p50 ms  B p99 ms  B idle p99 ms  target ms  met  \
+            "scenario  B shard  A mode  A backlog  floor s  B p50 ms  B p99 ms  B idle p99 ms  target ms  met  \
              (B n, B via retry lane, deferrals in B's window, A requests)\n",
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "{:<8}  {:<6}  {:>9}  {:>7}  {:>8.1}  {:>8.1}  {:>13}  {:>9.1}  {:<3}  ({}, {}, {}, {})\n",
+                "{:<8}  {:<7}  {:<6}  {:>9}  {:>7}  {:>8.1}  {:>8.1}  {:>13}  {:>9.1}  {:<3}  ({}, {}, {}, {})\n",
                 r.scenario,
+                r.b_shard,
                 r.a_mode,
                 r.a_backlog,
                 r.floor_seconds
@@ -217,9 +229,26 @@ pub async fn run(
         ),
         rows: Vec::new(),
     };
+    if options.shards > 1 && options.scenarios.iter().any(|s| s.steady()) {
+        return Err(BenchError::Other(
+            "--noisy-shards runs the onset scenarios only".into(),
+        ));
+    }
+    let placements: &[Placement] = if options.shards > 1 {
+        &[Placement::OtherShard, Placement::SameShard]
+    } else {
+        &[Placement::Unsharded]
+    };
+    let runs: Vec<(Scenario, Placement)> = options
+        .scenarios
+        .iter()
+        .flat_map(|&s| placements.iter().map(move |&p| (s, p)))
+        .collect();
     let mut result = Ok(());
-    for (i, &scenario) in options.scenarios.iter().enumerate() {
-        let ladder = match default_ladder(&format!("{prefix}-{i}"), options.queue_type) {
+    for (i, &(scenario, placement)) in runs.iter().enumerate() {
+        let ladder = match default_ladder(&format!("{prefix}-{i}"), options.queue_type)
+            .and_then(|l| l.with_shards(options.shards).map_err(BenchError::from))
+        {
             Ok(l) => l,
             Err(e) => {
                 result = Err(e);
@@ -242,6 +271,7 @@ pub async fn run(
             options,
             binaries,
             scenario,
+            placement,
             &ladder,
             &publisher,
             &channel,
@@ -257,9 +287,10 @@ pub async fn run(
         match outcome {
             Ok(row) => {
                 say(&format!(
-                    "{} {}: B p50 {:.1} ms, p99 {:.1} ms, target {:.1} ms: {}",
+                    "{} {} (B's shard: {}): B p50 {:.1} ms, p99 {:.1} ms, target {:.1} ms: {}",
                     row.scenario,
                     row.a_mode,
+                    row.b_shard,
                     row.b.p50_ms,
                     row.b.p99_ms,
                     row.target_ms,
@@ -289,6 +320,89 @@ fn default_ladder(prefix: &str, queue_type: QueueType) -> Result<Ladder, BenchEr
     })
 }
 
+/// Where tenant B's events go relative to A's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Unsharded,
+    /// Another shard than A's: nothing of A's sits in B's FIFO.
+    OtherShard,
+    /// A's shard: B waits behind A's backlog, as unsharded.
+    SameShard,
+}
+
+impl Placement {
+    fn label(self) -> &'static str {
+        match self {
+            Placement::Unsharded => "-",
+            Placement::OtherShard => "other",
+            Placement::SameShard => "same",
+        }
+    }
+}
+
+/// Tenant B's name for `placement`: the first candidate whose events the consistent hash puts
+/// in (or out of) tenant A's shard, found by publishing a probe per candidate into the ladder
+/// (nothing consumes it yet) and reading each shard's first lane back empty.
+async fn b_tenant(
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    ladder: &Ladder,
+    placement: Placement,
+) -> Result<String, BenchError> {
+    if placement == Placement::Unsharded {
+        return Ok("tenant_b".into());
+    }
+    let candidates: Vec<String> = std::iter::once("tenant_a".to_owned())
+        .chain((0..64).map(|i| format!("tenant_b{i}")))
+        .collect();
+    let ingress = ladder.ingress();
+    publish_many(publisher, candidates.len(), |i| {
+        to_ingress(
+            &ingress,
+            NewEvent {
+                id: format!("probe_{i}"),
+                tenant: candidates[i].clone(),
+                event_type: "bench.probe".into(),
+                subscription: Some("probe".into()),
+                timestamp: None,
+                body: body(i),
+            },
+        )
+    })
+    .await?;
+    let mut shard_of = std::collections::HashMap::new();
+    for shard in 0..ladder.shards {
+        let lane = ladder.first_shard(shard);
+        while let Some(m) = channel
+            .basic_get(
+                lane.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await?
+        {
+            shard_of.insert(m.delivery.routing_key.to_string(), shard);
+        }
+    }
+    let a = shard_of
+        .get("tenant_a")
+        .copied()
+        .ok_or_else(|| BenchError::Other("tenant A's probe landed in no shard".into()))?;
+    candidates[1..]
+        .iter()
+        .find(|c| {
+            shard_of
+                .get(c.as_str())
+                .is_some_and(|&s| (s == a) == (placement == Placement::SameShard))
+        })
+        .cloned()
+        .ok_or_else(|| {
+            BenchError::Other(format!(
+                "no candidate tenant in the {} shard",
+                placement.label()
+            ))
+        })
+}
+
 fn floor_queues(prefix: &str) -> [String; 2] {
     [format!("{prefix}.floor"), format!("{prefix}.floor-out")]
 }
@@ -299,13 +413,17 @@ async fn run_scenario(
     options: &NoisyOptions,
     binaries: &Binaries,
     scenario: Scenario,
+    placement: Placement,
     ladder: &Ladder,
     publisher: &Arc<Publisher>,
     channel: &lapin::Channel,
     first_prefetch: u16,
 ) -> Result<NoisyRow, BenchError> {
     let n = options.backlog;
-    let floor_seconds = if scenario.steady() {
+    let b_tenant = b_tenant(publisher, channel, ladder, placement).await?;
+    // B in another shard is measured against itself, as in the steady state: its idle latency.
+    let against_idle = scenario.steady() || placement == Placement::OtherShard;
+    let floor_seconds = if against_idle {
         None
     } else {
         Some(
@@ -335,7 +453,7 @@ async fn run_scenario(
     let secret_file = secret_dir.path().join("bench.whsec");
     std::fs::write(&secret_file, generate_secret())?;
     let subscriptions = subscription_toml("noisy_a", "tenant_a", a_addr, &secret_file)
-        + &subscription_toml("noisy_b", "tenant_b", b_addr, &secret_file);
+        + &subscription_toml("noisy_b", &b_tenant, b_addr, &secret_file);
     let ingress = ladder.ingress();
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let event = |tenant: &str, subscription: &str, id: String, i: usize| {
@@ -354,7 +472,7 @@ async fn run_scenario(
     let a_event =
         |kind: &str, i: usize| event("tenant_a", "noisy_a", format!("a_{kind}_{tag}_{i}"), i);
     let b_event =
-        |kind: &str, i: usize| event("tenant_b", "noisy_b", format!("b_{kind}_{tag}_{i}"), i);
+        |kind: &str, i: usize| event(&b_tenant, "noisy_b", format!("b_{kind}_{tag}_{i}"), i);
 
     let mut worker =
         start_worker(&binaries.worker, config, ladder, None, &subscriptions, &[]).await?;
@@ -370,8 +488,8 @@ async fn run_scenario(
         super::wait_count(&b_sink, 20, Duration::from_secs(60)).await?;
 
         let mut b_idle = None;
-        if scenario.steady() {
-            say("steady: B alone");
+        if against_idle {
+            say("B alone");
             b_idle = Some(
                 timed_deliveries(
                     publisher,
@@ -383,6 +501,8 @@ async fn run_scenario(
                 )
                 .await?,
             );
+        }
+        if scenario.steady() {
             say("steady: opening A's breaker");
             let failures = config.endpoints.breaker_failures as usize;
             publish_many(publisher, failures, |i| a_event("warm", i)).await?;
@@ -434,17 +554,25 @@ async fn run_scenario(
         let deferrals_in_b_window = deferrals(&client, &metrics, None)
             .await
             .saturating_sub(before);
-        // Only B's deliveries succeed: any from the retry lane went through a tier first.
-        let b_via_retry_lane = counter(
-            &client,
-            &metrics,
-            "hookrelay_outcomes_total",
-            &[
-                format!("lane=\"{}\"", ladder.retry_lane()),
-                "outcome=\"delivered\"".to_owned(),
-            ],
-        )
-        .await;
+        // Only B's deliveries succeed: any from a retry lane went through a tier first.
+        let retry_lanes: Vec<String> = if ladder.shards > 1 {
+            (0..ladder.shards).map(|i| ladder.retry_shard(i)).collect()
+        } else {
+            vec![ladder.retry_lane()]
+        };
+        let mut b_via_retry_lane = 0;
+        for lane in retry_lanes {
+            b_via_retry_lane += counter(
+                &client,
+                &metrics,
+                "hookrelay_outcomes_total",
+                &[
+                    format!("lane=\"{lane}\""),
+                    "outcome=\"delivered\"".to_owned(),
+                ],
+            )
+            .await;
+        }
         Ok((b, b_idle, deferrals_in_b_window, b_via_retry_lane))
     }
     .await;
@@ -457,6 +585,7 @@ async fn run_scenario(
     };
     Ok(NoisyRow {
         scenario: scenario.name().into(),
+        b_shard: placement.label().into(),
         a_mode: scenario.mode().into(),
         a_backlog: n,
         floor_seconds,
