@@ -667,6 +667,11 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
             "max_concurrent",
             "between",
         ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "description": "a\u{0}b" }),
+            "description",
+            "control characters",
+        ),
     ] {
         let answer = post(serde_json::to_vec(&body).unwrap()).await;
         let problem = answer.problem(422);
@@ -918,6 +923,8 @@ async fn lists_filter_and_page_with_an_opaque_cursor() {
         "cursor=%21%21",
         "enabled=maybe",
         "colour=red",
+        "tenant=ac.me",
+        "cursor=c3ViXzEAeA",
     ] {
         let answer = api
             .call(

@@ -289,6 +289,7 @@ fn id_of_cursor(cursor: &str) -> Result<String, ApiError> {
         .decode(cursor)
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
+        .filter(|id| crate::contract::envelope::check_id(id).is_ok())
         .ok_or_else(|| {
             ApiError::Invalid(vec![FieldError::new(
                 "cursor",
@@ -311,6 +312,10 @@ pub async fn list(
         ));
     }
     let after = query.cursor.as_deref().map(id_of_cursor).transpose()?;
+    if let Some(tenant) = &query.tenant {
+        crate::contract::envelope::check_tenant(tenant)
+            .map_err(|e| ApiError::field("tenant", e.to_string()))?;
+    }
     let tenant = match (scope.tenant(), query.tenant.as_deref()) {
         (Some(own), Some(asked)) if own != asked => {
             return Ok(SubscriptionPage {

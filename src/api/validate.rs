@@ -147,7 +147,13 @@ fn rate(raw: &str, problems: &mut Problems) -> Option<Rate> {
 }
 
 fn description(raw: &str, problems: &mut Problems) {
-    if raw.chars().count() > MAX_DESCRIPTION_LEN {
+    // PostgreSQL text holds no NUL; other control characters have no place in a label either.
+    if raw
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        problems.add("description", "control characters are not allowed");
+    } else if raw.chars().count() > MAX_DESCRIPTION_LEN {
         problems.add(
             "description",
             format!("longer than {MAX_DESCRIPTION_LEN} characters"),
