@@ -713,6 +713,34 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
     assert_eq!(after.body.get("event_types"), None);
     assert_eq!(after.body["tenant"], "acme");
 
+    // Only an object is a body; an optional one may be empty or null.
+    let array = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions/sub_a/secrets/rotate",
+            Some(ADMIN),
+            Some(b"[null, null]".to_vec()),
+            &[],
+        )
+        .await;
+    assert_eq!(array.problem(422)["errors"][0]["field"], "(body)");
+    for empty in [&b""[..], b"null", b" "] {
+        let answer = api
+            .raw(
+                Method::POST,
+                "/v1/subscriptions/sub_a/resume",
+                Some(ADMIN),
+                Some(empty.to_vec()),
+                &[],
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let first_page = api
+        .call(Method::GET, "/v1/subscriptions?cursor=", ADMIN, None)
+        .await;
+    assert_eq!(first_page.status, StatusCode::OK, "{}", first_page.body);
+
     // Unknown routes and methods are problems too.
     api.call(Method::GET, "/v2/nothing", ADMIN, None)
         .await

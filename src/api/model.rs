@@ -10,18 +10,22 @@ use utoipa::{IntoParams, ToSchema};
 pub struct CreateSubscription {
     /// 1 to 128 letters, digits, `_` or `-`. Generated (`sub_<32 hex>`) when absent. Ids are
     /// unique across tenants: one already taken is answered 409.
-    #[schema(example = "sub_acme_orders")]
+    #[schema(example = "sub_acme_orders", pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub id: Option<String>,
     /// The tenant it belongs to. A tenant token may leave it out (its own tenant) and may name
     /// no other (422).
-    #[schema(example = "acme")]
+    #[schema(example = "acme", pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
     /// The endpoint: an http:// or https:// URL the egress policy allows.
-    #[schema(example = "https://hooks.acme.example/webhooks")]
+    #[schema(
+        example = "https://hooks.acme.example/webhooks",
+        max_length = 2048,
+        pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$"
+    )]
     pub url: String,
     /// Exact event types and `prefix.*` wildcards; absent or null: every type.
-    #[schema(example = json!(["order.*", "invoice.paid"]))]
-    pub event_types: Option<Vec<String>>,
+    #[schema(example = json!(["order.*", "invoice.paid"]), min_items = 1)]
+    pub event_types: Option<Vec<EventType>>,
     /// Default true.
     pub enabled: Option<bool>,
     /// Default false: a subscription may be created paused.
@@ -29,11 +33,31 @@ pub struct CreateSubscription {
     /// Attempts at once to its endpoint, instead of the worker's `endpoints.max_concurrent`.
     #[schema(minimum = 1, maximum = 2147483647)]
     pub max_concurrent: Option<u32>,
-    /// Requests per unit of time to its endpoint, `"50/s"`, `"600/m"`, `"100/h"`.
-    #[schema(example = "50/s")]
+    /// Requests per unit of time to its endpoint, `"50/s"`, `"600/m"`, `"100/h"` (the document's
+    /// pattern is narrower than what is accepted: `"0.5/s"` is fine too).
+    #[schema(example = "50/s", pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
     pub rate: Option<String>,
-    /// Free text, at most 1024 characters.
+    /// Free text, at most 1024 characters, no control characters but newline and tab.
+    #[schema(
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
+    )]
     pub description: Option<String>,
+}
+
+/// An exact event type, or a `prefix.*` wildcard.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(transparent)]
+#[schema(
+    value_type = String,
+    pattern = "^([A-Za-z0-9._:-]{1,128}|[A-Za-z0-9._:-]{0,125}[A-Za-z0-9_:-]\\.\\*)$"
+)]
+pub struct EventType(pub String);
+
+impl AsRef<str> for EventType {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A change: fields left out stay as they are; `null` clears `event_types` (every type),
@@ -41,17 +65,22 @@ pub struct CreateSubscription {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSubscription {
+    #[schema(max_length = 2048, pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$")]
     pub url: Option<String>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<Vec<String>>)]
-    pub event_types: Option<Option<Vec<String>>>,
+    #[schema(value_type = Option<Vec<EventType>>, min_items = 1)]
+    pub event_types: Option<Option<Vec<EventType>>>,
     pub enabled: Option<bool>,
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
     pub max_concurrent: Option<Option<u32>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
     pub rate: Option<Option<String>>,
+    #[schema(
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
+    )]
     pub description: Option<String>,
 }
 
@@ -123,10 +152,11 @@ pub struct SubscriptionPage {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only this tenant's (a tenant token sees only its own anyway).
+    #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
     pub enabled: Option<bool>,
     pub paused: Option<bool>,
-    /// From a previous page's `next_cursor`.
+    /// From a previous page's `next_cursor`; empty: the first page.
     pub cursor: Option<String>,
     /// 1 to 500; default 50.
     #[param(minimum = 1, maximum = 500)]
@@ -141,8 +171,8 @@ pub struct RotateSecret {
     /// A duration from now, `"24h"`, `"30m"`, `"0s"` (at once).
     #[schema(example = "24h")]
     pub expire_old_after: Option<String>,
-    /// An RFC 3339 time, not in the past.
-    #[schema(example = "2027-01-31T00:00:00Z")]
+    /// An RFC 3339 time, not in the past, at most 366 days ahead.
+    #[schema(example = "2027-01-31T00:00:00Z", format = DateTime)]
     pub old_expires_at: Option<String>,
 }
 
@@ -161,7 +191,7 @@ pub struct RotatedSecret {
 pub struct ResumeSubscription {
     /// The pace at which parked deliveries return, `"50/s"`; as fast as the broker confirms
     /// when absent.
-    #[schema(example = "50/s")]
+    #[schema(example = "50/s", pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
     pub rate: Option<String>,
 }
 
@@ -179,7 +209,7 @@ pub struct Resumed {
 #[serde(deny_unknown_fields)]
 pub struct SendTestEvent {
     /// Default `hookrelay.test`; it must be a type the subscription receives.
-    #[schema(example = "hookrelay.test")]
+    #[schema(example = "hookrelay.test", pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub event_type: Option<String>,
     /// The event's `data`; default `{}`.
     #[schema(value_type = Option<Object>)]
@@ -191,4 +221,13 @@ pub struct SendTestEvent {
 pub struct TestEventSent {
     pub envelope_id: String,
     pub event_type: String,
+}
+
+/// The headers of a create.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct CreateHeaders {
+    /// Makes a retried create safe: the first answer is given again (24 hours).
+    #[param(rename = "Idempotency-Key", pattern = "^[!-~]{1,255}$")]
+    pub idempotency_key: Option<String>,
 }

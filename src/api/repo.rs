@@ -311,7 +311,12 @@ pub async fn list(
             format!("must be between 1 and {MAX_PAGE}"),
         ));
     }
-    let after = query.cursor.as_deref().map(id_of_cursor).transpose()?;
+    let after = query
+        .cursor
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(id_of_cursor)
+        .transpose()?;
     if let Some(tenant) = &query.tenant {
         crate::contract::envelope::check_tenant(tenant)
             .map_err(|e| ApiError::field("tenant", e.to_string()))?;

@@ -24,8 +24,8 @@ use crate::units::Rate;
 use super::ApiState;
 use super::auth::Scope;
 use super::model::{
-    CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed, RotateSecret,
-    RotatedSecret, SendTestEvent, SubscriptionPage, SubscriptionView, TestEventSent,
+    CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
+    RotateSecret, RotatedSecret, SendTestEvent, SubscriptionPage, SubscriptionView, TestEventSent,
     UpdateSubscription,
 };
 use super::problem::{ApiError, FieldError, Problem};
@@ -46,10 +46,18 @@ fn json<T: DeserializeOwned>(
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge { max },
         _ => ApiError::BadRequest(rejection.body_text()),
     })?;
-    if body.iter().all(u8::is_ascii_whitespace)
+    let text = body.trim_ascii();
+    if (text.is_empty() || text == b"null")
         && let Some(default) = empty
     {
         return Ok(default);
+    }
+    // serde would read a struct from an array too (`[null, null]`): only an object is one.
+    if !text.is_empty()
+        && text[0] != b'{'
+        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok()
+    {
+        return Err(ApiError::field("(body)", "expected a JSON object"));
     }
     let mut de = serde_json::Deserializer::from_slice(&body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -110,8 +118,7 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
 /// the first answer again, secret included; the same key with another body is refused (422).
 #[utoipa::path(
     post, path = "/v1/subscriptions", tag = "subscriptions",
-    params(("Idempotency-Key" = Option<String>, Header,
-        description = "Makes a retried create safe: the first answer is given again")),
+    params(CreateHeaders),
     request_body = CreateSubscription,
     responses(
         (status = 201, description = "Created; the secret is shown this once", body = CreatedSubscription),

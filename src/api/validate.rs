@@ -15,7 +15,7 @@ use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
 use crate::units::Rate;
 
 use super::auth::Scope;
-use super::model::{CreateSubscription, RotateSecret, UpdateSubscription};
+use super::model::{CreateSubscription, EventType, RotateSecret, UpdateSubscription};
 use super::problem::{ApiError, FieldError};
 
 pub const MAX_URL_LEN: usize = 2048;
@@ -112,7 +112,7 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
     }
 }
 
-fn event_types(raw: &[String], problems: &mut Problems) -> Option<Vec<EventFilter>> {
+fn event_types(raw: &[EventType], problems: &mut Problems) -> Option<Vec<EventFilter>> {
     match parse_event_types(raw) {
         Ok(f) => Some(f),
         Err(messages) => {
@@ -362,7 +362,7 @@ mod tests {
     async fn every_problem_of_a_create_is_named_by_field() {
         let mut bad = request("ftp://x.example");
         bad.id = Some("a.b".into());
-        bad.event_types = Some(vec!["order*".into()]);
+        bad.event_types = Some(vec![EventType("order*".into())]);
         bad.rate = Some("fast".into());
         bad.max_concurrent = Some(0);
         let Err(ApiError::Invalid(errors)) = create(bad, &Scope::Admin, &egress()).await else {
