@@ -1127,6 +1127,16 @@ async fn a_test_event_goes_through_the_ingress_to_its_subscription() {
     let body: Value = serde_json::from_slice(&m.data).unwrap();
     assert_eq!(body["data"], json!({ "n": 1 }));
 
+    let not_an_object = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_t/test",
+            ACME,
+            Some(json!({ "event_type": "order.test", "data": [1] })),
+        )
+        .await;
+    assert_eq!(not_an_object.fields(), ["data"]);
+
     // A disabled subscription would cancel it.
     api.call(
         Method::PATCH,

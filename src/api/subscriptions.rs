@@ -463,10 +463,17 @@ pub async fn send_test(
         ));
     }
     let event_type = validate::test_event_type(req.event_type, &sub.event_types)?;
+    if req
+        .data
+        .as_ref()
+        .is_some_and(|d| !d.is_object() && !d.is_null())
+    {
+        return Err(ApiError::field("data", "expected a JSON object"));
+    }
     let body = serde_json::json!({
         "type": event_type,
         "timestamp": crate::units::now_rfc3339(),
-        "data": req.data.unwrap_or_else(|| serde_json::json!({})),
+        "data": req.data.filter(|d| !d.is_null()).unwrap_or_else(|| serde_json::json!({})),
     });
     let event = NewEvent {
         id: format!("evt_test_{}", uuid::Uuid::new_v4().simple()),
