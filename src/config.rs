@@ -214,6 +214,7 @@ pub struct Config {
     pub endpoints: EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub api: ApiConfig,
 }
 
 impl Default for Config {
@@ -234,6 +235,7 @@ impl Default for Config {
             endpoints: EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            api: ApiConfig::default(),
         }
     }
 }
@@ -569,6 +571,74 @@ impl Default for LogConfig {
     }
 }
 
+/// `hookrelay api`: the control plane's HTTP API over the PostgreSQL store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Where the API listens (`--listen` overrides).
+    pub listen: SocketAddr,
+    /// Who may call it: bearer tokens by reference, each an admin's or scoped to one tenant.
+    /// In the file `{ token = "env:NAME", tenant = "acme" }` (no tenant: admin); in
+    /// `HOOKRELAY_API_TOKENS` a comma-separated list of `env:NAME` (admin) and
+    /// `acme=env:NAME` (tenant acme).
+    pub tokens: Vec<ApiToken>,
+    /// The largest request body accepted; a larger one is answered 413.
+    pub max_body_bytes: usize,
+    /// After a resume sets `paused = false`, how long the API waits for the workers to see it
+    /// before it returns the subscription's parked deliveries.
+    #[serde(with = "humantime_serde")]
+    pub resume_wait: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tokens: Vec::new(),
+            max_body_bytes: 64 * 1024,
+            resume_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One API token: a secret reference (`env:NAME`, `file:PATH`), never the token itself, and
+/// the tenant it is scoped to (`None`: an admin token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiToken {
+    pub token: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ApiToken {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            /// `env:NAME` or `acme=env:NAME`, as the environment writes it.
+            Short(String),
+            Table {
+                token: String,
+                #[serde(default)]
+                tenant: Option<String>,
+            },
+        }
+        Ok(match Written::deserialize(deserializer)? {
+            Written::Short(text) => match text.split_once('=') {
+                Some((tenant, token)) => ApiToken {
+                    token: token.trim().to_owned(),
+                    tenant: Some(tenant.trim().to_owned()),
+                },
+                None => ApiToken {
+                    token: text,
+                    tenant: None,
+                },
+            },
+            Written::Table { token, tenant } => ApiToken { token, tenant },
+        })
+    }
+}
+
 impl Config {
     /// Defaults, then the file named by `file` or `HOOKRELAY_CONFIG` (if any), then the
     /// environment, then validation.
@@ -676,6 +746,20 @@ impl Config {
                 "limits.max_body_bytes",
                 "must be at least 1",
             ));
+        }
+        if self.api.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "api.max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        for token in &self.api.tokens {
+            crate::delivery::subscriptions::SecretRef::parse(&token.token)
+                .map_err(|e| ConfigError::invalid("api.tokens", format!("token: {e}")))?;
+            if let Some(tenant) = &token.tenant {
+                crate::contract::envelope::check_tenant(tenant)
+                    .map_err(|e| ConfigError::invalid("api.tokens", format!("tenant: {e}")))?;
+            }
         }
         let lease = self.lease_window();
         if lease >= self.broker.consumer_timeout {
@@ -1202,6 +1286,55 @@ mod tests {
         let bare = SecretUrl::parse("guest:s3cret@localhost:15672").unwrap();
         assert_eq!(bare.to_string(), "***@localhost:15672");
         assert_eq!(bare.without_credentials(), "***@localhost:15672");
+    }
+
+    #[test]
+    fn api_tokens_are_references_with_an_optional_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[api]\nlisten = \"0.0.0.0:9000\"\ntokens = [{ token = \"env:ADMIN\" }, \
+             { token = \"file:/run/acme\", tenant = \"acme\" }]\n",
+        )
+        .unwrap();
+        let config = Config::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(config.api.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(config.api.tokens[1].tenant.as_deref(), Some("acme"));
+        let config = Config::load(
+            None,
+            &env(&[
+                ("HOOKRELAY_API_TOKENS", "env:ADMIN, acme=env:ACME"),
+                ("HOOKRELAY_API_MAX_BODY_BYTES", "1024"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.api.tokens,
+            vec![
+                ApiToken {
+                    token: "env:ADMIN".into(),
+                    tenant: None
+                },
+                ApiToken {
+                    token: "env:ACME".into(),
+                    tenant: Some("acme".into())
+                }
+            ]
+        );
+        assert_eq!(config.api.max_body_bytes, 1024);
+        for (var, value, field) in [
+            ("HOOKRELAY_API_TOKENS", "s3cret-token", "api.tokens"),
+            ("HOOKRELAY_API_TOKENS", "ac.me=env:X", "api.tokens"),
+            ("HOOKRELAY_API_MAX_BODY_BYTES", "0", "api.max_body_bytes"),
+            ("HOOKRELAY_STORE_KEYS", "not-a-reference", "store.keys"),
+        ] {
+            let err = Config::load(None, &env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{var}: {err}");
+            assert!(!err.contains("s3cret"), "{var}: {err}");
+        }
     }
 
     #[test]

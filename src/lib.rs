@@ -16,6 +16,7 @@
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, progress.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets.
+//! - [`api`]: `hookrelay api`, the control plane's HTTP API over the PostgreSQL store.
 //! - [`cli`]: the command line.
 //! - [`units`]: durations, clocks, truncation: a leaf every module may use.
 //!
@@ -23,6 +24,7 @@
 
 #![warn(clippy::unwrap_used)]
 
+pub mod api;
 pub mod broker;
 pub mod cli;
 pub mod config;

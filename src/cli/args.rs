@@ -81,6 +81,12 @@ pub enum Command {
     /// Used when `subscriptions` (HOOKRELAY_SUBSCRIPTIONS) is a postgres:// URL.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Serve the control plane's HTTP API (/v1) over the PostgreSQL store until SIGTERM or
+    /// SIGINT; `api openapi` prints its OpenAPI document.
+    ///
+    /// Needs `subscriptions` set to a postgres:// URL, at least one token in api.tokens and a
+    /// key in store.keys. README.md, "Control plane API", shows every route with curl.
+    Api(ApiArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -104,6 +110,23 @@ pub struct StoreArg {
     /// `subscriptions`.
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    #[command(subcommand)]
+    pub command: Option<ApiCommand>,
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Address to listen on; defaults to the config's api.listen (127.0.0.1:8080).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApiCommand {
+    /// Print the OpenAPI document (what /v1/openapi.json serves; docs/openapi.json holds it).
+    Openapi,
 }
 
 #[derive(Debug, Args)]

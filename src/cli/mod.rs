@@ -2,9 +2,10 @@
 //! `anyhow` here, at the edge; exit codes are documented in `--help`.
 //!
 //! `args` holds the clap definitions, whose doc comments are the help text; each command group
-//! has a file of its own (`topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
+//! has a file of its own (`api`, `topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
 //! `redrive`, `attempts`, `store`), and `common` what several of them share.
 
+mod api;
 mod args;
 mod attempts;
 mod common;
@@ -20,8 +21,9 @@ mod worker;
 use std::process::ExitCode;
 
 pub use args::{
-    AttemptsCommand, Cli, Command, EXIT_DRIFT, LadderArg, PublishArgs, RedriveArgs, StatusArgs,
-    StoreArg, StoreCommand, SubscriptionsCommand, TierCommand, TopologyCommand, WorkerArgs,
+    ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, LadderArg, PublishArgs,
+    RedriveArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand, TierCommand,
+    TopologyCommand, WorkerArgs,
 };
 
 use crate::config::Config;
@@ -38,5 +40,6 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Redrive(args) => redrive::run(args, &config).await,
         Command::Attempts(cmd) => attempts::run(cmd, &config).await,
         Command::Store(cmd) => store::run(cmd, &config).await,
+        Command::Api(args) => api::run(args, config).await,
     }
 }

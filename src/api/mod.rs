@@ -1,0 +1,290 @@
+//! `hookrelay api`: the control plane's HTTP API, versioned under `/v1`, over the PostgreSQL
+//! store that workers follow. Subscriptions are created, read, listed, changed, deleted, paused
+//! and resumed through it; it generates signing secrets (stored sealed, shown once) and rotates
+//! them with an overlap, and sends test events through the ingress exchange.
+//!
+//! - [`auth`]: bearer tokens, admin or scoped to a tenant.
+//! - [`problem`]: errors as RFC 9457 problem details.
+//! - [`model`]: the JSON it takes and answers.
+//! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
+//! - [`repo`]: its SQL.
+//! - [`subscriptions`]: the handlers.
+//! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
+
+pub mod auth;
+pub mod model;
+pub mod openapi;
+pub mod problem;
+pub mod repo;
+pub mod subscriptions;
+pub mod validate;
+
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use lapin::{Connection, ConnectionProperties};
+use sqlx::PgPool;
+use tokio::sync::OnceCell;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::broker::publish::{PublishError, Publisher};
+use crate::config::SecretUrl;
+use crate::contract::envelope::NewEvent;
+use crate::contract::ladder::Ladder;
+use crate::delivery::subscriptions::Subscriptions;
+use crate::ops::mover::MoveOptions;
+use crate::store::seal::Keyring;
+use crate::units::Rate;
+
+use auth::Tokens;
+use problem::ApiError;
+use validate::Egress;
+
+/// What the API needs of the broker: test events and returning a resumed subscription's
+/// parked deliveries.
+#[derive(Debug, Clone)]
+pub struct BrokerSetup {
+    pub amqp_url: SecretUrl,
+    pub confirm_timeout: Duration,
+    pub ladder: Ladder,
+    /// `limits.max_body_bytes`: a test event's body must fit it like any event.
+    pub max_event_bytes: usize,
+    /// `api.resume_wait`.
+    pub resume_wait: Duration,
+}
+
+/// Everything the API is built from.
+#[derive(Debug)]
+pub struct ApiSetup {
+    pub pool: PgPool,
+    pub keyring: Arc<Keyring>,
+    pub tokens: Tokens,
+    pub egress: Egress,
+    /// `api.max_body_bytes`.
+    pub max_body: usize,
+    /// `None`: test events are answered 503, and resumes leave parked deliveries to
+    /// `hookrelay subscriptions resume`.
+    pub broker: Option<BrokerSetup>,
+}
+
+/// The handlers' shared state.
+#[derive(Debug, Clone)]
+pub struct ApiState(Arc<Shared>);
+
+#[derive(Debug)]
+pub struct Shared {
+    pub pool: PgPool,
+    pub keyring: Arc<Keyring>,
+    pub egress: Egress,
+    pub max_body: usize,
+    broker: Option<BrokerSetup>,
+    /// Connected at the first test event or resume, so the API serves without a broker.
+    publisher: OnceCell<Arc<Publisher>>,
+    /// Resumes returning parked deliveries; waited for at shutdown.
+    background: TaskTracker,
+}
+
+impl Deref for ApiState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl ApiState {
+    async fn publisher(&self) -> Result<(Arc<Publisher>, &BrokerSetup), ApiError> {
+        let Some(broker) = &self.broker else {
+            return Err(ApiError::Unavailable(
+                "this API runs without a broker connection".into(),
+            ));
+        };
+        let publisher = self
+            .publisher
+            .get_or_try_init(|| async {
+                Publisher::connect(&broker.amqp_url, "hookrelay api", broker.confirm_timeout)
+                    .await
+                    .map(Arc::new)
+            })
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("the broker: {e}")))?;
+        Ok((Arc::clone(publisher), broker))
+    }
+
+    /// Publishes `event` to the ingress exchange, confirmed; its envelope id.
+    async fn publish(&self, event: &NewEvent) -> Result<String, ApiError> {
+        let (publisher, broker) = self.publisher().await?;
+        publisher
+            .publish_event(&broker.ladder.ingress(), event, broker.max_event_bytes)
+            .await
+            .map_err(|e| match e {
+                PublishError::Invalid(invalid) => ApiError::field("data", invalid.to_string()),
+                other => ApiError::Unavailable(format!(
+                    "the broker did not take the test event ({other}); try again"
+                )),
+            })
+    }
+
+    /// Starts returning `id`'s parked deliveries, after the workers have had time to see it
+    /// resumed; false when there is no broker to do it with.
+    fn return_parked(&self, id: &str, rate: Option<Rate>) -> bool {
+        let Some(broker) = self.broker.clone() else {
+            return false;
+        };
+        let state = self.clone();
+        let id = id.to_owned();
+        self.background.spawn(async move {
+            tokio::time::sleep(broker.resume_wait).await;
+            if let Err(e) = state.move_parked(&broker, &id, rate).await {
+                subscriptions::log_parked_failure(&id, &e);
+            }
+        });
+        true
+    }
+
+    async fn move_parked(
+        &self,
+        broker: &BrokerSetup,
+        id: &str,
+        rate: Option<Rate>,
+    ) -> anyhow::Result<()> {
+        let paused: Option<bool> =
+            sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        if paused == Some(true) {
+            info!(subscription = %id, "Paused again before its parked deliveries were returned; they stay parked");
+            return Ok(());
+        }
+        let (publisher, _) = self.publisher().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let conn = Connection::connect(
+            broker.amqp_url.expose(),
+            ConnectionProperties::default().with_connection_name("hookrelay api resume".into()),
+        )
+        .await?;
+        let options = MoveOptions {
+            rate,
+            ..Default::default()
+        };
+        // The store no longer pauses it (checked above), and a deleted one comes back to be
+        // cancelled as deleted: nothing here for `check_resumable` to refuse.
+        let resumed = crate::ops::pause::resume(
+            &conn,
+            &publisher,
+            &broker.ladder,
+            &Subscriptions::default(),
+            id,
+            &options,
+            false,
+        )
+        .await;
+        let _ = conn.close(200, "resumed".into()).await;
+        let resumed = resumed?;
+        info!(
+            subscription = %id,
+            returned = resumed.moved(),
+            kept = resumed.kept(),
+            parking_removed = resumed.removed,
+            "Returned a resumed subscription's parked deliveries"
+        );
+        Ok(())
+    }
+
+    /// A remembered create answer, with its secret opened again.
+    fn replay(&self, mut body: serde_json::Value) -> Result<(serde_json::Value, String), ApiError> {
+        let object = body
+            .as_object_mut()
+            .ok_or_else(|| ApiError::internal("a remembered answer is not an object"))?;
+        let id = object
+            .get("subscription")
+            .and_then(|s| s.get("id"))
+            .and_then(|id| id.as_str())
+            .ok_or_else(|| ApiError::internal("a remembered answer has no subscription id"))?
+            .to_owned();
+        let sealed = object
+            .remove("sealed_secret")
+            .and_then(|s| s.as_str().and_then(|s| STANDARD.decode(s).ok()))
+            .ok_or_else(|| ApiError::internal("a remembered answer has no sealed secret"))?;
+        let secret = self
+            .keyring
+            .open(&id, &sealed)
+            .ok()
+            .and_then(|s| String::from_utf8(s).ok())
+            .ok_or_else(|| ApiError::internal("a remembered secret does not open"))?;
+        object.insert("secret".into(), serde_json::Value::String(secret));
+        Ok((body, id))
+    }
+}
+
+/// The API's routes. `/v1/openapi.json` is public; everything else needs a token.
+pub fn router(setup: ApiSetup) -> (Router, ApiState) {
+    let state = ApiState(Arc::new(Shared {
+        pool: setup.pool,
+        keyring: setup.keyring,
+        egress: setup.egress,
+        max_body: setup.max_body,
+        broker: setup.broker,
+        publisher: OnceCell::new(),
+        background: TaskTracker::new(),
+    }));
+    use subscriptions as s;
+    let guarded = Router::new()
+        .route("/v1/subscriptions", post(s::create).get(s::list))
+        .route(
+            "/v1/subscriptions/{id}",
+            get(s::read).patch(s::update).delete(s::remove),
+        )
+        .route("/v1/subscriptions/{id}/pause", post(s::pause))
+        .route("/v1/subscriptions/{id}/resume", post(s::resume))
+        .route("/v1/subscriptions/{id}/secrets/rotate", post(s::rotate))
+        .route("/v1/subscriptions/{id}/test", post(s::send_test))
+        .route_layer(from_fn_with_state(setup.tokens, auth::require_token));
+    let app = guarded
+        .route("/v1/openapi.json", get(openapi::serve))
+        .fallback(s::no_route)
+        .method_not_allowed_fallback(s::method_not_allowed)
+        .layer(DefaultBodyLimit::max(setup.max_body))
+        .with_state(state.clone());
+    (app, state)
+}
+
+/// How long a shutdown waits for resumes that are returning parked deliveries.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown` completes, then lets requests in flight finish
+/// and waits (within [`SHUTDOWN_GRACE`]) for background resumes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "Serving the API");
+    }
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    state.background.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, state.background.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            "Stopped with parked deliveries still being returned; `hookrelay subscriptions resume` finishes that"
+        );
+    }
+    if let Some(publisher) = state.publisher.get() {
+        publisher.close().await;
+    }
+    Ok(())
+}

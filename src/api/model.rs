@@ -1,0 +1,233 @@
+//! What the API takes and answers, as JSON. Requests refuse unknown fields; a response never
+//! holds a signing secret, except the answers to a create and a rotation, once.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// A new subscription.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSubscription {
+    /// 1 to 128 letters, digits, `_` or `-`. Generated (`sub_<32 hex>`) when absent. Ids are
+    /// unique across tenants: one already taken is answered 409.
+    #[schema(example = "sub_acme_orders", pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    pub id: Option<String>,
+    /// The tenant it belongs to. A tenant token may leave it out (its own tenant) and may name
+    /// no other (422).
+    #[schema(example = "acme", pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub tenant: Option<String>,
+    /// The endpoint: an http:// or https:// URL the egress policy allows.
+    #[schema(
+        example = "https://hooks.acme.example/webhooks",
+        max_length = 2048,
+        pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$"
+    )]
+    pub url: String,
+    /// Exact event types and `prefix.*` wildcards; absent or null: every type.
+    #[schema(example = json!(["order.*", "invoice.paid"]), min_items = 1)]
+    pub event_types: Option<Vec<EventType>>,
+    /// Default true.
+    pub enabled: Option<bool>,
+    /// Default false: a subscription may be created paused.
+    pub paused: Option<bool>,
+    /// Attempts at once to its endpoint, instead of the worker's `endpoints.max_concurrent`.
+    #[schema(minimum = 1, maximum = 2147483647)]
+    pub max_concurrent: Option<u32>,
+    /// Requests per unit of time to its endpoint, `"50/s"`, `"600/m"`, `"100/h"` (the document's
+    /// pattern is narrower than what is accepted: `"0.5/s"` is fine too).
+    #[schema(example = "50/s", pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
+    pub rate: Option<String>,
+    /// Free text, at most 1024 characters, no control characters but newline and tab.
+    #[schema(
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
+    )]
+    pub description: Option<String>,
+}
+
+/// An exact event type, or a `prefix.*` wildcard.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(transparent)]
+#[schema(
+    value_type = String,
+    pattern = "^([A-Za-z0-9._:-]{1,128}|[A-Za-z0-9._:-]{0,125}[A-Za-z0-9_:-]\\.\\*)$"
+)]
+pub struct EventType(pub String);
+
+impl AsRef<str> for EventType {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A change: fields left out stay as they are; `null` clears `event_types` (every type),
+/// `max_concurrent` and `rate` (the worker's defaults).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSubscription {
+    #[schema(max_length = 2048, pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$")]
+    pub url: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<EventType>>, min_items = 1)]
+    pub event_types: Option<Option<Vec<EventType>>>,
+    pub enabled: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
+    pub max_concurrent: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
+    pub rate: Option<Option<String>>,
+    #[schema(
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
+    )]
+    pub description: Option<String>,
+}
+
+/// A field that is present, `null` or not: `Some(None)` for `null`, `None` when left out.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// One of a subscription's signing secrets: when it was made and when it stops signing. The
+/// secret itself is never shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SecretInfo {
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339; absent: it signs until a rotation sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+/// A subscription as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SubscriptionView {
+    pub id: String,
+    pub tenant: String,
+    pub url: String,
+    /// Absent: every event type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    pub enabled: bool,
+    pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// Per second, as the store normalises it: `"600/m"` reads back `"10/s"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    pub description: String,
+    /// Why it was disabled, when hookrelay or an operator did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_reason: Option<String>,
+    /// Newest first; never the secrets themselves.
+    pub secrets: Vec<SecretInfo>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// The answer to a create: the subscription, and its signing secret, shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreatedSubscription {
+    pub subscription: SubscriptionView,
+    /// `whsec_<base64>`: verify deliveries with it. It is not shown again.
+    #[schema(example = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")]
+    pub secret: String,
+}
+
+/// A page of subscriptions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SubscriptionPage {
+    pub data: Vec<SubscriptionView>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Filters and paging of a list, ordered by id.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this tenant's (a tenant token sees only its own anyway).
+    #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    pub tenant: Option<String>,
+    pub enabled: Option<bool>,
+    pub paused: Option<bool>,
+    /// From a previous page's `next_cursor`; empty: the first page.
+    pub cursor: Option<String>,
+    /// 1 to 500; default 50.
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+/// A rotation: when the current secrets stop signing. At most one of the two; neither: in 24
+/// hours. Until then every delivery carries a signature with each, so receivers can switch.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// A duration from now, `"24h"`, `"30m"`, `"0s"` (at once).
+    #[schema(example = "24h")]
+    pub expire_old_after: Option<String>,
+    /// An RFC 3339 time, not in the past, at most 366 days ahead.
+    #[schema(example = "2027-01-31T00:00:00Z", format = DateTime)]
+    pub old_expires_at: Option<String>,
+}
+
+/// The answer to a rotation: the new secret, shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RotatedSecret {
+    pub secret: String,
+    /// When the secrets it replaces stop signing (RFC 3339).
+    pub old_expires_at: String,
+    pub subscription: SubscriptionView,
+}
+
+/// A resume, optionally paced.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeSubscription {
+    /// The pace at which parked deliveries return, `"50/s"`; as fast as the broker confirms
+    /// when absent.
+    #[schema(example = "50/s", pattern = "^[1-9][0-9]{0,5}/(s|m|h)$")]
+    pub rate: Option<String>,
+}
+
+/// The answer to a resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Resumed {
+    pub subscription: SubscriptionView,
+    /// Whether the API is returning the parked deliveries (it has a broker connection); if
+    /// false, `hookrelay subscriptions resume ID` returns them.
+    pub returning_parked: bool,
+}
+
+/// A test event for one subscription.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendTestEvent {
+    /// Default `hookrelay.test`; it must be a type the subscription receives.
+    #[schema(example = "hookrelay.test", pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    pub event_type: Option<String>,
+    /// The event's `data`; default `{}`.
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Value>,
+}
+
+/// The answer to a test event: its envelope id, the `webhook-id` the endpoint receives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TestEventSent {
+    pub envelope_id: String,
+    pub event_type: String,
+}
+
+/// The headers of a create.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct CreateHeaders {
+    /// Makes a retried create safe: the first answer is given again (24 hours).
+    #[param(rename = "Idempotency-Key", pattern = "^[!-~]{1,255}$")]
+    pub idempotency_key: Option<String>,
+}

@@ -1,0 +1,84 @@
+//! The OpenAPI document, generated from the handlers and types: served at `/v1/openapi.json`,
+//! printed by `hookrelay api openapi`, and checked in as `docs/openapi.json` (a test keeps the
+//! two equal).
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::model;
+use super::problem;
+use super::subscriptions;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "hookrelay control plane",
+        description = "Subscriptions of a hookrelay webhook dispatcher, stored in PostgreSQL and \
+                       followed by every worker. Errors are RFC 9457 problem details. Every \
+                       route but this document needs `Authorization: Bearer <token>`: an admin \
+                       token, or a tenant's, which sees and changes only that tenant's \
+                       subscriptions (another tenant's id is answered 404).",
+        license(name = "Apache-2.0"),
+    ),
+    paths(
+        subscriptions::create,
+        subscriptions::list,
+        subscriptions::read,
+        subscriptions::update,
+        subscriptions::remove,
+        subscriptions::pause,
+        subscriptions::resume,
+        subscriptions::rotate,
+        subscriptions::send_test,
+    ),
+    components(schemas(
+        model::CreateSubscription,
+        model::UpdateSubscription,
+        model::SubscriptionView,
+        model::SecretInfo,
+        model::CreatedSubscription,
+        model::SubscriptionPage,
+        model::RotateSecret,
+        model::RotatedSecret,
+        model::ResumeSubscription,
+        model::Resumed,
+        model::SendTestEvent,
+        model::TestEventSent,
+        problem::Problem,
+        problem::FieldError,
+    )),
+    modifiers(&Bearer),
+    security(("bearer" = [])),
+    tags((name = "subscriptions", description = "Who receives which events, where, signed with what")),
+)]
+struct ApiDoc;
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document, as `docs/openapi.json` holds it (pretty, with a final newline). The version
+/// is the crate's.
+pub fn document() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    let mut text = doc
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text.push('\n');
+    text
+}
+
+pub async fn serve() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], document())
+}

@@ -1,0 +1,510 @@
+//! The handlers of `/v1/subscriptions`: create (idempotent with `Idempotency-Key`), read, list,
+//! update, delete, pause, resume, rotate the signing secret, send a test event.
+//!
+//! Bodies are read as bytes (so `api.max_body_bytes` answers 413) and parsed here, so every
+//! refusal is a problem naming the field at fault. Nothing is written until all of a request is
+//! checked.
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::contract::envelope::{NewEvent, check_id};
+use crate::delivery::signing::generate_secret;
+use crate::units::Rate;
+
+use super::ApiState;
+use super::auth::Scope;
+use super::model::{
+    CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
+    RotateSecret, RotatedSecret, SendTestEvent, SubscriptionPage, SubscriptionView, TestEventSent,
+    UpdateSubscription,
+};
+use super::problem::{ApiError, FieldError, Problem};
+use super::repo::{self, Remembered};
+use super::validate;
+
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// A JSON request body, or the problem with it. An empty body is `T::default()` when `empty`
+/// allows one (the bodies of pause, resume, rotate and test are all optional).
+fn json<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    empty: Option<T>,
+    max: usize,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge { max },
+        _ => ApiError::BadRequest(rejection.body_text()),
+    })?;
+    let text = body.trim_ascii();
+    if (text.is_empty() || text == b"null")
+        && let Some(default) = empty
+    {
+        return Ok(default);
+    }
+    // serde would read a struct from an array too (`[null, null]`): only an object is one.
+    if !text.is_empty()
+        && text[0] != b'{'
+        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok()
+    {
+        return Err(ApiError::field("(body)", "expected a JSON object"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(&body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_data() {
+            let field = if path == "." {
+                "(body)".to_owned()
+            } else {
+                path
+            };
+            // serde names an unknown field in its message; the path is where it was found.
+            ApiError::Invalid(vec![FieldError::new(field, inner.to_string())])
+        } else {
+            ApiError::Malformed(inner.to_string())
+        }
+    })?;
+    de.end().map_err(|e| ApiError::Malformed(e.to_string()))?;
+    Ok(value)
+}
+
+/// An id in a path: one that could never be stored is simply not found.
+fn path_id(id: &str) -> Result<(), ApiError> {
+    check_id(id).map_err(|_| ApiError::NotFound)
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_HEADER) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::Invalid(vec![FieldError::new(
+            "Idempotency-Key",
+            format!("1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
+        )])
+    };
+    let key = value.to_str().map_err(|_| bad())?;
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY_LEN
+        || !key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(bad());
+    }
+    Ok(Some(key.to_owned()))
+}
+
+fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/subscriptions/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// Creates a subscription and its signing secret, which this answer shows once.
+///
+/// With an `Idempotency-Key`, a repeated request (same key, same body, within 24 hours) gets
+/// the first answer again, secret included; the same key with another body is refused (422).
+#[utoipa::path(
+    post, path = "/v1/subscriptions", tag = "subscriptions",
+    params(CreateHeaders),
+    request_body = CreateSubscription,
+    responses(
+        (status = 201, description = "Created; the secret is shown this once", body = CreatedSubscription),
+        (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let request_hash = body
+        .as_ref()
+        .map(|b| Sha256::digest(b).to_vec())
+        .unwrap_or_default();
+    let req: CreateSubscription = json(body, None, state.max_body)?;
+    let mut tx = state.pool.begin().await?;
+    let idempotency_scope = scope.idempotency_scope();
+    if let Some(key) = &key
+        && let Some(first) = repo::idempotency_lookup(&mut tx, &idempotency_scope, key).await?
+    {
+        if first.request_hash != request_hash {
+            return Err(ApiError::IdempotencyMismatch);
+        }
+        let (body, id) = state.replay(first.body)?;
+        // Answered as it was, but 200: nothing was created by this request.
+        return Ok(created(StatusCode::OK, body, &id));
+    }
+    let sub = validate::create(req, &scope, &state.egress).await?;
+    let secret = generate_secret();
+    let sealed = state
+        .keyring
+        .seal(&sub.id, secret.as_bytes())
+        .map_err(ApiError::internal)?;
+    if !repo::insert(&mut tx, &sub, &sealed).await? {
+        return Err(ApiError::Conflict(format!(
+            "a subscription with id {:?} exists already",
+            sub.id
+        )));
+    }
+    let view = repo::get(&mut tx, &sub.id, &Scope::Admin)
+        .await?
+        .ok_or_else(|| ApiError::internal("the subscription just created is not found"))?;
+    let answer = CreatedSubscription {
+        subscription: view,
+        secret,
+    };
+    let body = serde_json::to_value(&answer).map_err(ApiError::internal)?;
+    if let Some(key) = &key {
+        let mut remembered = body.clone();
+        if let Some(object) = remembered.as_object_mut() {
+            // Kept sealed, like the secret's own row: the replay opens it.
+            object.remove("secret");
+            object.insert(
+                "sealed_secret".into(),
+                serde_json::Value::String(STANDARD.encode(&sealed)),
+            );
+        }
+        let remembered = Remembered {
+            request_hash,
+            status: StatusCode::CREATED.as_u16(),
+            body: remembered,
+        };
+        repo::idempotency_remember(&mut tx, &idempotency_scope, key, &remembered).await?;
+    }
+    tx.commit().await?;
+    info!(subscription = %sub.id, tenant = %sub.tenant, url = %crate::config::shown_url(&sub.url), "Created subscription");
+    Ok(created(StatusCode::CREATED, body, &sub.id))
+}
+
+/// One subscription.
+#[utoipa::path(
+    get, path = "/v1/subscriptions/{id}", tag = "subscriptions",
+    params(("id" = String, Path)),
+    responses(
+        (status = 200, body = SubscriptionView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription, or another tenant's", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn read(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SubscriptionView>, ApiError> {
+    path_id(&id)?;
+    let mut conn = state.pool.acquire().await?;
+    repo::get(&mut conn, &id, &scope)
+        .await?
+        .map(axum::Json)
+        .ok_or(ApiError::NotFound)
+}
+
+/// Subscriptions the caller sees, by id, a page at a time.
+#[utoipa::path(
+    get, path = "/v1/subscriptions", tag = "subscriptions",
+    params(ListQuery),
+    responses(
+        (status = 200, body = SubscriptionPage),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<axum::Json<SubscriptionPage>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::Invalid(vec![FieldError::new("(query)", e.body_text())]))?;
+    let mut conn = state.pool.acquire().await?;
+    repo::list(&mut conn, &scope, &query).await.map(axum::Json)
+}
+
+/// Changes a subscription: URL, event types, enabled, max concurrency, rate, description.
+#[utoipa::path(
+    patch, path = "/v1/subscriptions/{id}", tag = "subscriptions",
+    params(("id" = String, Path)),
+    request_body = UpdateSubscription,
+    responses(
+        (status = 200, body = SubscriptionView),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 413, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn update(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<SubscriptionView>, ApiError> {
+    path_id(&id)?;
+    let change: UpdateSubscription = json(body, None, state.max_body)?;
+    let mut tx = state.pool.begin().await?;
+    let current = repo::lock(&mut tx, &id, &scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let changed = validate::update(current, change, &state.egress).await?;
+    repo::save(&mut tx, &changed).await?;
+    let view = repo::get(&mut tx, &id, &scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    tx.commit().await?;
+    info!(subscription = %id, "Updated subscription");
+    Ok(axum::Json(view))
+}
+
+/// Deletes a subscription. What waits for it is cancelled as `deleted` when it comes up.
+#[utoipa::path(
+    delete, path = "/v1/subscriptions/{id}", tag = "subscriptions",
+    params(("id" = String, Path)),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn remove(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    path_id(&id)?;
+    if repo::delete(&state.pool, &id, &scope).await? {
+        info!(subscription = %id, "Deleted subscription");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound)
+    }
+}
+
+/// Sets `paused`, in one transaction; the view after.
+async fn set_paused(
+    state: &ApiState,
+    scope: &Scope,
+    id: &str,
+    paused: bool,
+) -> Result<SubscriptionView, ApiError> {
+    path_id(id)?;
+    let mut tx = state.pool.begin().await?;
+    let mut sub = repo::lock(&mut tx, id, scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    if sub.paused != paused {
+        sub.paused = paused;
+        repo::save(&mut tx, &sub).await?;
+    }
+    let view = repo::get(&mut tx, id, scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    tx.commit().await?;
+    Ok(view)
+}
+
+/// Pauses a subscription: workers park its deliveries; nothing is attempted, cancelled or
+/// charged until it is resumed.
+#[utoipa::path(
+    post, path = "/v1/subscriptions/{id}/pause", tag = "subscriptions",
+    params(("id" = String, Path)),
+    responses(
+        (status = 200, body = SubscriptionView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn pause(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SubscriptionView>, ApiError> {
+    let view = set_paused(&state, &scope, &id, true).await?;
+    info!(subscription = %id, "Paused subscription");
+    Ok(axum::Json(view))
+}
+
+/// Resumes a paused subscription, then returns its parked deliveries at `rate`: after
+/// `api.resume_wait` (for the workers to see the change), in the background, with the mover
+/// of `hookrelay subscriptions resume`.
+#[utoipa::path(
+    post, path = "/v1/subscriptions/{id}/resume", tag = "subscriptions",
+    params(("id" = String, Path)),
+    request_body(content = Option<ResumeSubscription>, description = "Optional"),
+    responses(
+        (status = 200, body = Resumed),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn resume(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<Resumed>, ApiError> {
+    let req: ResumeSubscription = json(body, Some(ResumeSubscription::default()), state.max_body)?;
+    let rate = req
+        .rate
+        .as_deref()
+        .map(str::parse::<Rate>)
+        .transpose()
+        .map_err(|e| ApiError::field("rate", e))?;
+    let view = set_paused(&state, &scope, &id, false).await?;
+    let returning_parked = state.return_parked(&id, rate);
+    info!(subscription = %id, returning_parked, "Resumed subscription");
+    Ok(axum::Json(Resumed {
+        subscription: view,
+        returning_parked,
+    }))
+}
+
+/// Rotates the signing secret: a new one, generated here and shown this once, signs from now
+/// on; the current ones keep signing beside it until the time given (24 hours by default).
+#[utoipa::path(
+    post, path = "/v1/subscriptions/{id}/secrets/rotate", tag = "subscriptions",
+    params(("id" = String, Path)),
+    request_body(content = Option<RotateSecret>, description = "Optional"),
+    responses(
+        (status = 200, description = "The new secret, shown this once", body = RotatedSecret),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn rotate(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<RotatedSecret>, ApiError> {
+    path_id(&id)?;
+    let req: RotateSecret = json(body, Some(RotateSecret::default()), state.max_body)?;
+    let old_until = validate::overlap_end(&req, std::time::SystemTime::now())?;
+    let mut tx = state.pool.begin().await?;
+    repo::lock(&mut tx, &id, &scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let secret = generate_secret();
+    let sealed = state
+        .keyring
+        .seal(&id, secret.as_bytes())
+        .map_err(ApiError::internal)?;
+    repo::rotate(&mut tx, &id, &sealed, old_until).await?;
+    let view = repo::get(&mut tx, &id, &scope)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    tx.commit().await?;
+    let old_expires_at = humantime::format_rfc3339_millis(old_until).to_string();
+    info!(subscription = %id, old_expires_at = %old_expires_at, "Rotated signing secret");
+    Ok(axum::Json(RotatedSecret {
+        secret,
+        old_expires_at,
+        subscription: view,
+    }))
+}
+
+/// Sends a test event to one subscription through the ingress exchange, as a producer would:
+/// it is delivered, signed, retried and accounted like any other.
+#[utoipa::path(
+    post, path = "/v1/subscriptions/{id}/test", tag = "subscriptions",
+    params(("id" = String, Path)),
+    request_body(content = Option<SendTestEvent>, description = "Optional"),
+    responses(
+        (status = 202, description = "Published, confirmed by the broker", body = TestEventSent),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The subscription is disabled", body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The broker did not take it", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn send_test(
+    State(state): State<ApiState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<TestEventSent>), ApiError> {
+    path_id(&id)?;
+    let req: SendTestEvent = json(body, Some(SendTestEvent::default()), state.max_body)?;
+    let sub = {
+        let mut conn = state.pool.acquire().await?;
+        repo::find(&mut conn, &id, &scope)
+            .await?
+            .ok_or(ApiError::NotFound)?
+    };
+    if !sub.enabled {
+        return Err(ApiError::Conflict(
+            "the subscription is disabled: a test event would be cancelled; enable it first".into(),
+        ));
+    }
+    let event_type = validate::test_event_type(req.event_type, &sub.event_types)?;
+    if req
+        .data
+        .as_ref()
+        .is_some_and(|d| !d.is_object() && !d.is_null())
+    {
+        return Err(ApiError::field("data", "expected a JSON object"));
+    }
+    let body = serde_json::json!({
+        "type": event_type,
+        "timestamp": crate::units::now_rfc3339(),
+        "data": req.data.filter(|d| !d.is_null()).unwrap_or_else(|| serde_json::json!({})),
+    });
+    let event = NewEvent {
+        id: format!("evt_test_{}", uuid::Uuid::new_v4().simple()),
+        tenant: sub.tenant.clone(),
+        event_type: event_type.clone(),
+        subscription: Some(sub.id.clone()),
+        timestamp: None,
+        body: serde_json::to_vec(&body).map_err(ApiError::internal)?,
+    };
+    let envelope_id = state.publish(&event).await?;
+    info!(subscription = %id, envelope = %envelope_id, "Sent test event");
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(TestEventSent {
+            envelope_id,
+            event_type,
+        }),
+    ))
+}
+
+/// Unknown routes.
+pub async fn no_route() -> ApiError {
+    ApiError::NoRoute
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Logs a failure to return parked deliveries, which `hookrelay subscriptions resume` can
+/// finish.
+pub(super) fn log_parked_failure(id: &str, error: &dyn std::fmt::Display) {
+    warn!(subscription = %id, error = %error, "Could not return the parked deliveries of a resumed subscription; `hookrelay subscriptions resume` returns them");
+}

@@ -1,0 +1,1195 @@
+//! `hookrelay api` over real sockets and a real PostgreSQL (127.0.0.1:5432, or
+//! `HOOKRELAY_TEST_DATABASE_URL`): every test creates a database of its own, migrates it, and drops
+//! it when done. The routes that touch the broker (test events, returning parked deliveries)
+//! run on a ladder of the test's own.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hookrelay::api::auth::Tokens;
+use hookrelay::api::validate::Egress;
+use hookrelay::api::{ApiSetup, BrokerSetup};
+use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
+use hookrelay::delivery::egress::EgressPolicy;
+use hookrelay::delivery::signing::signature_header;
+use hookrelay::delivery::subscriptions::SecretStore;
+use hookrelay::store::PgStore;
+use hookrelay::store::seal::{Keyring, generate_key};
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use common::egress::StaticLookup;
+use common::{TestLadder, wait_until};
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const ACME: &str = "acme-token-0123456789abcdef";
+const GLOBEX: &str = "globex-token-0123456789abcdef";
+const PROBLEM: &str = "application/problem+json";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A database of the test's own ([`common::pg::TestDb`], dropped with it), migrated.
+struct TestDb {
+    store: PgStore,
+    _db: common::pg::TestDb,
+}
+
+impl TestDb {
+    async fn create() -> Self {
+        let db = common::pg::TestDb::create().await;
+        let store = db.store().await;
+        store.check_schema().await.unwrap();
+        Self { store, _db: db }
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap()
+    }
+}
+
+/// A running API on 127.0.0.1:0 over a database of its own.
+struct Api {
+    base: String,
+    db: TestDb,
+    keyring: Arc<Keyring>,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    location: Option<String>,
+    body: Value,
+}
+
+impl Answer {
+    #[track_caller]
+    fn problem(&self, status: u16) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.body);
+        assert_eq!(self.content_type, PROBLEM, "{}", self.body);
+        assert_eq!(self.body["status"], status, "{}", self.body);
+        &self.body
+    }
+
+    /// The fields a problem names.
+    fn fields(&self) -> Vec<String> {
+        self.body["errors"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .filter_map(|e| e["field"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Names the tests use: one public, one on a private network.
+fn lookup() -> StaticLookup {
+    StaticLookup::default()
+        .with("hooks.acme.example", &["93.184.215.14"])
+        .with("hooks.globex.example", &["93.184.215.15"])
+        .with("internal.acme.example", &["10.0.0.5"])
+}
+
+impl Api {
+    async fn start() -> Self {
+        Self::start_with(None, 64 * 1024).await
+    }
+
+    async fn start_with(broker: Option<BrokerSetup>, max_body: usize) -> Self {
+        let db = TestDb::create().await;
+        let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
+        let setup = ApiSetup {
+            pool: db.store.pool().clone(),
+            keyring: Arc::clone(&keyring),
+            tokens: Tokens::from_plain(&[
+                (ADMIN, None),
+                (ACME, Some("acme")),
+                (GLOBEX, Some("globex")),
+            ]),
+            egress: Egress::new(
+                EgressPolicy::default(),
+                Arc::new(lookup()),
+                Duration::from_secs(1),
+            ),
+            max_body,
+            broker,
+        };
+        let (app, state) = hookrelay::api::router(setup);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            hookrelay::api::serve(listener, app, state, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            base,
+            db,
+            keyring,
+            client: reqwest::Client::new(),
+            stop: Some(stop),
+            served: Some(served),
+        }
+    }
+
+    async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let location = response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = response.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
+        };
+        Answer {
+            status,
+            content_type,
+            location,
+            body,
+        }
+    }
+
+    async fn call(&self, method: Method, path: &str, token: &str, body: Option<Value>) -> Answer {
+        let body = body.map(|b| serde_json::to_vec(&b).unwrap());
+        self.raw(method, path, Some(token), body, &[]).await
+    }
+
+    /// Creates a subscription as `token`; the answer's body (subscription and secret).
+    async fn create(&self, token: &str, body: Value) -> Value {
+        let answer = self
+            .call(Method::POST, "/v1/subscriptions", token, Some(body))
+            .await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        answer.body
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            let _ = served.await;
+        }
+    }
+}
+
+fn acme_sub(id: &str) -> Value {
+    json!({ "id": id, "tenant": "acme", "url": "https://hooks.acme.example/in" })
+}
+
+#[tokio::test]
+async fn every_route_creates_reads_lists_changes_and_deletes() {
+    let api = Api::start().await;
+    let created = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(json!({
+                "tenant": "acme",
+                "url": "https://hooks.acme.example/in?token=abc",
+                "event_types": ["order.*", "invoice.paid"],
+                "max_concurrent": 4,
+                "rate": "600/m",
+                "description": "orders",
+            })),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let id = created.body["subscription"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(id.starts_with("sub_"), "{id}");
+    assert_eq!(created.location, Some(format!("/v1/subscriptions/{id}")));
+    let secret = created.body["secret"].as_str().unwrap();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    let sub = &created.body["subscription"];
+    assert_eq!(sub["rate"], "10/s");
+    assert_eq!(sub["event_types"], json!(["order.*", "invoice.paid"]));
+    assert_eq!(sub["enabled"], true);
+    assert_eq!(sub["paused"], false);
+    assert_eq!(sub["secrets"].as_array().unwrap().len(), 1);
+
+    // Stored as the workers read it: sealed, and it opens for this subscription only.
+    let sealed: Vec<u8> =
+        sqlx::query_scalar("SELECT sealed FROM subscription_secrets WHERE subscription_id = $1")
+            .bind(&id)
+            .fetch_one(api.db.store.pool())
+            .await
+            .unwrap();
+    assert!(!String::from_utf8_lossy(&sealed).contains(&secret[6..]));
+    assert_eq!(api.keyring.open(&id, &sealed).unwrap(), secret.as_bytes());
+    let (loaded, problems) = api.db.store.load_all().await.unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let loaded = loaded.get(&id).unwrap();
+    assert_eq!(loaded.max_concurrent, Some(4));
+    assert!(loaded.accepts("order.paid") && !loaded.accepts("user.created"));
+
+    // Read: the same, and never the secret.
+    let read = api
+        .call(Method::GET, &format!("/v1/subscriptions/{id}"), ADMIN, None)
+        .await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(&read.body, sub);
+    assert!(!read.body.to_string().contains(secret));
+
+    // Update: fields left out stay; null clears.
+    let patched = api
+        .call(
+            Method::PATCH,
+            &format!("/v1/subscriptions/{id}"),
+            ADMIN,
+            Some(json!({
+                "url": "https://hooks.globex.example/v2",
+                "event_types": null,
+                "enabled": false,
+                "max_concurrent": 9,
+                "rate": null,
+            })),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    assert_eq!(patched.body["url"], "https://hooks.globex.example/v2");
+    assert_eq!(patched.body.get("event_types"), None);
+    assert_eq!(patched.body["enabled"], false);
+    assert_eq!(patched.body["disabled_reason"], "disabled through the API");
+    assert_eq!(patched.body["max_concurrent"], 9);
+    assert_eq!(patched.body.get("rate"), None);
+    assert_eq!(patched.body["description"], "orders");
+    let reenabled = api
+        .call(
+            Method::PATCH,
+            &format!("/v1/subscriptions/{id}"),
+            ADMIN,
+            Some(json!({ "enabled": true })),
+        )
+        .await;
+    assert_eq!(reenabled.body.get("disabled_reason"), None);
+
+    // Pause and resume (no broker here: the parked deliveries are left to the CLI).
+    let paused = api
+        .call(
+            Method::POST,
+            &format!("/v1/subscriptions/{id}/pause"),
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(paused.status, StatusCode::OK);
+    assert_eq!(paused.body["paused"], true);
+    let (loaded, _) = api.db.store.load_all().await.unwrap();
+    assert!(loaded.get(&id).unwrap().paused);
+    let resumed = api
+        .call(
+            Method::POST,
+            &format!("/v1/subscriptions/{id}/resume"),
+            ADMIN,
+            Some(json!({ "rate": "50/s" })),
+        )
+        .await;
+    assert_eq!(resumed.status, StatusCode::OK, "{}", resumed.body);
+    assert_eq!(resumed.body["subscription"]["paused"], false);
+    assert_eq!(resumed.body["returning_parked"], false);
+    let bad_rate = api
+        .call(
+            Method::POST,
+            &format!("/v1/subscriptions/{id}/resume"),
+            ADMIN,
+            Some(json!({ "rate": "fast" })),
+        )
+        .await;
+    assert_eq!(bad_rate.fields(), ["rate"]);
+
+    // Test events need a broker: this API has none.
+    let test = api
+        .call(
+            Method::POST,
+            &format!("/v1/subscriptions/{id}/test"),
+            ADMIN,
+            None,
+        )
+        .await;
+    test.problem(503);
+
+    // List, then delete.
+    let list = api
+        .call(Method::GET, "/v1/subscriptions", ADMIN, None)
+        .await;
+    assert_eq!(list.body["data"].as_array().unwrap().len(), 1);
+    assert_eq!(list.body.get("next_cursor"), None);
+    let deleted = api
+        .call(
+            Method::DELETE,
+            &format!("/v1/subscriptions/{id}"),
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    api.call(Method::GET, &format!("/v1/subscriptions/{id}"), ADMIN, None)
+        .await
+        .problem(404);
+    api.call(
+        Method::DELETE,
+        &format!("/v1/subscriptions/{id}"),
+        ADMIN,
+        None,
+    )
+    .await
+    .problem(404);
+    assert_eq!(api.db.count("subscription_secrets").await, 0);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_token_sees_and_changes_only_its_own_tenant() {
+    let api = Api::start().await;
+    // A tenant token creates for its own tenant, named or not.
+    let own = api
+        .create(ACME, json!({ "url": "https://hooks.acme.example/a" }))
+        .await;
+    assert_eq!(own["subscription"]["tenant"], "acme");
+    let globex = api
+        .create(
+            GLOBEX,
+            json!({ "id": "sub_globex", "url": "https://hooks.globex.example/g" }),
+        )
+        .await;
+    assert_eq!(globex["subscription"]["tenant"], "globex");
+    let other = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ACME,
+            Some(json!({ "tenant": "globex", "url": "https://hooks.acme.example/x" })),
+        )
+        .await;
+    other.problem(422);
+    assert_eq!(other.fields(), ["tenant"]);
+
+    // Another tenant's subscription does not exist for acme's token, whatever the route.
+    let path = "/v1/subscriptions/sub_globex";
+    for (method, path, body) in [
+        (Method::GET, path.to_owned(), None),
+        (
+            Method::PATCH,
+            path.to_owned(),
+            Some(json!({ "enabled": false })),
+        ),
+        (Method::POST, format!("{path}/pause"), None),
+        (Method::POST, format!("{path}/resume"), None),
+        (Method::POST, format!("{path}/secrets/rotate"), None),
+        (Method::POST, format!("{path}/test"), None),
+        (Method::DELETE, path.to_owned(), None),
+    ] {
+        let answer = api.call(method.clone(), &path, ACME, body).await;
+        let problem = answer.problem(404);
+        assert_eq!(
+            problem["type"], "urn:hookrelay:problem:not-found",
+            "{method} {path}"
+        );
+    }
+    // Untouched.
+    let still = api.call(Method::GET, path, GLOBEX, None).await;
+    assert_eq!(still.body["enabled"], true);
+    assert_eq!(still.body["paused"], false);
+    assert_eq!(still.body["secrets"].as_array().unwrap().len(), 1);
+
+    // Lists are scoped; asking for another tenant gives nothing.
+    let mine = api.call(Method::GET, "/v1/subscriptions", ACME, None).await;
+    let tenants: Vec<&str> = mine.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants, ["acme"]);
+    let theirs = api
+        .call(Method::GET, "/v1/subscriptions?tenant=globex", ACME, None)
+        .await;
+    assert_eq!(theirs.body["data"], json!([]));
+    let all = api
+        .call(Method::GET, "/v1/subscriptions", ADMIN, None)
+        .await;
+    assert_eq!(all.body["data"].as_array().unwrap().len(), 2);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_get_401_with_no_detail() {
+    let api = Api::start().await;
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    for token in [None, Some("wrong-token-0123456789abcdef"), Some("")] {
+        for (method, path) in [
+            (Method::GET, "/v1/subscriptions"),
+            (Method::GET, "/v1/subscriptions/sub_a"),
+            (Method::DELETE, "/v1/subscriptions/sub_a"),
+            (Method::POST, "/v1/subscriptions/sub_a/secrets/rotate"),
+        ] {
+            let answer = api.raw(method, path, token, None, &[]).await;
+            let problem = answer.problem(401);
+            assert_eq!(problem.get("detail"), None, "{problem}");
+            assert_eq!(problem.get("errors"), None, "{problem}");
+        }
+    }
+    // Not a bearer token at all.
+    let basic = api
+        .raw(
+            Method::GET,
+            "/v1/subscriptions",
+            None,
+            None,
+            &[("authorization", "Basic YWRtaW46YWRtaW4=")],
+        )
+        .await;
+    basic.problem(401);
+    // The document is public.
+    let doc = api
+        .raw(Method::GET, "/v1/openapi.json", None, None, &[])
+        .await;
+    assert_eq!(doc.status, StatusCode::OK);
+    assert_eq!(api.db.count("subscriptions").await, 1);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
+    let api = Api::start_with(None, 4096).await;
+    let post = |body: Vec<u8>| {
+        api.raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ADMIN),
+            Some(body),
+            &[],
+        )
+    };
+
+    let malformed = post(b"{\"tenant\": \"acme\", \"url\": ".to_vec()).await;
+    assert_eq!(
+        malformed.problem(400)["type"],
+        "urn:hookrelay:problem:malformed-body"
+    );
+    let trailing =
+        post(b"{\"tenant\": \"acme\", \"url\": \"https://hooks.acme.example\"} x".to_vec()).await;
+    trailing.problem(400);
+
+    let unknown = post(
+        serde_json::to_vec(&json!({
+            "tenant": "acme", "url": "https://hooks.acme.example", "secret": "whsec_x"
+        }))
+        .unwrap(),
+    )
+    .await;
+    unknown.problem(422);
+    assert!(
+        unknown.body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `secret`"),
+        "{}",
+        unknown.body
+    );
+
+    let wrong_type =
+        post(serde_json::to_vec(&json!({ "tenant": "acme", "url": 5 })).unwrap()).await;
+    wrong_type.problem(422);
+    assert_eq!(wrong_type.fields(), ["url"]);
+
+    let oversized = post(
+        serde_json::to_vec(&json!({
+            "tenant": "acme", "url": "https://hooks.acme.example", "description": "x".repeat(5000)
+        }))
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        oversized.problem(413)["type"],
+        "urn:hookrelay:problem:body-too-large"
+    );
+
+    for (body, field, says) in [
+        (
+            json!({ "tenant": "acme", "url": "not a url" }),
+            "url",
+            "not a URL",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "ftp://hooks.acme.example/" }),
+            "url",
+            "http",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "http://10.1.2.3/hook" }),
+            "url",
+            "private",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "http://127.0.0.1:8080/" }),
+            "url",
+            "loopback",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "http://169.254.169.254/latest" }),
+            "url",
+            "link-local",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://internal.acme.example/" }),
+            "url",
+            "10.0.0.5 (private)",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "event_types": ["order*"] }),
+            "event_types",
+            "prefix.*",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "event_types": [] }),
+            "event_types",
+            "empty",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "rate": "lots" }),
+            "rate",
+            "rate",
+        ),
+        (
+            json!({ "tenant": "ac.me", "url": "https://hooks.acme.example" }),
+            "tenant",
+            "tenant",
+        ),
+        (
+            json!({ "url": "https://hooks.acme.example" }),
+            "tenant",
+            "required",
+        ),
+        (
+            json!({ "id": "a b", "tenant": "acme", "url": "https://hooks.acme.example" }),
+            "id",
+            "letters",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "max_concurrent": 0 }),
+            "max_concurrent",
+            "between",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example", "description": "a\u{0}b" }),
+            "description",
+            "control characters",
+        ),
+    ] {
+        let answer = post(serde_json::to_vec(&body).unwrap()).await;
+        let problem = answer.problem(422);
+        assert_eq!(answer.fields(), [field], "{body}: {problem}");
+        assert!(
+            problem["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains(says),
+            "{body}: {problem}"
+        );
+    }
+    assert_eq!(api.db.count("subscriptions").await, 0);
+    assert_eq!(api.db.count("subscription_secrets").await, 0);
+    assert_eq!(api.db.count("idempotency_keys").await, 0);
+
+    // A change is checked the same way, and a refused one changes nothing.
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    for body in [
+        json!({ "url": "http://192.168.1.1/" }),
+        json!({ "event_types": ["bad pattern"] }),
+        json!({ "tenant": "globex" }),
+        json!({ "max_concurrent": -1 }),
+    ] {
+        let answer = api
+            .call(
+                Method::PATCH,
+                "/v1/subscriptions/sub_a",
+                ADMIN,
+                Some(body.clone()),
+            )
+            .await;
+        answer.problem(422);
+    }
+    let after = api
+        .call(Method::GET, "/v1/subscriptions/sub_a", ADMIN, None)
+        .await;
+    assert_eq!(after.body["url"], "https://hooks.acme.example/in");
+    assert_eq!(after.body.get("event_types"), None);
+    assert_eq!(after.body["tenant"], "acme");
+
+    // Only an object is a body; an optional one may be empty or null.
+    let array = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions/sub_a/secrets/rotate",
+            Some(ADMIN),
+            Some(b"[null, null]".to_vec()),
+            &[],
+        )
+        .await;
+    assert_eq!(array.problem(422)["errors"][0]["field"], "(body)");
+    for empty in [&b""[..], b"null", b" "] {
+        let answer = api
+            .raw(
+                Method::POST,
+                "/v1/subscriptions/sub_a/resume",
+                Some(ADMIN),
+                Some(empty.to_vec()),
+                &[],
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let first_page = api
+        .call(Method::GET, "/v1/subscriptions?cursor=", ADMIN, None)
+        .await;
+    assert_eq!(first_page.status, StatusCode::OK, "{}", first_page.body);
+
+    // Unknown routes and methods are problems too.
+    api.call(Method::GET, "/v2/nothing", ADMIN, None)
+        .await
+        .problem(404);
+    api.call(Method::PUT, "/v1/subscriptions/sub_a", ADMIN, None)
+        .await
+        .problem(405);
+    let taken = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(acme_sub("sub_a")),
+        )
+        .await;
+    taken.problem(409);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_repeated_create_with_an_idempotency_key_gets_the_first_answer() {
+    let api = Api::start().await;
+    let body =
+        serde_json::to_vec(&json!({ "tenant": "acme", "url": "https://hooks.acme.example/i" }))
+            .unwrap();
+    let key = [("idempotency-key", "create-1")];
+    let first = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ADMIN),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let again = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ADMIN),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.location, first.location);
+    assert_eq!(api.db.count("subscriptions").await, 1);
+    // The remembered answer holds the secret sealed, never in clear.
+    let stored: Value = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_one(api.db.store.pool())
+        .await
+        .unwrap();
+    let secret = first.body["secret"].as_str().unwrap();
+    assert!(!stored.to_string().contains(secret));
+
+    // Same key, another body: refused, nothing created.
+    let other =
+        serde_json::to_vec(&json!({ "tenant": "acme", "url": "https://hooks.acme.example/j" }))
+            .unwrap();
+    let reused = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ADMIN),
+            Some(other.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(
+        reused.problem(422)["type"],
+        "urn:hookrelay:problem:idempotency-key-reused"
+    );
+    assert_eq!(reused.fields(), ["Idempotency-Key"]);
+    // Keys belong to their caller: acme's token may use the same key for its own request.
+    let acme = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(other),
+            &key,
+        )
+        .await;
+    assert_eq!(acme.status, StatusCode::CREATED, "{}", acme.body);
+    assert_eq!(api.db.count("subscriptions").await, 2);
+
+    // Concurrent retries of one request create one subscription.
+    let body =
+        serde_json::to_vec(&json!({ "tenant": "acme", "url": "https://hooks.acme.example/k" }))
+            .unwrap();
+    let key = [("idempotency-key", "create-2")];
+    let answers = futures_util::future::join_all((0..8).map(|_| {
+        api.raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ADMIN),
+            Some(body.clone()),
+            &key,
+        )
+    }))
+    .await;
+    let created = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .count();
+    let replayed = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .count();
+    assert_eq!((created, replayed), (1, 7));
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(api.db.count("subscriptions").await, 3);
+
+    api.raw(
+        Method::POST,
+        "/v1/subscriptions",
+        Some(ADMIN),
+        Some(body),
+        &[("idempotency-key", "")],
+    )
+    .await
+    .problem(422);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn lists_filter_and_page_with_an_opaque_cursor() {
+    let api = Api::start().await;
+    for i in 0..7 {
+        let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+        api.create(
+            ADMIN,
+            json!({
+                "id": format!("sub_{i}"),
+                "tenant": tenant,
+                "url": "https://hooks.acme.example/p",
+                "paused": i == 4,
+                "enabled": i != 6,
+            }),
+        )
+        .await;
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/subscriptions?limit=3".to_owned();
+    loop {
+        let page = api.call(Method::GET, &path, ADMIN, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        let data = page.body["data"].as_array().unwrap();
+        assert!(data.len() <= 3);
+        seen.extend(data.iter().map(|s| s["id"].as_str().unwrap().to_owned()));
+        match page.body["next_cursor"].as_str() {
+            Some(cursor) => {
+                assert!(!cursor.contains("sub_"), "{cursor}");
+                path = format!("/v1/subscriptions?limit=3&cursor={cursor}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..7).map(|i| format!("sub_{i}")).collect::<Vec<_>>());
+
+    let ids = |answer: Answer| -> Vec<String> {
+        answer.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        ids(api
+            .call(Method::GET, "/v1/subscriptions?tenant=acme", ADMIN, None)
+            .await),
+        ["sub_0", "sub_2", "sub_4", "sub_6"]
+    );
+    assert_eq!(
+        ids(api
+            .call(Method::GET, "/v1/subscriptions?paused=true", ADMIN, None)
+            .await),
+        ["sub_4"]
+    );
+    assert_eq!(
+        ids(api
+            .call(
+                Method::GET,
+                "/v1/subscriptions?tenant=acme&enabled=false",
+                ADMIN,
+                None
+            )
+            .await),
+        ["sub_6"]
+    );
+    assert_eq!(
+        ids(api
+            .call(
+                Method::GET,
+                "/v1/subscriptions?enabled=true&paused=false",
+                GLOBEX,
+                None
+            )
+            .await),
+        ["sub_1", "sub_3", "sub_5"]
+    );
+    for bad in [
+        "limit=0",
+        "limit=501",
+        "cursor=%21%21",
+        "enabled=maybe",
+        "colour=red",
+        "tenant=ac.me",
+        "cursor=c3ViXzEAeA",
+    ] {
+        let answer = api
+            .call(
+                Method::GET,
+                &format!("/v1/subscriptions?{bad}"),
+                ADMIN,
+                None,
+            )
+            .await;
+        answer.problem(422);
+    }
+    api.stop().await;
+}
+
+/// Signs one message with every key the workers would use for `id` now, and checks it with
+/// the standardwebhooks crate against `secret`.
+async fn verifies(api: &Api, id: &str, secret: &str) -> bool {
+    let (subs, problems) = api.db.store.load_all().await.unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let sub = subs.get(id).unwrap();
+    let store = SecretStore::new(Duration::ZERO).with_keyring(Arc::clone(&api.keyring));
+    let (keys, errors) = store.keys_for(sub);
+    assert!(errors.is_empty(), "{errors:?}");
+    let body = br#"{"type":"order.paid"}"#;
+    let ts = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let header = signature_header(keys.iter().map(|k| k.as_ref()), "evt_rot", ts, body);
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("webhook-id", "evt_rot".parse().unwrap());
+    headers.insert("webhook-timestamp", ts.to_string().parse().unwrap());
+    headers.insert("webhook-signature", header.parse().unwrap());
+    standardwebhooks::Webhook::new(secret)
+        .unwrap()
+        .verify(body, &headers)
+        .is_ok()
+}
+
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_old_one_expires() {
+    let api = Api::start().await;
+    let created = api.create(ACME, acme_sub("sub_rot")).await;
+    let first = created["secret"].as_str().unwrap().to_owned();
+    assert!(verifies(&api, "sub_rot", &first).await);
+
+    let rotated = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_rot/secrets/rotate",
+            ACME,
+            Some(json!({ "expire_old_after": "1h" })),
+        )
+        .await;
+    assert_eq!(rotated.status, StatusCode::OK, "{}", rotated.body);
+    let second = rotated.body["secret"].as_str().unwrap().to_owned();
+    assert_ne!(first, second);
+    let secrets = rotated.body["subscription"]["secrets"].as_array().unwrap();
+    assert_eq!(secrets.len(), 2);
+    assert_eq!(secrets[0].get("expires_at"), None);
+    assert_eq!(secrets[1]["expires_at"], rotated.body["old_expires_at"]);
+    // During the overlap both verify: each delivery carries a signature with each.
+    assert!(verifies(&api, "sub_rot", &first).await);
+    assert!(verifies(&api, "sub_rot", &second).await);
+    // Never shown again.
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_rot", ACME, None)
+        .await;
+    assert!(!read.body.to_string().contains(&second[6..]));
+
+    // A second rotation with no overlap: only the newest signs.
+    let third = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_rot/secrets/rotate",
+            ACME,
+            Some(json!({ "expire_old_after": "0s" })),
+        )
+        .await;
+    let third_secret = third.body["secret"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(verifies(&api, "sub_rot", &third_secret).await);
+    assert!(!verifies(&api, "sub_rot", &second).await);
+    assert!(!verifies(&api, "sub_rot", &first).await);
+
+    // The overlap may also end at a time; not both ways at once, nor in the past.
+    let at = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_rot/secrets/rotate",
+            ACME,
+            Some(json!({ "old_expires_at": "2099-01-01T00:00:00Z" })),
+        )
+        .await;
+    at.problem(422);
+    assert_eq!(at.fields(), ["old_expires_at"]);
+    let in_a_day =
+        humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(86_400))
+            .to_string();
+    let ok = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_rot/secrets/rotate",
+            ACME,
+            Some(json!({ "old_expires_at": in_a_day })),
+        )
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    api.call(
+        Method::POST,
+        "/v1/subscriptions/sub_rot/secrets/rotate",
+        ACME,
+        Some(json!({ "old_expires_at": in_a_day, "expire_old_after": "1h" })),
+    )
+    .await
+    .problem(422);
+    api.stop().await;
+}
+
+fn broker(t: &TestLadder) -> BrokerSetup {
+    BrokerSetup {
+        amqp_url: t.config.amqp.url.clone(),
+        confirm_timeout: t.config.amqp.confirm_timeout,
+        ladder: t.ladder.clone(),
+        max_event_bytes: t.config.limits.max_body_bytes,
+        resume_wait: Duration::from_millis(100),
+    }
+}
+
+#[tokio::test]
+async fn a_test_event_goes_through_the_ingress_to_its_subscription() {
+    let t = TestLadder::apply("api-test-event", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(
+        ACME,
+        json!({ "id": "sub_t", "url": "https://hooks.acme.example/t", "event_types": ["order.*"] }),
+    )
+    .await;
+    // hookrelay.test is not a type it receives: it would be cancelled as filtered.
+    let filtered = api
+        .call(Method::POST, "/v1/subscriptions/sub_t/test", ACME, None)
+        .await;
+    filtered.problem(422);
+    assert_eq!(filtered.fields(), ["event_type"]);
+
+    let sent = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_t/test",
+            ACME,
+            Some(json!({ "event_type": "order.test", "data": { "n": 1 } })),
+        )
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{}", sent.body);
+    let envelope = sent.body["envelope_id"].as_str().unwrap();
+    let lane = t.ladder.first_lane();
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 1 }).await);
+    let messages = t.take_all(&lane).await;
+    let m = &messages[0];
+    assert_eq!(
+        m.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some(envelope)
+    );
+    assert_eq!(
+        m.properties.kind().as_ref().map(|s| s.as_str()),
+        Some("order.test")
+    );
+    assert_eq!(
+        read_str_header(&m.properties, SUBSCRIPTION_HEADER).as_deref(),
+        Some("sub_t")
+    );
+    let body: Value = serde_json::from_slice(&m.data).unwrap();
+    assert_eq!(body["data"], json!({ "n": 1 }));
+
+    let not_an_object = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_t/test",
+            ACME,
+            Some(json!({ "event_type": "order.test", "data": [1] })),
+        )
+        .await;
+    assert_eq!(not_an_object.fields(), ["data"]);
+
+    // A disabled subscription would cancel it.
+    api.call(
+        Method::PATCH,
+        "/v1/subscriptions/sub_t",
+        ACME,
+        Some(json!({ "enabled": false })),
+    )
+    .await;
+    api.call(Method::POST, "/v1/subscriptions/sub_t/test", ACME, None)
+        .await
+        .problem(409);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
+    let t = TestLadder::apply("api-resume", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+        .await;
+    // What a worker does for a paused subscription: park its deliveries.
+    t.ladder
+        .declare_paused_queue(&t.channel, "sub_p")
+        .await
+        .unwrap();
+    let parking = t.ladder.paused_queue("sub_p");
+    for i in 0..3 {
+        let mut headers = FieldTable::default();
+        headers.insert(TENANT_HEADER.into(), AMQPValue::LongString("acme".into()));
+        headers.insert(
+            SUBSCRIPTION_HEADER.into(),
+            AMQPValue::LongString("sub_p".into()),
+        );
+        t.channel
+            .basic_publish(
+                "".into(),
+                parking.as_str().into(),
+                BasicPublishOptions::default(),
+                br#"{"a":1}"#,
+                BasicProperties::default()
+                    .with_message_id(format!("evt_parked_{i}").into())
+                    .with_type("order.paid".into())
+                    .with_delivery_mode(2)
+                    .with_headers(headers),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    assert!(wait_until(WAIT, || async { t.depth(&parking).await == 3 }).await);
+
+    let resumed = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_p/resume",
+            ADMIN,
+            Some(json!({ "rate": "100/s" })),
+        )
+        .await;
+    assert_eq!(resumed.status, StatusCode::OK, "{}", resumed.body);
+    assert_eq!(resumed.body["returning_parked"], true);
+    let lane = t.ladder.first_lane();
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 3 }).await);
+    assert!(wait_until(WAIT, || async { !t.queue_exists(&parking).await }).await);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn the_served_openapi_document_is_the_checked_in_one() {
+    let checked_in =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json"))
+            .expect("docs/openapi.json");
+    let generated = hookrelay::api::openapi::document();
+    assert!(
+        checked_in == generated,
+        "docs/openapi.json is out of date: run `cargo run -- api openapi > docs/openapi.json`"
+    );
+    let api = Api::start().await;
+    let served = api
+        .client
+        .get(format!("{}/v1/openapi.json", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(served, checked_in);
+    let doc: Value = serde_json::from_str(&served).unwrap();
+    for path in [
+        "/v1/subscriptions",
+        "/v1/subscriptions/{id}",
+        "/v1/subscriptions/{id}/pause",
+        "/v1/subscriptions/{id}/resume",
+        "/v1/subscriptions/{id}/secrets/rotate",
+        "/v1/subscriptions/{id}/test",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path}");
+    }
+    api.stop().await;
+}
