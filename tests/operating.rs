@@ -152,6 +152,11 @@ async fn status_shows_every_queue_of_the_ladder_and_explains_failures() {
             (format!("{p}.ready.retry"), "lane".into()),
             (format!("{p}.retry-1s"), "tier".into()),
             (format!("{p}.retry-5s"), "tier".into()),
+            // The deferral queues, after the tiers, as TTL queues like them.
+            (format!("{p}.defer-250ms"), "tier".into()),
+            (format!("{p}.defer-500ms"), "tier".into()),
+            (format!("{p}.defer-1s"), "tier".into()),
+            (format!("{p}.defer-5s"), "tier".into()),
             (format!("{p}.dead"), "dead".into()),
         ]
     );
@@ -160,6 +165,8 @@ async fn status_shows_every_queue_of_the_ladder_and_explains_failures() {
         rows[2]["next"],
         format!("on expiry -> {p}.promote -> retry lane")
     );
+    assert_eq!(rows[4]["ttl"], "250ms");
+    assert_eq!(rows[4]["next"], rows[2]["next"]);
 
     let (code, table, _) = hookrelay(&["status", "--ladder", ladder], &[]);
     assert_eq!(code, Some(0));

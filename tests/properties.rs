@@ -121,18 +121,18 @@ fn results() -> impl Strategy<Value = AttemptResult> {
         ".{0,20}".prop_map(AttemptResult::Transport),
         ".{0,20}".prop_map(AttemptResult::NotSent),
         ".{0,20}".prop_map(AttemptResult::EgressDenied),
-        (".{0,20}", 0u64..200_000, proptest::bool::ANY).prop_map(|(reason, wait, outage)| {
+        (".{0,20}", 0u64..200_000, 0u8..3).prop_map(|(reason, wait, kind)| {
             AttemptResult::Deferred {
                 reason,
-                cause: if outage {
-                    DeferCause::Outage {
+                cause: match kind {
+                    0 => DeferCause::Outage {
                         probe_in: Duration::from_secs(wait),
-                    }
-                } else {
-                    DeferCause::Busy {
+                    },
+                    1 => DeferCause::Busy {
                         quiet_for: Duration::from_millis(wait),
                         latency: Duration::from_millis(wait / 3),
-                    }
+                    },
+                    _ => DeferCause::OverRate,
                 },
             }
         }),

@@ -494,17 +494,18 @@ impl Deferral {
 
     /// Where the envelope should wait, as [`crate::delivery::route::defer`] reads it: an open
     /// breaker is an outage (tiers that grow with its deferrals, at least until the next
-    /// probe); at a full cap or rate, or while it recovers, the endpoint is up and busy
-    /// (deferral queues of a fraction of a second, unless it has shown no progress for that
-    /// long). A host's cap is shared by its endpoints and a rate is ours, not the endpoint's
-    /// answer: neither says the endpoint is stuck.
+    /// probe); at a full cap, or while it recovers, the endpoint is up and busy (deferral
+    /// queues of a fraction of a second, unless it has shown no progress for that long). A
+    /// host's cap is shared by its endpoints and says nothing of this one: busy. A rate is
+    /// ours, not the endpoint's answer: the shortest deferral queue, never escalated.
     pub fn cause(&self) -> DeferCause {
         match self {
             Deferral::BreakerOpen { retry_in, .. } => DeferCause::Outage {
                 probe_in: *retry_in,
             },
             Deferral::OverCap { busy, .. } | Deferral::Recovering { busy, .. } => *busy,
-            Deferral::HostOverCap { .. } | Deferral::OverRate { .. } => DeferCause::BUSY,
+            Deferral::HostOverCap { .. } => DeferCause::BUSY,
+            Deferral::OverRate { .. } => DeferCause::OverRate,
         }
     }
 }
@@ -947,8 +948,8 @@ mod tests {
         assert_eq!(over.kind(), "rate");
         assert_eq!(
             over.cause(),
-            DeferCause::BUSY,
-            "ours, not the endpoint's: never stuck"
+            DeferCause::OverRate,
+            "ours, not the endpoint's: never stuck, never escalated"
         );
         assert!(
             over.to_string()

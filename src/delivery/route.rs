@@ -55,6 +55,10 @@ pub enum DeferCause {
         quiet_for: Duration,
         latency: Duration,
     },
+    /// Its rate limit allowed no request now. Never escalated: the limiter admits no burst, so
+    /// deferrals that come back together get about one request each time they come back, and a
+    /// longer wait would only slow the backlog below its rate.
+    OverRate,
 }
 
 impl DeferCause {
@@ -439,6 +443,7 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 /// - A busy endpoint (up, at a limit) that is making progress: the deferral queue its busy
 ///   deferrals in a row call for ([`Ladder::deferral_after`]), so a healthy endpoint's burst
 ///   costs it a fraction of a second, not the shortest tier's wait.
+/// - A rate limit: the shortest deferral queue, however often it was deferred.
 /// - A busy endpoint that is stuck ([`is_stuck`]: its slots are held by attempts that do not
 ///   answer, as when it hangs) or a ladder without deferral queues: the shortest tier, as
 ///   before deferral queues existed; a stuck endpoint's backlog is not worth cycling through
@@ -479,6 +484,10 @@ pub fn defer(
                 .unwrap_or(ladder.tier_not_shorter_than(Duration::MAX));
             (escalated.max(ladder.tier_not_shorter_than(probe_in)), 0)
         }
+        DeferCause::OverRate => match ladder.deferral_at(0) {
+            Some(queue) => (queue, envelope.busy_deferrals.saturating_add(1)),
+            None => (shortest, 0),
+        },
         DeferCause::Busy { quiet_for, latency } => {
             match ladder.deferral_after(envelope.busy_deferrals) {
                 Some(queue) if !is_stuck(ladder, quiet_for, latency) => {
@@ -800,6 +809,19 @@ mod tests {
         assert_eq!(
             waits_in(&defer(&l, &e, "deferred: x", OUTAGE, horizon, now)).1,
             0
+        );
+        // A rate deferral is never escalated: the shortest deferral queue.
+        e.busy_deferrals = 3;
+        assert_eq!(
+            waits_in(&defer(
+                &l,
+                &e,
+                "deferred: x",
+                DeferCause::OverRate,
+                horizon,
+                now
+            )),
+            (queue(0), 4)
         );
         // A ladder without deferral queues: the shortest tier, as before they existed.
         let none = ladder().with_deferrals(&[]).unwrap();

@@ -172,6 +172,13 @@ async fn run_inside(
     worker_config.http.connect_timeout = Duration::from_secs(1);
     worker_config.http.request_timeout = Duration::from_secs(1);
     worker_config.worker.shutdown_grace = Duration::from_secs(10);
+    // Every scripted failure goes to one endpoint, and they land together: the 30 slow answers
+    // time out within a few milliseconds of each other, the 20 that always fail come back from
+    // each tier at once. Twenty in a row open the default breaker for 30 s, far past this
+    // ladder's 7 s span, and everything it defers then ends `horizon_expired`: the demo would
+    // show the breaker's cool-down, not the retry path it is about. The breaker has tests of
+    // its own (tests/isolation.rs).
+    worker_config.endpoints.breaker_failures = 100;
     // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
     worker_config.egress.allow.push(
         "127.0.0.0/8"

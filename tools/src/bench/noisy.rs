@@ -5,11 +5,11 @@
 //! worker's `http.request_timeout` ends each attempt) or answers 503 at once. Tenant B's
 //! endpoint is another host (127.0.0.2, its own port), healthy, answering 204, so neither the
 //! per-endpoint nor the per-host caps and breakers couple the two. Each scenario runs on a
-//! ladder of its own (the tiers and schedule of `topology/ladder.toml` under a unique prefix,
-//! deleted afterwards) with a worker process of its own, on the worker's configuration as loaded
-//! (defaults unless the bench's config says otherwise), except: loopback endpoints allowed
-//! (`egress.allow = 127.0.0.0/8`), metrics on a loopback port (the bench reads the deferral
-//! counter there), errors-only logging.
+//! ladder of its own (the tiers, schedule and deferral queues of `topology/ladder.toml` under a
+//! unique prefix, deleted afterwards) with a worker process of its own, on the worker's
+//! configuration as loaded (defaults unless the bench's config says otherwise), except:
+//! loopback endpoints allowed (`egress.allow = 127.0.0.0/8`), metrics on a loopback port (the
+//! bench reads the deferral counter there), errors-only logging.
 //!
 //! - **Onset**: A's `--noisy-backlog` events are published at once into the shared lanes; right
 //!   after, B publishes [`NoisyOptions::onset_b_events`] at [`NoisyOptions::onset_b_rate`] per
@@ -218,8 +218,8 @@ pub async fn run(
              endpoints.max_concurrent_per_host {}, endpoints.breaker_failures {}, \
              endpoints.breaker_cooldown {}, http.request_timeout {}; set for the bench: \
              egress.allow 127.0.0.0/8, metrics.listen on loopback, log.level error; ladder: the \
-             tiers and schedule of topology/ladder.toml under {prefix}-<n>; the floor's raw loop \
-             at prefetch {first_prefetch}",
+             tiers, schedule and deferral queues of topology/ladder.toml under {prefix}-<n>; the \
+             floor's raw loop at prefetch {first_prefetch}",
             config.worker.in_flight,
             config.endpoints.max_concurrent,
             config.endpoints.max_concurrent_per_host,
