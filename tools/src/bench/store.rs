@@ -9,11 +9,13 @@
 //!   smallest N of the run, the snapshot's cost per subscription;
 //! - **lookup cost**: deliveries per second counted at the sink (as the main run counts them) of
 //!   `--events` events published beforehand, each naming a subscription of its tenant, spread
-//!   over all N (a stride through the ids), against the smallest N of the run;
+//!   over all N (a stride through the ids), against the smallest N of the run; and again with
+//!   the events naming only as many subscriptions as the smallest N has (the hot set: the
+//!   snapshot's size alone, without a working set of N subscriptions);
 //! - **change to a worker**: the library's follower (`store::follow`) in the bench process on a
 //!   snapshot of the N, then one subscription's URL updated at a time, and the time from the
 //!   UPDATE's commit until the snapshot shows the new URL (polled every millisecond), first
-//!   with nothing else running, then while the worker delivers `--events` more events being
+//!   with nothing else running, then while a worker delivers `--events` more events being
 //!   published.
 
 use std::path::Path;
@@ -67,6 +69,10 @@ pub struct StoreRun {
     pub deliveries_per_s: f64,
     /// Deliveries per second over the smallest count's, in the same run.
     pub throughput_ratio: f64,
+    /// The same, with the events naming only the first `smallest` subscriptions of the N: the
+    /// snapshot's size alone, without a working set of N subscriptions.
+    pub hot_deliveries_per_s: f64,
+    pub hot_ratio: f64,
     /// Commit of an UPDATE until a follower's snapshot shows it.
     pub change_idle: Percentiles,
     pub change_under_load: Percentiles,
@@ -98,8 +104,8 @@ fn tenant_of(j: usize, tenants: usize) -> String {
     format!("t{}", j % tenants)
 }
 
-/// The subscription event `i` names: a stride through all `n` ids (coprime with the counts the
-/// bench is run with), so a run of events touches subscriptions all over the snapshot.
+/// The subscription event `i` names among the first `n`: a stride through the ids (coprime with
+/// the counts the bench is run with), so a run of events touches subscriptions all over them.
 fn target(i: usize, n: usize) -> usize {
     (i.wrapping_mul(7919) + 1) % n.max(1)
 }
@@ -158,6 +164,7 @@ async fn runs(
         let mut rows = Vec::new();
         for &n in &options.counts {
             let measure = Measure {
+                smallest,
                 config,
                 options,
                 binaries,
@@ -183,6 +190,7 @@ async fn runs(
         if let Some(base) = rows.iter().find(|r| r.subscriptions == smallest).cloned() {
             for row in &mut rows {
                 row.throughput_ratio = row.deliveries_per_s / base.deliveries_per_s.max(1e-9);
+                row.hot_ratio = row.hot_deliveries_per_s / base.deliveries_per_s.max(1e-9);
                 if row.subscriptions > base.subscriptions {
                     row.bytes_per_subscription = Some(
                         (row.rss_mib - base.rss_mib) * 1024.0 * 1024.0
@@ -198,6 +206,8 @@ async fn runs(
 
 /// What measuring one count needs.
 struct Measure<'a> {
+    /// The smallest count of the run: the events of the hot-set throughput name only as many.
+    smallest: usize,
     config: &'a Config,
     options: &'a StoreOptions,
     binaries: &'a Binaries,
@@ -288,47 +298,63 @@ impl Measure<'_> {
         row.change_idle =
             Percentiles::of(self.changes(live, n, self.options.changes, "idle").await?);
 
-        // Lookups among the N: a backlog published beforehand, counted at the sink.
+        // Lookups among the N: a backlog published beforehand, counted at the sink; events over
+        // all N, then over the first `smallest` only.
         let ingress = ladder.ingress();
         let events = self.options.events;
-        say(&format!(
-            "store: publishing {events} events over {n} subscriptions through {ingress}"
-        ));
-        publish_many(&self.session.publisher, events, |i| {
-            to_ingress(&ingress, self.event(n, i, "evt"))
-        })
-        .await?;
-        self.sink.reset();
-        let mut worker = self.worker(ladder)?;
-        let delivered = wait_count(self.sink, events as u64, Duration::from_secs(600)).await;
-        let (count, secs) = self.sink.window();
-        row.deliveries_per_s = count as f64 / secs.max(1e-9);
+        row.deliveries_per_s = self.throughput(ladder, n, n, "evt").await?;
+        row.hot_deliveries_per_s = self.throughput(ladder, n, self.smallest, "hot").await?;
 
-        // Changes while the worker delivers events being published.
-        let timed = if delivered.is_ok() {
-            let before = (self.sink.count.load(Ordering::SeqCst), Instant::now());
-            let load = publish_many(&self.session.publisher, events, |i| {
-                to_ingress(&ingress, self.event(n, i, "load"))
-            });
-            let changes = async {
-                let timed = self.changes(live, n, self.options.changes, "load").await;
-                let delivered = self.sink.count.load(Ordering::SeqCst) - before.0;
-                row.load_deliveries_per_s =
-                    delivered as f64 / before.1.elapsed().as_secs_f64().max(1e-9);
-                timed
-            };
-            let (published, timed) = tokio::join!(load, changes);
-            published?;
-            let all = 2 * events as u64;
-            wait_count(self.sink, all, Duration::from_secs(600)).await?;
+        // Changes while a worker (ready first) delivers events being published.
+        let mut worker = self.worker(ladder)?;
+        ready_within(worker.metrics_port, Duration::from_secs(120)).await?;
+        self.sink.reset();
+        let started = Instant::now();
+        let load = publish_many(&self.session.publisher, events, |i| {
+            to_ingress(&ingress, self.event(n, target(i, n), i, "load"))
+        });
+        let changes = async {
+            let timed = self.changes(live, n, self.options.changes, "load").await;
+            let delivered = self.sink.count.load(Ordering::SeqCst);
+            row.load_deliveries_per_s = delivered as f64 / started.elapsed().as_secs_f64();
             timed
-        } else {
-            Ok(Vec::new())
+        };
+        let (published, timed) = tokio::join!(load, changes);
+        let delivered = match published {
+            Ok(()) => wait_count(self.sink, events as u64, Duration::from_secs(600)).await,
+            Err(e) => Err(e),
         };
         let _ = worker.child.kill().await;
         delivered?;
         row.change_under_load = Percentiles::of(timed?);
         Ok(())
+    }
+
+    /// Deliveries per second of a worker started on `--events` events published beforehand,
+    /// naming the first `cover` of the `n` subscriptions.
+    async fn throughput(
+        &self,
+        ladder: &Ladder,
+        n: usize,
+        cover: usize,
+        kind: &str,
+    ) -> Result<f64, BenchError> {
+        let ingress = ladder.ingress();
+        let events = self.options.events;
+        say(&format!(
+            "store: publishing {events} events over {cover} of {n} subscriptions through {ingress}"
+        ));
+        publish_many(&self.session.publisher, events, |i| {
+            to_ingress(&ingress, self.event(n, target(i, cover), i, kind))
+        })
+        .await?;
+        self.sink.reset();
+        let mut worker = self.worker(ladder)?;
+        let delivered = wait_count(self.sink, events as u64, Duration::from_secs(600)).await;
+        let _ = worker.child.kill().await;
+        delivered?;
+        let (count, secs) = self.sink.window();
+        Ok(count as f64 / secs.max(1e-9))
     }
 
     /// `hookrelay worker` on the store, endpoint caps lifted so the budget bounds what is in
@@ -345,8 +371,8 @@ impl Measure<'_> {
         )
     }
 
-    fn event(&self, n: usize, i: usize, kind: &str) -> NewEvent {
-        let j = target(i, n);
+    /// Event `i`, to subscription `j` of the `n`.
+    fn event(&self, n: usize, j: usize, i: usize, kind: &str) -> NewEvent {
         NewEvent {
             id: format!("{kind}_{i}"),
             tenant: tenant_of(j, tenants_for(n)),
@@ -468,13 +494,13 @@ impl StoreReport {
         let mut out = format!(
             "hookrelay bench, subscription store ({}; {}; {}; {} events, prefetch {}, {} changes)\n\
              \n\
-             subscriptions run  fill s  ready ms  RSS MiB  B/sub  deliveries/s  ratio   \
+             subscriptions run  fill s  ready ms  RSS MiB  B/sub  deliveries/s  ratio  hot/s  ratio   \
              change idle p50/p99/max ms   under load p50/p99/max ms (deliveries/s)\n",
             self.machine, self.broker, self.postgres, self.events, self.prefetch, self.changes,
         );
         for r in &self.runs {
             out += &format!(
-                "{:>13} {:>3} {:>7.2} {:>9.0} {:>8.1} {:>6} {:>13.0} {:>6.2}   {:>8.1} {:>6.1} {:>6.1}   \
+                "{:>13} {:>3} {:>7.2} {:>9.0} {:>8.1} {:>6} {:>13.0} {:>6.2} {:>6.0} {:>6.2}   {:>8.1} {:>6.1} {:>6.1}   \
                  {:>12.1} {:>6.1} {:>6.1} ({:.0})\n",
                 r.subscriptions,
                 r.run,
@@ -485,6 +511,8 @@ impl StoreReport {
                     .map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
                 r.deliveries_per_s,
                 r.throughput_ratio,
+                r.hot_deliveries_per_s,
+                r.hot_ratio,
                 r.change_idle.p50_ms,
                 r.change_idle.p99_ms,
                 r.change_idle.max_ms,
@@ -512,13 +540,14 @@ impl StoreReport {
                 format!("{lo:.digits$}/{mid:.digits$}/{hi:.digits$}")
             };
             out += &format!(
-                "{n} subscriptions: ready {} ms, RSS {} MiB, {} B/sub, {} deliveries/s, ratio {}, \
+                "{n} subscriptions: ready {} ms, RSS {} MiB, {} B/sub, {} deliveries/s, ratio {} (hot set {}), \
                  change p99 idle {} ms, under load {} ms\n",
                 show(of(&|r| Some(r.startup_ms)), 0),
                 show(of(&|r| Some(r.rss_mib)), 1),
                 show(of(&|r| r.bytes_per_subscription), 0),
                 show(of(&|r| Some(r.deliveries_per_s)), 0),
                 show(of(&|r| Some(r.throughput_ratio)), 2),
+                show(of(&|r| Some(r.hot_ratio)), 2),
                 show(of(&|r| Some(r.change_idle.p99_ms)), 1),
                 show(of(&|r| Some(r.change_under_load.p99_ms)), 1),
             );
