@@ -336,3 +336,30 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_counts(args: &[&str]) -> Option<Vec<usize>> {
+        let cli = Cli::try_parse_from(args).unwrap();
+        match cli.command {
+            Command::Bench(bench) => bench.store,
+            _ => panic!("not the bench"),
+        }
+    }
+
+    #[test]
+    fn store_alone_means_10_and_100000_subscriptions() {
+        let bench = ["hookrelay-dev", "bench"];
+        assert_eq!(store_counts(&bench), None);
+        assert_eq!(
+            store_counts(&[&bench[..], &["--store"]].concat()),
+            Some(vec![10, 100_000])
+        );
+        assert_eq!(
+            store_counts(&[&bench[..], &["--store", "5,50"]].concat()),
+            Some(vec![5, 50])
+        );
+    }
+}

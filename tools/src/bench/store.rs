@@ -527,17 +527,21 @@ impl StoreReport {
         counts.sort_unstable();
         counts.dedup();
         for n in counts {
+            // None when no run has the figure (bytes per subscription of the smallest count).
             let of = |f: &dyn Fn(&StoreRun) -> Option<f64>| {
-                spread(
-                    self.runs
-                        .iter()
-                        .filter(|r| r.subscriptions == n)
-                        .filter_map(f)
-                        .collect(),
-                )
+                let values: Vec<f64> = self
+                    .runs
+                    .iter()
+                    .filter(|r| r.subscriptions == n)
+                    .filter_map(f)
+                    .collect();
+                (!values.is_empty()).then(|| spread(values))
             };
-            let show = |(lo, mid, hi): (f64, f64, f64), digits: usize| {
-                format!("{lo:.digits$}/{mid:.digits$}/{hi:.digits$}")
+            let show = |figures: Option<(f64, f64, f64)>, digits: usize| {
+                figures.map_or_else(
+                    || "-".to_owned(),
+                    |(lo, mid, hi)| format!("{lo:.digits$}/{mid:.digits$}/{hi:.digits$}"),
+                )
             };
             out += &format!(
                 "{n} subscriptions: ready {} ms, RSS {} MiB, {} B/sub, {} deliveries/s, ratio {} (hot set {}), \
