@@ -7,45 +7,24 @@ use std::process::Command;
 use std::time::Duration;
 
 use hookrelay::store::PgStore;
-use sqlx::Connection;
+use hookrelay_tools::kit::{ScratchDb, pg_server_url};
 
-/// The server the tests use (`HOOKRELAY_TEST_DATABASE_URL`), as `postgres/up` leaves it.
-pub fn server_url() -> String {
-    std::env::var("HOOKRELAY_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// `url` with its database replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let mut u = url::Url::parse(url).unwrap();
-    u.set_path(&format!("/{db}"));
-    u.to_string()
-}
-
-/// A database of the test's own, dropped with this value.
+/// A database of the test's own (see [`ScratchDb`]), dropped with this value.
 pub struct TestDb {
     pub url: String,
-    admin: String,
-    name: String,
+    _db: ScratchDb,
 }
 
 impl TestDb {
     pub async fn create() -> Self {
-        Self::create_on(&server_url()).await
+        Self::create_on(&pg_server_url()).await
     }
 
     pub async fn create_on(admin: &str) -> Self {
-        let name = format!("hookrelay_t_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(admin).await.unwrap();
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
+        let db = ScratchDb::create_on(admin, "hookrelay_t").await.unwrap();
         Self {
-            url: with_database(admin, &name),
-            admin: admin.to_owned(),
-            name,
+            url: db.url.clone(),
+            _db: db,
         }
     }
 
@@ -56,28 +35,6 @@ impl TestDb {
             .unwrap();
         store.migrate().await.unwrap();
         store
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let admin = self.admin.clone();
-        let name = self.name.clone();
-        // Drop runs inside the test's runtime; the drop statement gets a runtime of its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
     }
 }
 

@@ -50,6 +50,7 @@ use crate::kit::{
 
 pub mod noisy;
 pub mod shards;
+pub mod store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -63,6 +64,10 @@ pub enum BenchError {
     Topology(#[from] hookrelay::broker::topology::TopologyError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] hookrelay::store::StoreError),
+    #[error("subscription store: {0}")]
+    Sql(#[from] sqlx::Error),
     #[error("{0}")]
     Other(String),
 }
@@ -295,10 +300,20 @@ fn body(n: usize) -> Vec<u8> {
 
 /// Peak resident memory of a process, from `/proc` (Linux), in MiB.
 pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "VmHWM:")
+}
+
+/// Resident memory of a process now, from `/proc` (Linux), in MiB.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A `kB` field of `/proc/PID/status`, in MiB.
+fn status_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .trim_end_matches("kB")
         .trim()
@@ -640,8 +655,9 @@ struct WorkerProcess {
     _dir: tempfile::TempDir,
 }
 
-/// Starts `hookrelay worker` on `ladder`. With `prefetch`, the first-attempt lane gets that
-/// prefetch; without, `worker.in_flight` stays as configured.
+/// Starts `hookrelay worker` on `ladder` with `subscriptions` (a subscriptions file's text).
+/// With `prefetch`, the first-attempt lane gets that prefetch; without, `worker.in_flight` stays
+/// as configured.
 async fn start_worker(
     exe: &Path,
     config: &Config,
@@ -650,12 +666,25 @@ async fn start_worker(
     subscriptions: &str,
     env: &[(&str, String)],
 ) -> Result<WorkerProcess, BenchError> {
-    let guard = tempfile::tempdir()?;
-    let dir = guard.path();
-    let ladder_file = dir.join("ladder.toml");
-    std::fs::write(&ladder_file, ladder_toml(ladder))?;
-    let subs_file = dir.join("subscriptions.toml");
+    let dir = tempfile::tempdir()?;
+    let subs_file = dir.path().join("subscriptions.toml");
     std::fs::write(&subs_file, subscriptions)?;
+    spawn_worker(exe, config, ladder, prefetch, &subs_file, env, dir)
+}
+
+/// Starts `hookrelay worker` on `ladder` with `subscriptions` as its setting: a file, or a
+/// store's `postgres://` URL. Its ladder file goes into `dir`, which lives as long as it.
+fn spawn_worker(
+    exe: &Path,
+    config: &Config,
+    ladder: &Ladder,
+    prefetch: Option<u16>,
+    subscriptions: &Path,
+    env: &[(&str, String)],
+    dir: tempfile::TempDir,
+) -> Result<WorkerProcess, BenchError> {
+    let ladder_file = dir.path().join("ladder.toml");
+    std::fs::write(&ladder_file, ladder_toml(ladder))?;
     // The first-attempt lane gets `prefetch`; the retry lane its usual share on top.
     let share = config.worker.retry_share;
     let in_flight = prefetch.map_or(config.worker.in_flight, |prefetch| {
@@ -668,7 +697,7 @@ async fn start_worker(
         exe,
         &format!("{} worker", ladder.prefix),
         &ladder_file,
-        &subs_file,
+        subscriptions,
     )
     .env("HOOKRELAY_WORKER_IN_FLIGHT", in_flight.to_string())
     .env(
@@ -681,8 +710,20 @@ async fn start_worker(
     Ok(WorkerProcess {
         child,
         metrics_port,
-        _dir: guard,
+        _dir: dir,
     })
+}
+
+/// Endpoint caps lifted: the deliveries in flight are bounded by the worker's budget, as a raw
+/// loop's by its prefetch, not by the one sink's cap of 64.
+fn uncapped() -> [(&'static str, String); 2] {
+    [
+        ("HOOKRELAY_ENDPOINTS_MAX_CONCURRENT", "100000".to_owned()),
+        (
+            "HOOKRELAY_ENDPOINTS_MAX_CONCURRENT_PER_HOST",
+            "100000".to_owned(),
+        ),
+    ]
 }
 
 fn subscription_entry(id: &str, url: &str, secret_file: &std::path::Path) -> String {

@@ -1,5 +1,6 @@
 //! What the tests, the demo and the bench share: waiting on a condition, reading a worker's
-//! counters, percentiles, and the files and the process a `hookrelay worker` runs from.
+//! counters, percentiles and spreads, the files and the process a `hookrelay worker` runs from,
+//! and a PostgreSQL database of one's own.
 
 use std::path::Path;
 use std::time::Duration;
@@ -78,6 +79,19 @@ impl Percentiles {
     }
 }
 
+/// Min, median and max of the figures of repeated runs (zeros when there are none).
+pub fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    values.sort_by(f64::total_cmp);
+    (
+        values[0],
+        values[values.len() / 2],
+        values[values.len() - 1],
+    )
+}
+
 /// `ladder` as a ladder file says it: prefix, queue type, tiers, schedule and deferral queues.
 /// Dedicated tenants are left out.
 pub fn ladder_toml(ladder: &Ladder) -> String {
@@ -131,4 +145,66 @@ pub fn worker_command(
         .env("HOOKRELAY_LOG_LEVEL", "error")
         .kill_on_drop(true);
     command
+}
+
+/// The PostgreSQL server the tests and the bench make their databases on:
+/// `HOOKRELAY_TEST_DATABASE_URL`, else the one `postgres/up` leaves on loopback.
+pub fn pg_server_url() -> String {
+    std::env::var("HOOKRELAY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A database of its own on a PostgreSQL server: created with a unique name, dropped with this
+/// value (also when its owner panics), so runs side by side never share one.
+pub struct ScratchDb {
+    /// The database's URL.
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+impl ScratchDb {
+    /// Creates `<prefix>_<uuid>` on the server `admin` names.
+    pub async fn create_on(admin: &str, prefix: &str) -> Result<Self, sqlx::Error> {
+        use sqlx::Connection;
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        let mut url =
+            url::Url::parse(admin).map_err(|e| sqlx::Error::Configuration(Box::new(e)))?;
+        url.set_path(&format!("/{name}"));
+        let mut conn = sqlx::PgConnection::connect(admin).await?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        Ok(Self {
+            url: url.to_string(),
+            admin: admin.to_owned(),
+            name,
+        })
+    }
+}
+
+impl Drop for ScratchDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime; the drop statement gets a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
 }

@@ -76,9 +76,9 @@ struct DemoArgs {
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// Messages per throughput run.
-    #[arg(long, default_value_t = 50_000)]
-    events: usize,
+    /// Messages per throughput run [default: 50000; 20000 with --store].
+    #[arg(long)]
+    events: Option<usize>,
     /// Prefetch of the ceiling loop and of the worker's first-attempt lane.
     #[arg(long, default_value_t = 500)]
     prefetch: u16,
@@ -131,7 +131,25 @@ struct BenchArgs {
     /// Tenants the events of --shards and --fleet-cap are spread over.
     #[arg(long, default_value_t = 64)]
     tenants: usize,
-    /// Runs of each combination (--shards, --fleet-cap).
+    /// The subscription store at scale: for each of these subscription counts (comma-separated;
+    /// `--store` alone means 10,100000), in a PostgreSQL database of the bench's own on
+    /// HOOKRELAY_TEST_DATABASE_URL (default: the local server), the worker's start-up time
+    /// (spawn to /readyz 200) and memory on the store, delivery throughput of --events events
+    /// spread over all the subscriptions (against the smallest count: the lookup cost), and the
+    /// time from an UPDATE's commit to a follower's snapshot, idle and under load. The main run
+    /// is skipped.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "N",
+        num_args = 0..=1,
+        default_missing_value = "10,100000"
+    )]
+    store: Option<Vec<usize>>,
+    /// URL changes timed per subscription count for --store, idle and again under load.
+    #[arg(long, default_value_t = 200)]
+    changes: usize,
+    /// Runs of each combination (--shards, --fleet-cap, --store).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     /// Fleet-wide cap: two worker processes, one subscription with max_concurrent = --cap,
@@ -205,7 +223,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => {
             let options = bench::BenchOptions {
-                events: args.events,
+                events: args.events.unwrap_or(50_000),
                 prefetch: args.prefetch,
                 queue_type: if args.classic {
                     QueueType::Classic
@@ -261,6 +279,27 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 }
                 return Ok(ExitCode::SUCCESS);
             }
+            if let Some(counts) = args.store {
+                let options = bench::store::StoreOptions {
+                    counts: if counts.is_empty() {
+                        vec![10, 100_000]
+                    } else {
+                        counts
+                    },
+                    events: args.events.unwrap_or(20_000),
+                    changes: args.changes,
+                    prefetch: options.prefetch,
+                    repeat: args.repeat.max(1),
+                    queue_type: options.queue_type,
+                };
+                let report = bench::store::run(&config, &options, &binaries).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if !args.noisy.is_empty() {
                 let options = bench::noisy::NoisyOptions {
                     scenarios: args.noisy,
@@ -301,5 +340,32 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             .await?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_counts(args: &[&str]) -> Option<Vec<usize>> {
+        let cli = Cli::try_parse_from(args).unwrap();
+        match cli.command {
+            Command::Bench(bench) => bench.store,
+            _ => panic!("not the bench"),
+        }
+    }
+
+    #[test]
+    fn store_alone_means_10_and_100000_subscriptions() {
+        let bench = ["hookrelay-dev", "bench"];
+        assert_eq!(store_counts(&bench), None);
+        assert_eq!(
+            store_counts(&[&bench[..], &["--store"]].concat()),
+            Some(vec![10, 100_000])
+        );
+        assert_eq!(
+            store_counts(&[&bench[..], &["--store", "5,50"]].concat()),
+            Some(vec![5, 50])
+        );
     }
 }

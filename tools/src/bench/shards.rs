@@ -34,9 +34,10 @@ use hookrelay::delivery::signing::generate_secret;
 
 use super::{
     BenchError, BenchSession, Binaries, Sink, WorkerProcess, body, declare_raw_queue, machine,
-    publish_many, raw_loop_command, say, start_sink, start_worker, to_ingress, wait_count,
+    publish_many, raw_loop_command, say, start_sink, start_worker, to_ingress, uncapped,
+    wait_count,
 };
-use crate::kit::{file_secret, subscription_toml, wait_until};
+use crate::kit::{file_secret, spread, subscription_toml, wait_until};
 
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
@@ -387,15 +388,8 @@ async fn hookrelay(
     })
     .await?;
     sink.reset();
-    // No cap in the way: the deliveries in flight are bounded by the budget, as the raw loop's
-    // by its prefetch (the fleet would otherwise share the one sink's cap of 64).
-    let env = [
-        ("HOOKRELAY_ENDPOINTS_MAX_CONCURRENT", "100000".to_owned()),
-        (
-            "HOOKRELAY_ENDPOINTS_MAX_CONCURRENT_PER_HOST",
-            "100000".to_owned(),
-        ),
-    ];
+    // No cap in the way (the fleet would otherwise share the one sink's cap of 64).
+    let env = uncapped();
     let mut started = start_workers(
         config,
         binaries,
@@ -612,14 +606,13 @@ impl ShardReport {
             keys.dedup();
             for (s, w) in keys {
                 let pick = |f: &dyn Fn(&ShardRun) -> f64| {
-                    let mut v: Vec<f64> = self
-                        .runs
-                        .iter()
-                        .filter(|r| r.shards == s && r.workers == w)
-                        .map(f)
-                        .collect();
-                    v.sort_by(f64::total_cmp);
-                    (v[0], v[v.len() / 2], v[v.len() - 1])
+                    spread(
+                        self.runs
+                            .iter()
+                            .filter(|r| r.shards == s && r.workers == w)
+                            .map(f)
+                            .collect(),
+                    )
                 };
                 let c = pick(&|r| r.ceiling_per_s);
                 let h = pick(&|r| r.hookrelay_per_s);
