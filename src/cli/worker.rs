@@ -24,11 +24,12 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
         Source::File(path) => (LiveSubscriptions::from_file(path)?, None),
         Source::Postgres(url) => {
             let store = crate::store::follow::open(url, config.store.connect_timeout).await?;
-            let (first, problems) = store.load_all().await?;
-            for p in &problems {
+            let mut opened = crate::store::follow::Opened::open(store).await?;
+            for p in &opened.problems {
                 tracing::error!(problem = %p, "A stored subscription does not validate; left out");
             }
-            (LiveSubscriptions::followed(first), Some(store))
+            let first = std::mem::take(&mut opened.first);
+            (LiveSubscriptions::followed(first), Some(opened.following()))
         }
     };
     tracing::info!(

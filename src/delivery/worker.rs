@@ -79,7 +79,7 @@ pub struct WorkerSetup {
     pub name: String,
     /// The PostgreSQL store `subscriptions` was loaded from, which the worker follows; `None`
     /// for a file (reloaded as it changes) or fixed subscriptions.
-    pub store: Option<crate::store::PgStore>,
+    pub store: Option<crate::store::follow::Following>,
 }
 
 impl WorkerSetup {
@@ -109,7 +109,7 @@ pub struct Worker {
     /// which lanes of tenants no longer dedicated exist. Filled at start and by every poll of
     /// the management API (`metrics.poll_interval`).
     queues: tokio::sync::watch::Sender<Option<Vec<String>>>,
-    store: Option<crate::store::PgStore>,
+    store: Option<crate::store::follow::Following>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -238,7 +238,7 @@ impl Worker {
             notices,
             metrics,
         );
-        dispatcher.store = store.clone();
+        dispatcher.store = store.as_ref().map(|f| f.store.clone());
         if let Some(others) = others {
             let workers = dispatcher.endpoints.fleet().join(
                 u32::try_from(others).unwrap_or(u32::MAX),

@@ -40,17 +40,85 @@ enum Signal {
     Down(String),
 }
 
-/// Follows `store` into `live` until `stop`.
+/// A store opened to be followed: listening already, then read whole, so no change made after
+/// the read can go unnoticed and the follower need not read it all again at once.
+pub struct Opened {
+    pub store: PgStore,
+    pub first: crate::delivery::subscriptions::Subscriptions,
+    pub problems: Vec<RowProblem>,
+    listener: PgListener,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("store", &self.store.shown())
+            .field("subscriptions", &self.first.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Opened {
+    /// Starts listening for changes, then reads every subscription.
+    pub async fn open(store: PgStore) -> Result<Self, StoreError> {
+        let listener = connect(&store).await?;
+        let (first, problems) = store.load_all().await?;
+        Ok(Self {
+            store,
+            first,
+            problems,
+            listener,
+        })
+    }
+
+    /// What a worker follows once `first` is in its snapshot.
+    pub fn following(self) -> Following {
+        Following {
+            store: self.store,
+            listener: Some(self.listener),
+        }
+    }
+}
+
+/// A store to follow, and, when [`Opened`] made it, the connection already listening since
+/// the snapshot was read.
+pub struct Following {
+    pub store: PgStore,
+    listener: Option<PgListener>,
+}
+
+impl std::fmt::Debug for Following {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Following")
+            .field("store", &self.store.shown())
+            .field("listening", &self.listener.is_some())
+            .finish()
+    }
+}
+
+impl From<PgStore> for Following {
+    /// A store whose snapshot was read without listening first: the follower reads it whole
+    /// again once it listens.
+    fn from(store: PgStore) -> Self {
+        Self {
+            store,
+            listener: None,
+        }
+    }
+}
+
+/// Follows the store into `live` until `stop`.
 pub async fn follow(
-    store: PgStore,
+    following: Following,
     live: Arc<LiveSubscriptions>,
     secrets: Arc<SecretStore>,
     metrics: Metrics,
     resync_every: Duration,
     stop: CancellationToken,
 ) {
+    let Following { store, listener } = following;
     let (tx, mut rx) = mpsc::channel(4096);
-    let listening = tokio::spawn(listen(store.clone(), tx, stop.clone()));
+    let listening = tokio::spawn(listen(store.clone(), listener, tx, stop.clone()));
     let mut state = State {
         store,
         live,
@@ -116,10 +184,21 @@ fn next_retry(done: bool, retry: Option<Duration>) -> Option<Duration> {
 
 /// Listens on its own connection, passing notifications on. Never cancelled mid-read (the
 /// follower selects on the channel, not on the socket).
-async fn listen(store: PgStore, tx: mpsc::Sender<Signal>, stop: CancellationToken) {
+async fn listen(
+    store: PgStore,
+    mut first: Option<PgListener>,
+    tx: mpsc::Sender<Signal>,
+    stop: CancellationToken,
+) {
     let mut backoff = BACKOFF_MIN;
     loop {
-        let mut listener = match connect(&store).await {
+        // A listener handed over listened before the snapshot was read: nothing to read again.
+        let handed_over = first.is_some();
+        let connected = match first.take() {
+            Some(l) => Ok(l),
+            None => connect(&store).await,
+        };
+        let mut listener = match connected {
             Ok(l) => l,
             Err(e) => {
                 if tx.send(Signal::Down(e.to_string())).await.is_err() {
@@ -135,7 +214,7 @@ async fn listen(store: PgStore, tx: mpsc::Sender<Signal>, stop: CancellationToke
         };
         backoff = BACKOFF_MIN;
         // Listening from here on: a full read now sees every change made before.
-        if tx.send(Signal::Resync).await.is_err() {
+        if !handed_over && tx.send(Signal::Resync).await.is_err() {
             return;
         }
         loop {
@@ -192,8 +271,24 @@ impl State {
             Ok((subscriptions, problems)) => {
                 let n = subscriptions.len();
                 self.report(&problems, true);
-                self.check_secrets(subscriptions.iter().map(|s| s.id.clone()).collect());
-                self.live.replace(subscriptions);
+                // Compared and dropped off the runtime's threads: a store may hold 100,000.
+                let before = self.live.current();
+                let next = Arc::new(subscriptions);
+                let after = Arc::clone(&next);
+                let changed = tokio::task::spawn_blocking(move || {
+                    let changed: Vec<String> = after
+                        .iter()
+                        .filter(|s| before.get(&s.id) != Some(*s))
+                        .map(|s| s.id.clone())
+                        .collect();
+                    drop(before);
+                    changed
+                })
+                .await
+                .unwrap_or_default();
+                let old = self.live.replace_arc(next);
+                tokio::task::spawn_blocking(move || drop(old));
+                self.check_secrets(changed);
                 self.up(n);
                 true
             }

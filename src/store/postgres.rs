@@ -49,6 +49,8 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("subscription store migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("reading the subscription store was interrupted: {0}")]
+    Interrupted(String),
 }
 
 /// A row left out of the snapshot, and why.
@@ -182,8 +184,14 @@ impl PgStore {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let (list, problems) = build(&rows, &secrets);
-        Ok((Subscriptions::from_list(list), problems))
+        // Off the runtime's threads: a store may hold 100,000 rows to validate and index, and
+        // the worker delivers meanwhile.
+        tokio::task::spawn_blocking(move || {
+            let (list, problems) = build(&rows, &secrets);
+            (Subscriptions::from_list(list), problems)
+        })
+        .await
+        .map_err(|e| StoreError::Interrupted(e.to_string()))
     }
 
     /// The subscriptions `ids` as they are now: `None` for one that no longer exists (or whose

@@ -533,11 +533,12 @@ impl RunningWorker {
         store: hookrelay::store::PgStore,
         keyring: hookrelay::store::seal::Keyring,
     ) -> Self {
-        let (first, problems) = store.load_all().await.unwrap();
-        assert!(problems.is_empty(), "{problems:?}");
+        let mut opened = hookrelay::store::follow::Opened::open(store).await.unwrap();
+        assert!(opened.problems.is_empty(), "{:?}", opened.problems);
+        let first = std::mem::take(&mut opened.first);
         let mut setup =
             WorkerSetup::new(config, t.ladder.clone(), LiveSubscriptions::followed(first));
-        setup.store = Some(store);
+        setup.store = Some(opened.following());
         setup.secrets =
             SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::new(keyring));
         Self::launch(t, setup).await

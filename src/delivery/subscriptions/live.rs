@@ -75,6 +75,12 @@ impl LiveSubscriptions {
         self.current.store(Arc::new(subscriptions));
     }
 
+    /// Puts a whole new version in force and returns the one it replaces (for the caller to
+    /// drop where it costs nobody: a large snapshot takes a while to free).
+    pub fn replace_arc(&self, subscriptions: Arc<Subscriptions>) -> Arc<Subscriptions> {
+        self.current.swap(subscriptions)
+    }
+
     /// Replaces (`Some`) or removes (`None`) some subscriptions, by id.
     pub fn apply(&self, changes: Vec<(String, Option<Subscription>)>) {
         let next = self.current.load().with_changes(changes);

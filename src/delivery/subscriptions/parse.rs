@@ -212,9 +212,11 @@ impl Subscription {
 /// subscriptions, not all of them: a store may hold millions).
 #[derive(Debug, Clone, Default)]
 pub struct Subscriptions {
-    by_id: HashMap<String, Arc<Subscription>>,
+    /// Keys and lists shared (`Arc`), so a version with a few changes is a cheap copy of the
+    /// maps, not of every id and list.
+    by_id: HashMap<Arc<str>, Arc<Subscription>>,
     /// Sorted by id.
-    by_tenant: HashMap<String, Vec<Arc<Subscription>>>,
+    by_tenant: HashMap<Arc<str>, Arc<Vec<Arc<Subscription>>>>,
 }
 
 impl Subscriptions {
@@ -427,52 +429,74 @@ impl Subscriptions {
     }
 
     fn from_map(by_id: HashMap<String, Arc<Subscription>>) -> Self {
-        let mut by_tenant: HashMap<String, Vec<Arc<Subscription>>> = HashMap::new();
+        let by_id: HashMap<Arc<str>, Arc<Subscription>> = by_id
+            .into_iter()
+            .map(|(id, s)| (Arc::from(id), s))
+            .collect();
+        let mut lists: HashMap<Arc<str>, Vec<Arc<Subscription>>> = HashMap::new();
         for s in by_id.values().filter(|s| s.enabled) {
-            by_tenant
-                .entry(s.tenant.clone())
+            lists
+                .entry(Arc::from(s.tenant.as_str()))
                 .or_default()
                 .push(Arc::clone(s));
         }
-        for list in by_tenant.values_mut() {
-            list.sort_by(|a, b| a.id.cmp(&b.id));
-        }
+        let by_tenant = lists
+            .into_iter()
+            .map(|(tenant, mut list)| {
+                list.sort_by(|a, b| a.id.cmp(&b.id));
+                (tenant, Arc::new(list))
+            })
+            .collect();
         Self { by_id, by_tenant }
     }
 
     /// This version with some subscriptions replaced (`Some`) or removed (`None`), by id. Only
-    /// the tenants concerned are re-indexed.
+    /// the lists of the tenants concerned are rebuilt, from their old lists.
     pub fn with_changes(
         &self,
         changes: impl IntoIterator<Item = (String, Option<Subscription>)>,
     ) -> Self {
         let mut by_id = self.by_id.clone();
         let mut by_tenant = self.by_tenant.clone();
-        let mut touched = std::collections::HashSet::new();
+        // Per tenant touched: the ids that left or changed, and what is enabled now.
+        let mut touched: HashMap<
+            String,
+            (std::collections::HashSet<String>, Vec<Arc<Subscription>>),
+        > = HashMap::new();
         for (id, new) in changes {
-            if let Some(old) = by_id.remove(&id) {
-                touched.insert(old.tenant.clone());
+            if let Some(old) = by_id.remove(id.as_str()) {
+                touched
+                    .entry(old.tenant.clone())
+                    .or_default()
+                    .0
+                    .insert(id.clone());
             }
             if let Some(new) = new {
-                touched.insert(new.tenant.clone());
-                by_id.insert(id, Arc::new(new));
+                let new = Arc::new(new);
+                let entry = touched.entry(new.tenant.clone()).or_default();
+                entry.0.insert(id.clone());
+                if new.enabled {
+                    entry.1.push(Arc::clone(&new));
+                }
+                by_id.insert(Arc::from(id), new);
             }
         }
-        for tenant in &touched {
-            by_tenant.remove(tenant);
-        }
-        for s in by_id
-            .values()
-            .filter(|s| s.enabled && touched.contains(&s.tenant))
-        {
-            by_tenant
-                .entry(s.tenant.clone())
-                .or_default()
-                .push(Arc::clone(s));
-        }
-        for tenant in &touched {
-            if let Some(list) = by_tenant.get_mut(tenant) {
+        for (tenant, (gone, added)) in touched {
+            let mut list: Vec<Arc<Subscription>> = by_tenant
+                .get(tenant.as_str())
+                .map(|l| {
+                    l.iter()
+                        .filter(|s| !gone.contains(&s.id))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            list.extend(added);
+            if list.is_empty() {
+                by_tenant.remove(tenant.as_str());
+            } else {
                 list.sort_by(|a, b| a.id.cmp(&b.id));
+                by_tenant.insert(Arc::from(tenant), Arc::new(list));
             }
         }
         Self { by_id, by_tenant }
@@ -509,6 +533,52 @@ impl Subscriptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_with_changes_indexes_as_a_version_built_whole() {
+        let sub = |id: &str, tenant: &str, enabled: bool| {
+            let mut s = Subscription::new(
+                id,
+                tenant,
+                "https://h.example/x".parse().unwrap(),
+                SecretRef::Env("X".into()),
+            );
+            s.enabled = enabled;
+            s
+        };
+        let before = Subscriptions::from_list([
+            sub("a1", "a", true),
+            sub("a2", "a", true),
+            sub("b1", "b", true),
+            sub("c1", "c", true),
+        ]);
+        let changes = vec![
+            ("a1".to_owned(), None),                        // deleted
+            ("a2".to_owned(), Some(sub("a2", "a", false))), // disabled
+            ("b1".to_owned(), Some(sub("b1", "c", true))),  // moved to tenant c
+            ("d1".to_owned(), Some(sub("d1", "d", true))),  // new
+        ];
+        let after = before.with_changes(changes);
+        let whole = Subscriptions::from_list([
+            sub("a2", "a", false),
+            sub("b1", "c", true),
+            sub("c1", "c", true),
+            sub("d1", "d", true),
+        ]);
+        for tenant in ["a", "b", "c", "d"] {
+            let ids = |s: &Subscriptions| {
+                s.matching(tenant, "t.x")
+                    .iter()
+                    .map(|s| s.id.clone())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(ids(&after), ids(&whole), "tenant {tenant}");
+        }
+        assert_eq!(after.len(), 4);
+        assert!(after.get("a1").is_none());
+        assert_eq!(before.len(), 4, "the old version is untouched");
+        assert_eq!(before.matching("a", "t.x").len(), 2);
+    }
 
     const GOOD: &str = r#"
 [[subscription]]

@@ -269,11 +269,13 @@ impl Measure<'_> {
         row.rss_mib = rss;
 
         // The follower, as a worker runs it, in this process.
-        let (first, _) = self.store.load_all().await?;
-        let live = Arc::new(LiveSubscriptions::followed(first));
+        let mut opened = hookrelay::store::follow::Opened::open(self.store.clone()).await?;
+        let live = Arc::new(LiveSubscriptions::followed(std::mem::take(
+            &mut opened.first,
+        )));
         let stop = CancellationToken::new();
         let following = tokio::spawn(hookrelay::store::follow::follow(
-            self.store.clone(),
+            opened.following(),
             Arc::clone(&live),
             Arc::new(SecretStore::new(self.config.secrets.refresh)),
             Metrics::new(),
