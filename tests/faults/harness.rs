@@ -205,8 +205,8 @@ async fn account(
     }
 }
 
-/// Messages the ladder's tiers hold but neither offer nor have handed out: dead-lettered out of a
-/// tier and not yet accepted by the retry lane (the broker keeps them until it is). Only the
+/// Messages the ladder's tiers (and deferral queues) hold but neither offer nor have handed out:
+/// dead-lettered out of one and not yet accepted by the retry lane (the broker keeps them until it is). Only the
 /// cluster scenario can measure it, and so only it can excuse missing envelopes with it.
 pub struct HeldInTiers(usize);
 
@@ -220,9 +220,13 @@ impl HeldInTiers {
         let mut held = 0;
         let api = common::management(&view.config);
         if let Ok(queues) = api.queues().await {
+            // Every TTL queue of the ladder: the retry tiers and the deferral queues, which
+            // dead-letter alike.
             for q in queues.iter().filter(|q| {
-                q.name
-                    .starts_with(&format!("{}.retry-", view.ladder.prefix))
+                matches!(
+                    view.ladder.role_of(&q.name),
+                    Some(hookrelay::contract::ladder::QueueRole::Tier(_))
+                )
             }) {
                 let n = q.messages.unwrap_or(0) - q.messages_ready - q.messages_unacknowledged;
                 held += n.max(0) as usize;
