@@ -6,7 +6,7 @@
 //!
 //! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
 //! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the ladder (its
-//!   tiers, dedicated tenants and shards) and every name it gives a queue.
+//!   tiers, dedicated tenants, shards and streams) and every name it gives a queue.
 //! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
 //!   refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,
@@ -14,7 +14,7 @@
 //!   and the parking of paused ones.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
-//!   mover, the attempt-log tail, progress.
+//!   mover, the attempt-log tail, reading the streams, progress.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets.
 //! - [`api`]: `hookrelay api`, the control plane's HTTP API over the PostgreSQL store.
 //! - [`cli`]: the command line.

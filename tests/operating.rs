@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use common::{
     Counters, RunningWorker, SubsFile, TestLadder, event, hookrelay, ladder_file, secret,
-    subscription, subscription_toml, wait_until, worker_process,
+    subscription, subscription_toml, unique, wait_until, worker_process,
 };
 use hookrelay::contract::headers;
 use hookrelay::contract::headers::REASON_HEADER;
+use hookrelay::contract::ladder::{Ladder, QueueType};
+use hookrelay::contract::retention::StreamKind;
 use hookrelay::observe::events::AttemptRecord;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
@@ -158,7 +160,14 @@ async fn status_shows_every_queue_of_the_ladder_and_explains_failures() {
             (format!("{p}.defer-1s"), "tier".into()),
             (format!("{p}.defer-5s"), "tier".into()),
             (format!("{p}.dead"), "dead".into()),
+            // The streams, last: history, not work.
+            (format!("{p}.archive"), "stream".into()),
+            (format!("{p}.attempts"), "stream".into()),
         ]
+    );
+    assert_eq!(
+        rows[9]["next"],
+        "every accepted event, kept max_age 7days, max_bytes 5.0 GB"
     );
     assert_eq!(rows[2]["ttl"], "1s");
     assert_eq!(
@@ -871,7 +880,11 @@ async fn a_paused_subscription_parks_everything_and_resume_delivers_each_once_un
 
 #[tokio::test]
 async fn an_unbound_attempt_log_is_counted_and_said_once_never_dumped_per_record() {
-    let t = TestLadder::apply("unrouted-log", &["1s"], &["1s"]).await;
+    // A ladder whose attempt log has no stream (turned off), and nobody else keeps it.
+    let ladder = Ladder::build(&unique("unrouted-log"), QueueType::Quorum, &["1s"], &["1s"])
+        .unwrap()
+        .with_stream(StreamKind::Attempts, None);
+    let t = TestLadder::apply_ladder(common::config(), ladder).await;
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
     let ((_dir, _subs), mut command) = subprocess_for(&t, &receiver, &s);

@@ -42,8 +42,9 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     let applied = t.ladder.objects().apply(&t.channel).await.unwrap();
     assert_eq!(
         (applied.exchanges, applied.queues, applied.bindings),
-        (7, 9, 8),
-        "2 tiers and 4 deferral queues, each bound to the delay exchange"
+        (7, 11, 10),
+        "2 tiers and 4 deferral queues, each bound to the delay exchange; the two streams, \
+         bound to the ingress alternate and the attempts exchange"
     );
     let api = management(&t.config);
     let objects = api.objects().await.unwrap();

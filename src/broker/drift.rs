@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::broker::management::Policy;
 use crate::broker::topology::{Arg, Binding, Topology};
-use crate::contract::ladder::Ladder;
+use crate::contract::ladder::{Ladder, QueueRole};
 
 impl Topology {
     /// Compares the ladder with what the broker has. `broker` is the management API's view.
@@ -89,7 +89,8 @@ impl Topology {
 
     /// Bindings the broker has that route into lanes or exchanges this ladder no longer uses:
     /// a retired tenant's lanes, the shards of another shard count, the unsharded lanes of a
-    /// sharded ladder (and the other way round), the shard exchanges of an unsharded one.
+    /// sharded ladder (and the other way round), the shard exchanges of an unsharded one, and
+    /// the streams' bindings it no longer has (a retired tenant's, a stream turned off).
     /// `topology apply` removes them once the ladder's own are in place, so the queues stop
     /// receiving and workers drain them; nothing in them moves.
     pub fn stale_bindings(&self, ladder: &Ladder, broker: &BrokerObjects) -> Vec<Binding> {
@@ -101,6 +102,7 @@ impl Topology {
             ladder.promote_unrouted(),
             ladder.promote_shards(),
             ladder.promote_unmatched(),
+            ladder.attempts_exchange(),
         ];
         broker
             .bindings
@@ -111,9 +113,12 @@ impl Topology {
                 if b.to_exchange {
                     ladder.names(&b.destination)
                 } else {
-                    ladder
-                        .role_of(&b.destination)
-                        .is_some_and(|role| ladder.is_retired_lane(&role))
+                    // A stream's bindings other than the ladder's: a tenant no longer
+                    // dedicated, or a stream the ladder turned off (it stays, with what it
+                    // holds, and takes nothing more).
+                    ladder.role_of(&b.destination).is_some_and(|role| {
+                        ladder.is_retired_lane(&role) || matches!(role, QueueRole::Stream(_))
+                    })
                 }
             })
             .map(BrokerBinding::to_binding)

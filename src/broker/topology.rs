@@ -18,6 +18,7 @@ use crate::broker::error::{Refusal, refused};
 use crate::broker::management::{Management, ManagementError, Policy};
 use crate::contract::headers::SHARD_HEADER;
 use crate::contract::ladder::{Ladder, QueueRole, QueueType};
+use crate::contract::retention::StreamKind;
 
 /// The exchange type of `rabbitmq_consistent_hash_exchange`, which sharded ladders need.
 pub const CONSISTENT_HASH: &str = "x-consistent-hash";
@@ -211,6 +212,30 @@ impl Ladder {
             name: self.dead(),
             arguments: queue_args(&[]),
         });
+        // The streams. The archive takes every event the ingress accepts, by the broker's own
+        // routing, so the producer's confirm covers its copy: it is bound where the shared
+        // lanes take their events (the ingress alternate, a fanout) and beside each dedicated
+        // tenant's binding, so nothing is added in front of the alternate exchange and the
+        // ingress keeps its type. The attempt log takes every record. Retention is a policy,
+        // not arguments, so that changing it reaches an existing stream.
+        for (kind, _) in self.streams() {
+            let stream = self.stream(kind);
+            queues.push(Queue {
+                name: stream.clone(),
+                arguments: BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("stream".into()))]),
+            });
+            match kind {
+                StreamKind::Archive => {
+                    bindings.push(Binding::to_queue(&self.ingress_unrouted(), &stream, ""));
+                    for d in &self.dedicated {
+                        bindings.push(Binding::to_queue(&self.ingress(), &stream, &d.tenant));
+                    }
+                }
+                StreamKind::Attempts => {
+                    bindings.push(Binding::to_queue(&self.attempts_exchange(), &stream, "#"));
+                }
+            }
+        }
         // A policy, not an `x-delivery-limit` argument: the broker refuses (406) to declare an
         // existing queue with an argument it was not created with, and every ladder applied
         // before has its queues already; a policy reaches existing queues in place. Classic
@@ -256,6 +281,26 @@ impl Ladder {
             }
             QueueType::Classic => Vec::new(),
         };
+        let mut policies = policies;
+        for (kind, retention) in self.streams() {
+            let mut definition = serde_json::Map::new();
+            definition.insert("max-age".to_owned(), retention.max_age_arg().into());
+            definition.insert("max-length-bytes".to_owned(), retention.max_bytes.into());
+            definition.insert(
+                "stream-max-segment-size-bytes".to_owned(),
+                retention.segment_bytes().into(),
+            );
+            policies.push(NamedPolicy {
+                name: self.retention_policy(kind),
+                policy: Policy {
+                    pattern: format!("^{}$", regex_literal(&self.stream(kind))),
+                    apply_to: "queues".to_owned(),
+                    priority: DELIVERY_LIMIT_PRIORITY,
+                    definition,
+                },
+                covers: vec![self.stream(kind)],
+            });
+        }
         Topology {
             exchanges,
             queues,
@@ -717,9 +762,13 @@ mod tests {
         use crate::broker::drift::{BrokerObjects, BrokerQueue, Drift};
         let ladder = Ladder::parse(DEFAULT_LADDER).unwrap();
         let topo = ladder.objects();
-        let [limit] = topo.policies.as_slice() else {
-            panic!("one policy: {:?}", topo.policies)
+        let [limit, archive, attempts] = topo.policies.as_slice() else {
+            panic!("three policies: {:?}", topo.policies)
         };
+        assert_eq!(archive.name, "hookrelay.archive-retention");
+        assert_eq!(archive.covers, ["hookrelay.archive"]);
+        assert_eq!(archive.policy.definition["max-age"], "7D");
+        assert_eq!(attempts.covers, ["hookrelay.attempts"]);
         assert_eq!(limit.name, "hookrelay.delivery-limit");
         assert_eq!(
             limit.policy.definition["delivery-limit"],
@@ -733,7 +782,10 @@ mod tests {
                 "hookrelay.dead"
             ]
         );
-        let classic = Ladder::build("c", QueueType::Classic, &["1s"], &["1s"]).unwrap();
+        let classic = Ladder::build("c", QueueType::Classic, &["1s"], &["1s"])
+            .unwrap()
+            .with_stream(StreamKind::Archive, None)
+            .with_stream(StreamKind::Attempts, None);
         assert!(
             classic.objects().policies.is_empty(),
             "classic queues have no limit"

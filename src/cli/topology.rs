@@ -22,7 +22,7 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
         }
         TopologyCommand::Apply(arg) => {
             let ladder = load_ladder(&arg, config)?;
-            if ladder.queue_type == QueueType::Quorum {
+            if ladder.queue_type == QueueType::Quorum || !ladder.streams().is_empty() {
                 check_at_least_once(config).await?;
             }
             if ladder.shards > 1 {
@@ -151,19 +151,23 @@ pub(super) async fn check_consistent_hash(config: &Config) -> anyhow::Result<()>
 }
 
 /// Quorum tiers dead-letter at-least-once only with the `stream_queue` feature flag enabled;
-/// without it the broker would silently fall back to at-most-once.
+/// without it the broker would silently fall back to at-most-once. The archive and attempt
+/// log are streams, which need it too.
 pub(super) async fn check_at_least_once(config: &Config) -> anyhow::Result<()> {
     let api = management(config)?;
     match api.feature_flag("stream_queue").await {
         Ok(Some(state)) if state == "enabled" => Ok(()),
         Ok(Some(state)) => bail!(
             "the broker's stream_queue feature flag is {state}; quorum tiers need it for \
-             at-least-once dead-lettering. Enable it with \
-             `rabbitmqctl enable_feature_flag stream_queue`, or use queue_type = \"classic\""
+             at-least-once dead-lettering, and the archive and attempt log are streams. Enable \
+             it with `rabbitmqctl enable_feature_flag stream_queue`, or use queue_type = \
+             \"classic\" with [archive] and [attempts] enabled = false"
         ),
         Ok(None) => bail!(
             "the broker has no stream_queue feature flag (RabbitMQ older than 3.9?); quorum tiers \
-             need it for at-least-once dead-lettering. Upgrade, or use queue_type = \"classic\""
+             need it for at-least-once dead-lettering, and the archive and attempt log are \
+             streams. Upgrade, or use queue_type = \"classic\" with [archive] and [attempts] \
+             enabled = false"
         ),
         Err(e) => {
             tracing::warn!(error = %e, "Cannot check the stream_queue feature flag; at-least-once dead-lettering out of the tiers needs it");

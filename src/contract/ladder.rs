@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::contract::retention::{Retention, StreamFile, StreamKind};
 use crate::units::fmt_duration;
 
 /// The most shards a ladder may have: each is two quorum queues (two Raft groups).
@@ -87,6 +88,10 @@ struct LadderFile {
     shards: u16,
     #[serde(default = "default_deferrals")]
     defer: Vec<String>,
+    #[serde(default)]
+    archive: StreamFile,
+    #[serde(default)]
+    attempts: StreamFile,
 }
 
 /// The deferral queues of a ladder file without the setting.
@@ -174,6 +179,8 @@ pub enum QueueRole {
     Paused { subscription: String },
     /// The dead-letter sink.
     Dead,
+    /// One of the ladder's streams: the archive of accepted events or the attempt log.
+    Stream(StreamKind),
 }
 
 impl QueueRole {
@@ -186,6 +193,7 @@ impl QueueRole {
             QueueRole::Parked(_) => "parked",
             QueueRole::Paused { .. } => "paused",
             QueueRole::Dead => "dead",
+            QueueRole::Stream(_) => "stream",
         }
     }
 }
@@ -207,6 +215,10 @@ pub struct Ladder {
     /// a delivery waits whose endpoint is up but busy (at its cap, its host's cap, its rate or
     /// its recovery limit). Not part of the schedule; possibly none.
     pub deferrals: Vec<Tier>,
+    /// The archive of accepted events (`<prefix>.archive`), unless turned off.
+    pub archive: Option<Retention>,
+    /// The attempt log's stream (`<prefix>.attempts`), unless turned off.
+    pub attempts: Option<Retention>,
 }
 
 impl Ladder {
@@ -237,6 +249,15 @@ impl Ladder {
         )?
         .with_shards(file.shards)?
         .with_deferrals(&file.defer.iter().map(String::as_str).collect::<Vec<_>>())?;
+        for (kind, section) in [
+            (StreamKind::Archive, &file.archive),
+            (StreamKind::Attempts, &file.attempts),
+        ] {
+            let retention = section
+                .retention(kind)
+                .map_err(|(field, message)| invalid(field, message))?;
+            ladder = ladder.with_stream(kind, retention);
+        }
         for (i, d) in file.dedicated.into_iter().enumerate() {
             ladder = ladder
                 .with_dedicated(&d.tenant, d.in_flight)
@@ -267,6 +288,26 @@ impl Ladder {
     pub fn with_deferrals(mut self, delays: &[&str]) -> Result<Self, LadderError> {
         self.deferrals = parse_waits("defer", "defer", delays)?;
         Ok(self)
+    }
+
+    /// Sets one stream's retention, or turns it off (`None`).
+    pub fn with_stream(mut self, kind: StreamKind, retention: Option<Retention>) -> Self {
+        match kind {
+            StreamKind::Archive => self.archive = retention,
+            StreamKind::Attempts => self.attempts = retention,
+        }
+        self
+    }
+
+    /// The ladder's streams that are on, with their retention.
+    pub fn streams(&self) -> Vec<(StreamKind, Retention)> {
+        [
+            (StreamKind::Archive, self.archive),
+            (StreamKind::Attempts, self.attempts),
+        ]
+        .into_iter()
+        .filter_map(|(kind, r)| r.map(|r| (kind, r)))
+        .collect()
     }
 
     /// Adds a tenant with lanes of its own.
@@ -342,6 +383,8 @@ impl Ladder {
             dedicated: Vec::new(),
             shards: 1,
             deferrals: Vec::new(),
+            archive: Some(Retention::default()),
+            attempts: Some(Retention::default()),
         }
         .with_deferrals(&DEFAULT_DEFERRALS)
     }
@@ -482,6 +525,11 @@ impl Ladder {
         if local == "dead" {
             return Some(QueueRole::Dead);
         }
+        for kind in [StreamKind::Archive, StreamKind::Attempts] {
+            if local == kind.as_str() {
+                return Some(QueueRole::Stream(kind));
+            }
+        }
         if let Some(rest) = local.strip_prefix("ready.first") {
             return tenant_lane(rest).map(|(tenant, shard)| QueueRole::FirstLane { tenant, shard });
         }
@@ -604,6 +652,14 @@ impl Ladder {
         self.name("events")
     }
     /// The attempt log: one message per settled delivery, routing key `<outcome>.<tenant>`.
+    /// The stream `kind` (`<prefix>.archive`, `<prefix>.attempts`).
+    pub fn stream(&self, kind: StreamKind) -> String {
+        self.name(kind.as_str())
+    }
+    /// The policy setting `kind`'s retention.
+    pub fn retention_policy(&self, kind: StreamKind) -> String {
+        self.name(&format!("{}-retention", kind.as_str()))
+    }
     pub fn attempts_exchange(&self) -> String {
         self.name("attempts")
     }

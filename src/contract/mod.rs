@@ -5,7 +5,10 @@
 //! - [`headers`]: every header hookrelay reads or writes, and the properties of each republish.
 //! - [`ladder`]: the retry ladder (tiers, schedule, dedicated tenants, shards) and every name it
 //!   gives a queue or exchange.
+//! - [`retention`]: the ladder's two streams (the archive of accepted events, the attempt log)
+//!   and how long the broker keeps what they hold.
 
 pub mod envelope;
 pub mod headers;
 pub mod ladder;
+pub mod retention;

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::broker::management::{Management, ManagementError, QueueInfo};
 use crate::contract::ladder::{Ladder, QueueRole};
+use crate::contract::retention::StreamKind;
 use crate::units::fmt_duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +127,9 @@ pub async fn collect(
     paused.sort_by(|a, b| a.0.cmp(&b.0));
     names.extend(paused);
     names.push((ladder.dead(), QueueRole::Dead));
+    for (kind, _) in ladder.streams() {
+        names.push((ladder.stream(kind), QueueRole::Stream(kind)));
+    }
     if names.iter().all(|(n, _)| !by_name.contains_key(n.as_str())) {
         return Err(StatusError::Missing {
             prefix: ladder.prefix.clone(),
@@ -158,7 +162,11 @@ pub async fn collect(
             });
             continue;
         };
-        let ready = q.messages_ready;
+        // A stream keeps what it is given (consumers read it by offset): its depth is its size.
+        let ready = match kind {
+            QueueRole::Stream(_) => q.messages.unwrap_or(q.messages_ready),
+            _ => q.messages_ready,
+        };
         let stats = &q.message_stats;
         let in_per_s = stats.publish_details.rate.unwrap_or(0.0);
         let held = matches!(kind, QueueRole::Tier(_))
@@ -224,7 +232,20 @@ pub async fn collect(
                 format!("paused; waits for `hookrelay subscriptions resume {subscription}`")
             }
             QueueRole::Dead => "kept for inspection and `hookrelay redrive`".to_owned(),
+            QueueRole::Stream(kind) => {
+                let kept = ladder
+                    .streams()
+                    .into_iter()
+                    .find(|(k, _)| *k == kind)
+                    .map(|(_, r)| r.describe())
+                    .unwrap_or_default();
+                match kind {
+                    StreamKind::Archive => format!("every accepted event, kept {kept}"),
+                    StreamKind::Attempts => format!("every attempt record, kept {kept}"),
+                }
+            }
         };
+
         rows.push(QueueStatus {
             queue: name,
             role,

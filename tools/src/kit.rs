@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hookrelay::contract::ladder::Ladder;
+use hookrelay::contract::retention::StreamKind;
 use hookrelay::observe::metrics::Metrics;
 use hookrelay::units::fmt_duration;
 use serde::Serialize;
@@ -101,7 +102,7 @@ pub fn ladder_toml(ladder: &Ladder) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    format!(
+    let mut text = format!(
         "prefix = \"{}\"\nqueue_type = \"{}\"\nshards = {}\ntiers = [{}]\nschedule = [{}]\n\
          defer = [{}]\n",
         ladder.prefix,
@@ -110,7 +111,22 @@ pub fn ladder_toml(ladder: &Ladder) -> String {
         list(&mut ladder.tiers.iter().map(|t| t.delay)),
         list(&mut ladder.schedule.iter().map(|&i| ladder.tier(i).delay)),
         list(&mut ladder.deferrals.iter().map(|t| t.delay)),
-    )
+    );
+    for (kind, retention) in [
+        (StreamKind::Archive, ladder.archive),
+        (StreamKind::Attempts, ladder.attempts),
+    ] {
+        text.push_str(&match retention {
+            Some(r) => format!(
+                "[{}]\nmax_age = \"{}\"\nmax_bytes = {}\n",
+                kind.as_str(),
+                fmt_duration(r.max_age),
+                r.max_bytes
+            ),
+            None => format!("[{}]\nenabled = false\n", kind.as_str()),
+        });
+    }
+    text
 }
 
 /// One `[[subscription]]` table of a subscriptions file. `secrets` is what goes between the

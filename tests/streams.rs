@@ -1,0 +1,204 @@
+//! The ladder's streams on the real broker: the archive keeps every event the ingress accepts
+//! (shared lanes and dedicated ones alike), the attempt log keeps every record, and `topology
+//! apply` adds them to a running ladder and takes them out again without touching delivery.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{
+    RunningWorker, TestLadder, config, event, hookrelay, ladder_file, ok_receiver, secret,
+    subscription, unique,
+};
+use hookrelay::contract::ladder::{Ladder, QueueType};
+use hookrelay::contract::retention::StreamKind;
+use hookrelay::observe::events::AttemptRecord;
+use hookrelay::ops::streams::{StreamReader, StreamStart};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// How long a read waits for messages beyond those expected.
+const EXTRA: Duration = Duration::from_secs(2);
+
+/// Everything `stream` holds from its start, read until `n` messages or `wait`: (message id or
+/// record body, routing key, `type`, `x-subscription`) of each. What is published with a confirm
+/// is in the stream already, so a short `wait` past the expected count sees any extra.
+async fn read(
+    t: &TestLadder,
+    stream: &str,
+    n: usize,
+    wait: Duration,
+) -> Vec<(String, String, String, String)> {
+    let mut reader = StreamReader::open(&t.conn, stream, StreamStart::First, 100)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(wait, async {
+        while out.len() < n {
+            let Some(Ok(m)) = reader.next().await else {
+                break;
+            };
+            let p = &m.delivery.properties;
+            let id = p
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| String::from_utf8_lossy(&m.delivery.data).into_owned());
+            let subscription = p
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("x-subscription").cloned())
+                .map(|v| match v {
+                    lapin::types::AMQPValue::LongString(s) => s.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            out.push((
+                id,
+                m.delivery.routing_key.to_string(),
+                p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
+                subscription,
+            ));
+        }
+    })
+    .await;
+    reader.close().await;
+    out
+}
+
+#[tokio::test]
+async fn the_archive_keeps_every_accepted_event_and_the_attempt_log_every_record() {
+    let ladder = Ladder::build(
+        &unique("streams"),
+        QueueType::Quorum,
+        &["300ms"],
+        &["300ms"],
+    )
+    .unwrap()
+    .with_dedicated("bigco", 10)
+    .unwrap();
+    let t = TestLadder::apply_ladder(config(), ladder).await;
+    let archive = t.ladder.stream(StreamKind::Archive);
+    let attempts = t.ladder.stream(StreamKind::Attempts);
+
+    // Shared-lane and dedicated-lane events, published (and confirmed) before any worker runs.
+    let mut published = BTreeSet::new();
+    for i in 0..10 {
+        let id = format!("evt_arch_acme_{i}");
+        t.publish(&event(&id, "acme", "sub_a")).await;
+        published.insert(id);
+    }
+    for i in 0..5 {
+        let id = format!("evt_arch_bigco_{i}");
+        t.publish(&event(&id, "bigco", "sub_b")).await;
+        published.insert(id);
+    }
+    let kept = read(&t, &archive, published.len() + 1, EXTRA).await;
+    let ids: BTreeSet<String> = kept.iter().map(|k| k.0.clone()).collect();
+    assert_eq!(ids, published, "every accepted event, once: {kept:?}");
+    assert_eq!(kept.len(), published.len(), "{kept:?}");
+    for (id, routing_key, kind, sub) in &kept {
+        let tenant = if id.contains("bigco") {
+            "bigco"
+        } else {
+            "acme"
+        };
+        assert_eq!(routing_key, tenant, "the producer's routing key is kept");
+        assert_eq!(kind, "order.paid", "the event type is kept");
+        assert_eq!(sub, if tenant == "bigco" { "sub_b" } else { "sub_a" });
+    }
+    // The lanes got them too: the archive is a copy, not a detour.
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 10);
+    assert_eq!(t.depth(&t.ladder.first_lane_of("bigco")).await, 5);
+
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![
+            subscription("sub_a", "acme", &receiver.url("/a"), &s),
+            subscription("sub_b", "bigco", &receiver.url("/b"), &s),
+        ],
+    )
+    .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == published.len())
+            .await
+    );
+    // Every delivery's record is in the attempt log's stream, with nothing bound by hand.
+    let records = read(&t, &attempts, published.len(), WAIT).await;
+    let delivered: BTreeSet<String> = records
+        .iter()
+        .map(|(body, routing_key, _, _)| {
+            let r: AttemptRecord = serde_json::from_str(body).unwrap();
+            assert_eq!(&r.routing_key(), routing_key);
+            assert_eq!(r.outcome, "delivered", "{r:?}");
+            r.envelope.unwrap()
+        })
+        .collect();
+    assert_eq!(delivered, published);
+    worker.stop().await;
+    // Delivery read nothing out of the archive.
+    assert_eq!(
+        read(&t, &archive, published.len() + 1, EXTRA).await.len(),
+        15
+    );
+}
+
+#[tokio::test]
+async fn apply_takes_a_stream_out_and_puts_it_back_without_touching_delivery() {
+    let mut t = TestLadder::apply("streams-apply", &["300ms"], &["300ms"]).await;
+    let archive = t.ladder.stream(StreamKind::Archive);
+    let dir = tempfile::tempdir().unwrap();
+    let with_archive = t.ladder.clone();
+
+    // Turned off: apply unbinds it, keeps what it holds, and plan names it as not the ladder's.
+    t.publish(&event("evt_before", "acme", "sub_a")).await;
+    t.ladder = with_archive.clone().with_stream(StreamKind::Archive, None);
+    let file = ladder_file(&t, &dir);
+    let (code, _, err) = hookrelay(
+        &["topology", "apply", "--ladder", file.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    t.publish(&event("evt_while_off", "acme", "sub_a")).await;
+    let (_, plan, _) = hookrelay(
+        &["topology", "plan", "--ladder", file.to_str().unwrap()],
+        &[],
+    );
+    assert!(plan.contains(&format!("queue {archive}")), "{plan}");
+    let kept: Vec<String> = read(&t, &archive, 2, EXTRA)
+        .await
+        .into_iter()
+        .map(|k| k.0)
+        .collect();
+    assert_eq!(kept, ["evt_before"]);
+
+    // Deleted, as on a ladder applied before the archive existed; apply creates it again.
+    t.channel
+        .queue_delete(archive.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    t.ladder = with_archive;
+    let file = ladder_file(&t, &dir);
+    let (code, _, err) = hookrelay(
+        &["topology", "apply", "--ladder", file.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, plan, _) = hookrelay(
+        &["topology", "plan", "--ladder", file.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "no drift once applied: {plan}");
+    t.publish(&event("evt_after", "acme", "sub_a")).await;
+    let kept: Vec<String> = read(&t, &archive, 2, EXTRA)
+        .await
+        .into_iter()
+        .map(|k| k.0)
+        .collect();
+    assert_eq!(kept, ["evt_after"]);
+    // Every event reached the lane, whatever the archive's state.
+    assert_eq!(t.depth(&t.ladder.first_lane()).await, 3);
+}
