@@ -60,7 +60,7 @@ impl Retention {
     pub fn max_age_arg(&self) -> String {
         let s = self.max_age.as_secs().max(1);
         for (unit, size) in [("D", 86_400), ("h", 3_600), ("m", 60)] {
-            if s % size == 0 {
+            if s.is_multiple_of(size) {
                 return format!("{}{unit}", s / size);
             }
         }
