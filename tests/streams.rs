@@ -202,3 +202,115 @@ async fn apply_takes_a_stream_out_and_puts_it_back_without_touching_delivery() {
     // Every event reached the lane, whatever the archive's state.
     assert_eq!(t.depth(&t.ladder.first_lane()).await, 3);
 }
+
+/// An RFC 3339 time for the command line, a whole second after `now` has passed: the archive's
+/// time offsets are whole seconds, so the test keeps its windows two seconds apart.
+async fn second_mark() -> String {
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mark = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    mark
+}
+
+#[tokio::test]
+async fn replay_publishes_what_an_outage_left_undelivered_with_the_original_ids() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let t = TestLadder::apply("replay", &["300ms"], &["300ms"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = ladder_file(&t, &dir);
+    let file = file.to_str().unwrap();
+    let s = secret();
+    let down = Arc::new(AtomicBool::new(true));
+    let outage = Arc::clone(&down);
+    // acme's endpoint is down (503) until the test brings it back; globex's is up throughout.
+    let receiver =
+        hookrelay_tools::receiver::Receiver::start(std::slice::from_ref(&s.whsec), move |req| {
+            if req.path == "/acme" && outage.load(Ordering::SeqCst) {
+                hookrelay_tools::receiver::Reply::Status(503)
+            } else {
+                hookrelay_tools::receiver::Reply::Status(204)
+            }
+        })
+        .await
+        .unwrap();
+    let worker = RunningWorker::start(
+        &t,
+        vec![
+            subscription("sub_a", "acme", &receiver.url("/acme"), &s),
+            subscription("sub_g", "globex", &receiver.url("/globex"), &s),
+        ],
+    )
+    .await;
+
+    t.publish(&event("evt_before", "globex", "sub_g")).await;
+    let from = second_mark().await;
+    let acme: Vec<String> = (0..10).map(|i| format!("evt_out_{i}")).collect();
+    for id in &acme {
+        t.publish(&event(id, "acme", "sub_a")).await;
+    }
+    for i in 0..5 {
+        t.publish(&event(&format!("evt_ok_{i}"), "globex", "sub_g"))
+            .await;
+    }
+    // acme's ten spend their two attempts and are dead-lettered; globex's are delivered.
+    assert!(t.wait_dead(10, WAIT).await);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 6)
+            .await
+    );
+    let to = second_mark().await;
+    t.publish(&event("evt_after", "globex", "sub_g")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 7)
+            .await
+    );
+    down.store(false, Ordering::SeqCst);
+
+    let replay = |extra: &[&str]| {
+        let mut args = vec![
+            "replay", "--ladder", file, "--from", &from, "--to", &to, "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = hookrelay(&args, &[]);
+        assert_eq!(code, Some(0), "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    // The window holds the 15 published in it, not the ones before or after.
+    let dry = replay(&["--only-undelivered", "--dry-run"]);
+    assert_eq!(dry["read"], 15, "{dry}");
+    assert_eq!(dry["matched"], 15, "{dry}");
+    assert_eq!(dry["delivered_already"], 5, "{dry}");
+    assert_eq!(dry["published"], 10, "{dry}");
+    assert_eq!(receiver.delivered_count(), 7, "a dry run publishes nothing");
+
+    let done = replay(&["--only-undelivered", "--tenant", "acme", "--rate", "100/s"]);
+    assert_eq!(done["published"], 10, "{done}");
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 17)
+            .await
+    );
+    for id in &acme {
+        let got = receiver.records_for(id);
+        let ok: Vec<_> = got.iter().filter(|r| r.status == 204).collect();
+        assert_eq!(
+            ok.len(),
+            1,
+            "{id} delivered once, under its own id: {got:?}"
+        );
+        assert_eq!(ok[0].idempotency_key, *id);
+    }
+    // globex's were delivered already and were not sent again.
+    assert_eq!(receiver.records_for("evt_ok_0").len(), 1);
+
+    // Now the attempt log shows every one of them delivered: nothing is left to replay.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = replay(&["--only-undelivered"]);
+    assert_eq!(again["published"], 0, "{again}");
+    assert_eq!(again["delivered_already"], 15, "{again}");
+    worker.stop().await;
+}

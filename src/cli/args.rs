@@ -72,6 +72,18 @@ pub enum Command {
     /// acked; envelopes that do not match stay in the sink, in order. A pass must finish within
     /// the broker's consumer_timeout; use --limit for very large sinks.
     Redrive(RedriveArgs),
+    /// Publish archived events again, by the time the broker accepted them.
+    ///
+    /// Reads the archive stream (<prefix>.archive) from --from to --to and publishes each
+    /// selected event back through the ingress, confirmed, with its original message_id (the
+    /// idempotency key: receivers deduplicate) and x-hookrelay-replay naming this replay.
+    /// Filters combine. An event published to fan out, replayed for one --subscription, goes to
+    /// that subscription alone under the id its fan-out gave it. Times are to the second, at
+    /// the granularity of the broker's stream chunks. Example, an outage from 02:10 to 04:40:
+    ///
+    ///   hookrelay replay --from 2026-12-04T02:10:00Z --to 2026-12-04T04:40:00Z \
+    ///     --tenant acme --only-undelivered --rate 200/s --dry-run
+    Replay(ReplayArgs),
     /// Follow the attempt log.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
@@ -221,6 +233,42 @@ pub struct RedriveArgs {
     /// Pace, e.g. 100/s.
     #[arg(long)]
     pub rate: Option<crate::ops::mover::Rate>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// Accepted at or after: an RFC 3339 time, or a duration ago (2h).
+    #[arg(long, value_parser = parse_when)]
+    pub from: SystemTime,
+    /// Accepted before: an RFC 3339 time, or a duration ago; default: up to now.
+    #[arg(long, value_parser = parse_when)]
+    pub to: Option<SystemTime>,
+    #[arg(long, value_parser = parse_key_word)]
+    pub tenant: Option<String>,
+    /// Only events for this subscription (and events fanned out to it).
+    #[arg(long, value_parser = parse_key_word)]
+    pub subscription: Option<String>,
+    /// Only these event types: an exact type or a wildcard like order.*
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_event_filter)]
+    pub event_type: Option<crate::delivery::subscriptions::EventFilter>,
+    /// Skip events whose every delivery succeeded, by the attempt log's stream.
+    #[arg(long)]
+    pub only_undelivered: bool,
+    /// Pace, e.g. 200/s; default: as fast as the broker confirms.
+    #[arg(long)]
+    pub rate: Option<crate::units::Rate>,
+    /// Count what would be replayed; publish nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_event_filter(s: &str) -> Result<crate::delivery::subscriptions::EventFilter, String> {
+    crate::delivery::subscriptions::EventFilter::parse(s)
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,7 +3,7 @@
 //!
 //! `args` holds the clap definitions, whose doc comments are the help text; each command group
 //! has a file of its own (`api`, `topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
-//! `redrive`, `attempts`, `store`), and `common` what several of them share.
+//! `redrive`, `replay`, `attempts`, `store`), and `common` what several of them share.
 
 mod api;
 mod args;
@@ -11,6 +11,7 @@ mod attempts;
 mod common;
 mod publish;
 mod redrive;
+mod replay;
 mod status;
 mod store;
 mod subscriptions;
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 
 pub use args::{
     ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, LadderArg, PublishArgs,
-    RedriveArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand, TierCommand,
+    RedriveArgs, ReplayArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand, TierCommand,
     TopologyCommand, WorkerArgs,
 };
 
@@ -38,6 +39,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::run(args, &config).await,
         Command::Tier(cmd) => tier::run(cmd, &config).await,
         Command::Redrive(args) => redrive::run(args, &config).await,
+        Command::Replay(args) => replay::run(args, &config).await,
         Command::Attempts(cmd) => attempts::run(cmd, &config).await,
         Command::Store(cmd) => store::run(cmd, &config).await,
         Command::Api(args) => api::run(args, config).await,

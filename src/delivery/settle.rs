@@ -352,6 +352,7 @@ impl Dispatcher {
         };
         AttemptRecord {
             envelope: properties.message_id().as_ref().map(|m| m.to_string()),
+            event: envelope.and_then(|e| e.event_id.clone()),
             tenant: envelope.map(|e| e.tenant.clone()),
             subscription: envelope.and_then(|e| e.subscription.clone()),
             attempt,

@@ -82,6 +82,9 @@ impl OperationalEvent {
 pub struct AttemptRecord {
     /// The envelope id (`message_id`); `null` when the message had none.
     pub envelope: Option<String>,
+    /// For a delivery made by fan-out, the id of the event it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     pub tenant: Option<String>,
     pub subscription: Option<String>,
     /// 1-based; 0 when no HTTP attempt was made (invalid, cancelled, fanned out).

@@ -3,6 +3,7 @@
 //! - [`status`]: `hookrelay status`, the ladder at a glance.
 //! - [`tier`]: holding a tier and releasing it, the incident lever instead of purging.
 //! - [`redrive`]: moving envelopes out of the dead sink with a fresh budget.
+//! - [`replay`]: publishing archived events again, by time range, tenant, subscription, type.
 //! - [`pause`]: resuming a paused subscription, out of its parking queue.
 //! - [`mover`]: the confirmed, paced queue-to-exchange move all three use.
 //! - [`tail`]: following the attempt log.
@@ -13,6 +14,7 @@ pub mod mover;
 pub mod pause;
 pub mod progress;
 pub mod redrive;
+pub mod replay;
 pub mod status;
 pub mod streams;
 pub mod tail;

@@ -3,11 +3,12 @@
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub struct Progress {
     bar: Option<indicatif::ProgressBar>,
-    total: u64,
+    total: AtomicU64,
     noun: &'static str,
     last_line: Mutex<Option<Instant>>,
 }
@@ -15,7 +16,7 @@ pub struct Progress {
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Progress")
-            .field("total", &self.total)
+            .field("total", &self.total.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -35,7 +36,7 @@ impl Progress {
         });
         Self {
             bar,
-            total,
+            total: AtomicU64::new(total),
             noun,
             last_line: Mutex::new(None),
         }
@@ -50,11 +51,20 @@ impl Progress {
             None => {
                 let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
                 let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(2));
-                if due || done >= self.total {
-                    eprintln!("  {done}/{} {}: {message}", self.total, self.noun);
+                let total = self.total.load(Ordering::Relaxed);
+                if due || done >= total {
+                    eprintln!("  {done}/{total} {}: {message}", self.noun);
                     *last = Some(Instant::now());
                 }
             }
+        }
+    }
+
+    /// The total, once it is known (a stream's window, say).
+    pub fn set_total(&self, total: u64) {
+        self.total.store(total, Ordering::Relaxed);
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
         }
     }
 

@@ -14,6 +14,9 @@ pub enum StreamStart {
     First,
     /// The messages published after the reader attached.
     Next,
+    /// The last chunk the stream holds (the messages the broker wrote last, together), then
+    /// what follows.
+    Last,
     /// This offset (or the first kept after it, when retention dropped it).
     Offset(u64),
     /// The first chunk written at or after this time, in seconds since the epoch. Chunks
@@ -27,6 +30,7 @@ impl StreamStart {
         match self {
             StreamStart::First => AMQPValue::LongString("first".into()),
             StreamStart::Next => AMQPValue::LongString("next".into()),
+            StreamStart::Last => AMQPValue::LongString("last".into()),
             StreamStart::Offset(o) => AMQPValue::LongLongInt(o.min(i64::MAX as u64) as i64),
             StreamStart::Timestamp(s) => AMQPValue::Timestamp(s),
         }
