@@ -215,6 +215,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub api: ApiConfig,
+    pub history: HistoryConfig,
 }
 
 impl Default for Config {
@@ -236,6 +237,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             api: ApiConfig::default(),
+            history: HistoryConfig::default(),
         }
     }
 }
@@ -601,6 +603,51 @@ impl Default for ApiConfig {
     }
 }
 
+/// `hookrelay history`: the attempt log and the archive materialized into PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// The PostgreSQL database history is kept in (`postgres://...`); unset: the subscription
+    /// store's, when `subscriptions` is a `postgres://` URL. Migrated by `hookrelay store migrate`.
+    #[serde(serialize_with = "write_optional", deserialize_with = "read_database")]
+    pub database: Option<SecretUrl>,
+    /// Records written per transaction, at most.
+    pub batch: usize,
+    /// How long a batch waits to fill before it is written anyway.
+    #[serde(with = "humantime_serde")]
+    pub flush: Duration,
+    /// Days of history kept; older day partitions are dropped.
+    pub retention_days: u32,
+    /// Where `hookrelay history` serves `/metrics` and `/healthz`; `""` turns it off.
+    #[serde(serialize_with = "write_optional", deserialize_with = "read_listen")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            database: None,
+            batch: 5_000,
+            flush: Duration::from_millis(200),
+            retention_days: 30,
+            listen: Some(SocketAddr::from(([0, 0, 0, 0], 9465))),
+        }
+    }
+}
+
+impl Config {
+    /// The database history is kept in: `history.database`, else the subscription store's.
+    pub fn history_database(&self) -> Option<String> {
+        if let Some(url) = &self.history.database {
+            return Some(url.expose().to_owned());
+        }
+        match crate::store::Source::from_setting(&self.subscriptions) {
+            crate::store::Source::Postgres(url) => Some(url),
+            crate::store::Source::File(_) => None,
+        }
+    }
+}
+
 /// One API token: a secret reference (`env:NAME`, `file:PATH`), never the token itself, and
 /// the tenant it is scoped to (`None`: an admin token).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -747,6 +794,26 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if self.history.batch == 0 || self.history.retention_days == 0 {
+            return Err(ConfigError::invalid(
+                "history.batch/retention_days",
+                "must be at least 1",
+            ));
+        }
+        if self.history.flush.is_zero() {
+            return Err(ConfigError::invalid(
+                "history.flush",
+                "must be longer than zero",
+            ));
+        }
+        if let Some(url) = &self.history.database
+            && !matches!(url.expose_url().scheme(), "postgres" | "postgresql")
+        {
+            return Err(ConfigError::invalid(
+                "history.database",
+                format!("expected a postgres:// URL; found {url}"),
+            ));
+        }
         if self.api.max_body_bytes == 0 {
             return Err(ConfigError::invalid(
                 "api.max_body_bytes",
@@ -890,6 +957,16 @@ fn read_proxy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Secre
         // The text is not repeated: it may hold a password.
         SecretUrl::parse(text).map_err(|e| {
             format!("expected a URL like \"http://proxy.internal:3128\" (or \"\" for none) ({e})")
+        })
+    })
+}
+
+fn read_database<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SecretUrl>, D::Error> {
+    read_optional(deserializer, |text| {
+        SecretUrl::parse(text).map_err(|e| {
+            format!("expected a URL like \"postgres://hookrelay@db/hookrelay\" (or \"\") ({e})")
         })
     })
 }

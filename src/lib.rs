@@ -16,6 +16,8 @@
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, reading the streams, progress.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets.
+//! - [`history`]: the archive and the attempt log materialized into PostgreSQL: `hookrelay
+//!   history`, and the story of an event for `trace` and the API.
 //! - [`api`]: `hookrelay api`, the control plane's HTTP API over the PostgreSQL store.
 //! - [`cli`]: the command line.
 //! - [`units`]: durations, clocks, truncation: a leaf every module may use.
@@ -30,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod contract;
 pub mod delivery;
+pub mod history;
 pub mod observe;
 pub mod ops;
 pub mod store;

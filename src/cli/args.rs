@@ -87,6 +87,24 @@ pub enum Command {
     /// Follow the attempt log.
     #[command(subcommand)]
     Attempts(AttemptsCommand),
+    /// Materialize the archive and the attempt log into PostgreSQL until SIGTERM or SIGINT.
+    ///
+    /// Reads both streams from where it stopped (the offset is stored with each batch, in the
+    /// same transaction) and writes them with COPY into day-partitioned tables, dropping days
+    /// past history.retention_days. Needs history.database, or `subscriptions` as a
+    /// postgres:// URL, migrated by `hookrelay store migrate`. Serves /metrics on
+    /// history.listen (hookrelay_history_lag_seconds: how far behind it is).
+    History(HistoryArgs),
+    /// Print an event's whole story: accepted, each attempt with its status, latency and tier,
+    /// redrives, replays, and the outcome.
+    ///
+    /// Reads the history database (`hookrelay history` fills it). With --since it reads the
+    /// streams themselves over that window instead, without PostgreSQL. Exit code 4 when
+    /// nothing is known of the id.
+    ///
+    ///   hookrelay trace ord_1234_paid
+    ///   hookrelay trace ord_1234_paid --since 6h      # no database: scan the last 6 hours
+    Trace(TraceArgs),
     /// The PostgreSQL subscription store: apply its schema, see its state, make and rotate the
     /// keys that seal its secrets.
     ///
@@ -269,6 +287,31 @@ pub struct ReplayArgs {
 
 fn parse_event_filter(s: &str) -> Result<crate::delivery::subscriptions::EventFilter, String> {
     crate::delivery::subscriptions::EventFilter::parse(s)
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub ladder: LadderArg,
+    /// The event's id, or one delivery's id (a fan-out's `d_...`).
+    pub id: String,
+    /// Scan the archive and attempt-log streams from this time (RFC 3339, or a duration ago
+    /// such as 6h) instead of reading the history database.
+    #[arg(long, value_parser = parse_when)]
+    pub since: Option<SystemTime>,
+    /// Print the story as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Wait up to this long (e.g. 10s) for history to hold the id, for scripts that trace what
+    /// they just published.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,12 +3,13 @@
 //!
 //! `args` holds the clap definitions, whose doc comments are the help text; each command group
 //! has a file of its own (`api`, `topology`, `publish`, `worker`, `subscriptions`, `status`, `tier`,
-//! `redrive`, `replay`, `attempts`, `store`), and `common` what several of them share.
+//! `redrive`, `replay`, `attempts`, `history` with `trace`, `store`), and `common` what several of them share.
 
 mod api;
 mod args;
 mod attempts;
 mod common;
+mod history;
 mod publish;
 mod redrive;
 mod replay;
@@ -22,9 +23,9 @@ mod worker;
 use std::process::ExitCode;
 
 pub use args::{
-    ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, LadderArg, PublishArgs,
-    RedriveArgs, ReplayArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand, TierCommand,
-    TopologyCommand, WorkerArgs,
+    ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, HistoryArgs, LadderArg,
+    PublishArgs, RedriveArgs, ReplayArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand,
+    TierCommand, TopologyCommand, TraceArgs, WorkerArgs,
 };
 
 use crate::config::Config;
@@ -41,6 +42,8 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Redrive(args) => redrive::run(args, &config).await,
         Command::Replay(args) => replay::run(args, &config).await,
         Command::Attempts(cmd) => attempts::run(cmd, &config).await,
+        Command::History(args) => history::run(args, config).await,
+        Command::Trace(args) => history::trace(args, &config).await,
         Command::Store(cmd) => store::run(cmd, &config).await,
         Command::Api(args) => api::run(args, config).await,
     }

@@ -101,8 +101,18 @@ pub struct AttemptRecord {
     pub tier: Option<String>,
     /// The lane (queue) the delivery came from.
     pub lane: String,
+    /// How many times the envelope had been redriven out of the dead sink.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redrives: u32,
+    /// The replay (`rpl_<hex>`) that published this copy, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<String>,
     /// RFC 3339, UTC.
     pub at: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl AttemptRecord {

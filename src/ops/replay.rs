@@ -7,7 +7,7 @@
 //! archive keeps too, are never read back by the same replay.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -18,26 +18,22 @@ use serde::Serialize;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::contract::envelope::derived_id;
 use crate::contract::headers::{
-    EVENT_ID_HEADER, SUBSCRIPTION_HEADER, fanout_properties, header_str,
+    EVENT_ID_HEADER, REDRIVES_HEADER, SUBSCRIPTION_HEADER, fanout_properties, header_str,
+    read_u64_header,
 };
 use crate::contract::ladder::Ladder;
 use crate::contract::retention::StreamKind;
 use crate::delivery::subscriptions::EventFilter;
 use crate::observe::events::AttemptRecord;
 use crate::ops::progress::Progress;
-use crate::ops::streams::{StreamReader, StreamStart};
+use crate::ops::streams::{StreamReadError, end_of, read_window};
 use crate::units::Rate;
 
 /// Marks a replayed copy with the replay it came from (`rpl_<hex>`), for history and trace.
 pub const REPLAY_HEADER: &str = "x-hookrelay-replay";
 
-/// How long the end of a stream is looked for: a reader attached at the last chunk gets what
-/// it holds at once; this much quiet means there is no more.
-const QUIET: Duration = Duration::from_millis(500);
 /// Replayed publishes awaiting their confirm at once.
 const WINDOW: usize = 256;
-/// Stream messages in flight to a reader.
-const PREFETCH: u16 = 500;
 
 /// Which archived events a replay takes.
 #[derive(Debug, Clone, Default)]
@@ -83,11 +79,8 @@ pub enum ReplayError {
         "--only-undelivered needs the attempt log's stream ([attempts] enabled = false in the ladder)"
     )]
     NoAttemptLog,
-    #[error("reading {stream}: {source}")]
-    Read {
-        stream: String,
-        source: lapin::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] StreamReadError),
     #[error("publishing a replayed event: {0}")]
     Publish(#[from] PublishError),
 }
@@ -186,6 +179,11 @@ pub fn decide(
     {
         return Decision::Skip;
     }
+    // Nor is a redrive's copy: the archive keeps it as the ingress took it, but the producer's
+    // own publish is the event.
+    if read_u64_header(properties, REDRIVES_HEADER).is_some() {
+        return Decision::Skip;
+    }
     let subscription = header_str(headers, SUBSCRIPTION_HEADER).ok().flatten();
     let (properties, id, fans_out) = match (&filter.subscription, subscription) {
         (Some(wanted), Some(own)) if wanted != own => return Decision::Skip,
@@ -214,94 +212,6 @@ pub fn decide(
 type ConfirmWait =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PublishError>> + Send>>;
 
-fn seconds(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// The first offset not to read in `stream`: the first at or after `to`, else one past the
-/// last message the stream holds now. `None` when the stream holds nothing.
-async fn end_of(
-    conn: &lapin::Connection,
-    stream: &str,
-    to: Option<SystemTime>,
-) -> Result<Option<u64>, ReplayError> {
-    let read = |source| ReplayError::Read {
-        stream: stream.to_owned(),
-        source,
-    };
-    if let Some(to) = to {
-        let mut reader = StreamReader::open(conn, stream, StreamStart::Timestamp(seconds(to)), 1)
-            .await
-            .map_err(read)?;
-        let first = tokio::time::timeout(QUIET, reader.next()).await;
-        reader.close().await;
-        if let Ok(Some(Ok(m))) = first
-            && let Some(offset) = m.offset
-        {
-            return Ok(Some(offset));
-        }
-    }
-    // The last chunk: read it to its end.
-    let mut reader = StreamReader::open(conn, stream, StreamStart::Last, PREFETCH)
-        .await
-        .map_err(read)?;
-    let mut last = None;
-    while let Ok(Some(next)) = tokio::time::timeout(QUIET, reader.next()).await {
-        let m = next.map_err(read)?;
-        last = last.max(m.offset);
-    }
-    reader.close().await;
-    Ok(last.map(|l| l + 1))
-}
-
-/// Reads `stream` from `from` up to (not including) offset `end`, calling `each` with every
-/// message.
-async fn read_window(
-    conn: &lapin::Connection,
-    stream: &str,
-    from: SystemTime,
-    end: u64,
-    progress: Option<&Progress>,
-    mut each: impl AsyncFnMut(lapin::message::Delivery) -> Result<(), ReplayError>,
-) -> Result<(), ReplayError> {
-    let read = |source| ReplayError::Read {
-        stream: stream.to_owned(),
-        source,
-    };
-    let mut reader = StreamReader::open(
-        conn,
-        stream,
-        StreamStart::Timestamp(seconds(from)),
-        PREFETCH,
-    )
-    .await
-    .map_err(read)?;
-    let mut first = None;
-    let result = async {
-        while let Some(next) = reader.next().await {
-            let m = next.map_err(read)?;
-            let Some(offset) = m.offset else { continue };
-            if offset >= end {
-                break;
-            }
-            if let Some(p) = progress
-                && first.is_none()
-            {
-                p.set_total(end - offset);
-            }
-            first.get_or_insert(offset);
-            each(m.delivery).await?;
-            if offset + 1 >= end {
-                break;
-            }
-        }
-        Ok(())
-    }
-    .await;
-    reader.close().await;
-    result
-}
-
 /// The attempt log's view of what was delivered, from `from` to the log's end now.
 async fn delivered_since(
     conn: &lapin::Connection,
@@ -313,7 +223,7 @@ async fn delivered_since(
     let Some(end) = end_of(conn, &stream, None).await? else {
         return Ok(index);
     };
-    read_window(conn, &stream, from, end, None, async |d| {
+    read_window::<ReplayError>(conn, &stream, from, end, None, async |d| {
         if let Ok(record) = serde_json::from_slice::<AttemptRecord>(&d.data) {
             index.add(&record);
         }
@@ -359,7 +269,7 @@ pub async fn replay(
     });
     let mut confirms: FuturesUnordered<ConfirmWait> = FuturesUnordered::new();
     let report_ref = &mut report;
-    read_window(conn, &archive, options.from, end, progress, async |d| {
+    read_window::<ReplayError>(conn, &archive, options.from, end, progress, async |d| {
         report_ref.read += 1;
         match decide(
             d.routing_key.as_str(),
@@ -426,6 +336,7 @@ pub fn replay_of(properties: &BasicProperties) -> Option<&str> {
 mod tests {
     use super::*;
     use crate::contract::envelope::NewEvent;
+    use crate::contract::headers::redrive_properties;
 
     fn archived(id: &str, tenant: &str, subscription: Option<&str>) -> BasicProperties {
         NewEvent {
@@ -452,6 +363,8 @@ mod tests {
             outcome: outcome.into(),
             tier: None,
             lane: "lane".into(),
+            redrives: 0,
+            replay: None,
             at: String::new(),
         }
     }
@@ -494,6 +407,11 @@ mod tests {
             ..ReplayFilter::default()
         };
         assert_eq!(decide("acme", &p, &sub_b, None, "r"), Decision::Skip);
+        // A redrive's copy in the archive is not the producer's event.
+        assert_eq!(
+            decide("acme", &redrive_properties(&p), &all, None, "r"),
+            Decision::Skip
+        );
     }
 
     #[test]

@@ -2,10 +2,31 @@
 //! trace and history build on. A stream keeps what it holds whoever reads it; a reader names
 //! where to start and acknowledges what it read (the broker's credit for the next ones).
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
+
+use crate::ops::progress::Progress;
+
+/// How long the end of a stream is looked for: a reader attached at the last chunk gets what
+/// it holds at once; this much quiet means there is no more.
+const QUIET: Duration = Duration::from_millis(500);
+/// How long a reader of a window waits for its next message before it takes the window to be
+/// read: longer than [`QUIET`], as a window may be long and the broker busy.
+const WINDOW_QUIET: Duration = Duration::from_secs(5);
+/// Stream messages in flight to a window's reader.
+const PREFETCH: u16 = 500;
+
+/// A stream could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {stream}: {source}")]
+pub struct StreamReadError {
+    pub stream: String,
+    pub source: lapin::Error,
+}
 
 /// Where a reader starts in a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,4 +125,97 @@ pub fn offset_of(delivery: &Delivery) -> Option<u64> {
         AMQPValue::Timestamp(n) => Some(*n),
         _ => None,
     }
+}
+
+fn seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The first offset not to read in `stream`: the first at or after `to`, else one past the
+/// last message the stream holds now. `None` when the stream holds nothing.
+pub async fn end_of(
+    conn: &lapin::Connection,
+    stream: &str,
+    to: Option<SystemTime>,
+) -> Result<Option<u64>, StreamReadError> {
+    let read = |source| StreamReadError {
+        stream: stream.to_owned(),
+        source,
+    };
+    if let Some(to) = to {
+        let mut reader = StreamReader::open(conn, stream, StreamStart::Timestamp(seconds(to)), 1)
+            .await
+            .map_err(read)?;
+        let first = tokio::time::timeout(QUIET, reader.next()).await;
+        reader.close().await;
+        if let Ok(Some(Ok(m))) = first
+            && let Some(offset) = m.offset
+        {
+            return Ok(Some(offset));
+        }
+    }
+    // The last chunk: read it to its end.
+    let mut reader = StreamReader::open(conn, stream, StreamStart::Last, PREFETCH)
+        .await
+        .map_err(read)?;
+    let mut last = None;
+    while let Ok(Some(next)) = tokio::time::timeout(QUIET, reader.next()).await {
+        let m = next.map_err(read)?;
+        last = last.max(m.offset);
+    }
+    reader.close().await;
+    Ok(last.map(|l| l + 1))
+}
+
+/// Reads `stream` from `from` up to (not including) offset `end`, calling `each` with every
+/// message; `progress` learns the window's size once its first offset is known.
+pub async fn read_window<E>(
+    conn: &lapin::Connection,
+    stream: &str,
+    from: SystemTime,
+    end: u64,
+    progress: Option<&Progress>,
+    mut each: impl AsyncFnMut(lapin::message::Delivery) -> Result<(), E>,
+) -> Result<(), E>
+where
+    E: From<StreamReadError>,
+{
+    let read = |source| StreamReadError {
+        stream: stream.to_owned(),
+        source,
+    };
+    let mut reader = StreamReader::open(
+        conn,
+        stream,
+        StreamStart::Timestamp(seconds(from)),
+        PREFETCH,
+    )
+    .await
+    .map_err(read)?;
+    let mut first = None;
+    let result = async {
+        // Every message before `end` is in the stream already: a quiet reader means the window
+        // holds no more (or nothing at all, when `from` is after its last message).
+        while let Ok(Some(next)) = tokio::time::timeout(WINDOW_QUIET, reader.next()).await {
+            let m = next.map_err(read)?;
+            let Some(offset) = m.offset else { continue };
+            if offset >= end {
+                break;
+            }
+            if let Some(p) = progress
+                && first.is_none()
+            {
+                p.set_total(end - offset);
+            }
+            first.get_or_insert(offset);
+            each(m.delivery).await?;
+            if offset + 1 >= end {
+                break;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    reader.close().await;
+    result
 }
