@@ -100,6 +100,19 @@ pub fn shorten(text: &str, max: usize) -> String {
     format!("{}... ({} bytes)", cut(text, max), text.len())
 }
 
+/// A time given as RFC 3339 (`2026-12-01T10:00:00Z`) or as a duration ago (`2h`).
+pub fn parse_when(s: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t);
+    }
+    let ago = humantime::parse_duration(s).map_err(|_| {
+        format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")
+    })?;
+    SystemTime::now()
+        .checked_sub(ago)
+        .ok_or_else(|| format!("{s:?} ago is before the epoch"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

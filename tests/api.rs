@@ -125,6 +125,7 @@ impl Api {
             ),
             max_body,
             broker,
+            history: Some(db.store.pool().clone()),
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1102,6 +1103,243 @@ async fn a_test_event_goes_through_the_ingress_to_its_subscription() {
     api.call(Method::POST, "/v1/subscriptions/sub_t/test", ACME, None)
         .await
         .problem(409);
+    api.stop().await;
+}
+
+/// History rows as `hookrelay history` writes them, for the read routes.
+async fn put_history(api: &Api) {
+    let pool = api.db.store.pool();
+    let today = hookrelay::history::rows::day_of(SystemTime::now());
+    for table in ["history_events", "history_attempts"] {
+        sqlx::query(&hookrelay::history::rows::create_partition(table, today))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO history_events (id, tenant, event_type, accepted_at, stream_offset) VALUES \
+         ('evt_a', 'acme', 'order.paid', now() - interval '10 s', 0), \
+         ('evt_g', 'globex', 'order.paid', now() - interval '10 s', 1)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_attempts (envelope, tenant, subscription, attempt, status, outcome, \
+         tier, lane, at, stream_offset) VALUES \
+         ('evt_a', 'acme', 'sub_a', 1, 503, 'retried', 'retry-1s', 'l', now() - interval '9 s', 0), \
+         ('evt_a', 'acme', 'sub_a', 2, 503, 'retried', 'retry-2s', 'l', now() - interval '8 s', 1), \
+         ('evt_a', 'acme', 'sub_a', 3, 204, 'delivered', NULL, 'l', now() - interval '6 s', 2), \
+         ('evt_g', 'globex', 'sub_g', 1, 204, 'delivered', NULL, 'l', now() - interval '9 s', 3)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
+    let t = TestLadder::apply("api-history", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ACME, acme_sub("sub_a")).await;
+    api.create(
+        GLOBEX,
+        json!({ "id": "sub_g", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+    put_history(&api).await;
+
+    // An event's story: its tenant and an admin see it; another tenant does not.
+    for token in [ACME, ADMIN] {
+        let story = api.call(Method::GET, "/v1/events/evt_a", token, None).await;
+        assert_eq!(story.status, StatusCode::OK, "{}", story.body);
+        assert_eq!(story.body["accepted"].as_array().unwrap().len(), 1);
+        let steps: Vec<(i64, &str)> = story.body["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["attempt"].as_i64().unwrap(),
+                    a["outcome"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(steps, [(1, "retried"), (2, "retried"), (3, "delivered")]);
+        assert_eq!(story.body["outcomes"][0]["outcome"], "delivered");
+    }
+    api.call(Method::GET, "/v1/events/evt_a", GLOBEX, None)
+        .await
+        .problem(404);
+    api.call(Method::GET, "/v1/events/evt_none", ADMIN, None)
+        .await
+        .problem(404);
+
+    // Attempts, a page at a time, filtered.
+    let mut seen = Vec::new();
+    let mut path = "/v1/subscriptions/sub_a/attempts?limit=2".to_owned();
+    loop {
+        let page = api.call(Method::GET, &path, ACME, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        for a in page.body["data"].as_array().unwrap() {
+            seen.push(a["attempt"].as_i64().unwrap());
+        }
+        match page.body["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/subscriptions/sub_a/attempts?limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [1, 2, 3]);
+    let delivered = api
+        .call(
+            Method::GET,
+            "/v1/subscriptions/sub_a/attempts?outcome=delivered&since=1h",
+            ACME,
+            None,
+        )
+        .await;
+    assert_eq!(
+        delivered.body["data"].as_array().unwrap().len(),
+        1,
+        "{}",
+        delivered.body
+    );
+    let later = api
+        .call(
+            Method::GET,
+            "/v1/subscriptions/sub_a/attempts?since=7s",
+            ACME,
+            None,
+        )
+        .await;
+    assert_eq!(
+        later.body["data"].as_array().unwrap().len(),
+        1,
+        "{}",
+        later.body
+    );
+    api.call(
+        Method::GET,
+        "/v1/subscriptions/sub_a/attempts",
+        GLOBEX,
+        None,
+    )
+    .await
+    .problem(404);
+    let bad = api
+        .call(
+            Method::GET,
+            "/v1/subscriptions/sub_a/attempts?cursor=xyz&limit=0&since=soon",
+            ACME,
+            None,
+        )
+        .await;
+    bad.problem(422);
+    let mut fields = bad.fields();
+    fields.sort();
+    assert_eq!(fields, ["cursor", "limit", "since"]);
+
+    // Replays: three of acme's events and two of globex's in the archive.
+    for (id, tenant, sub) in [
+        ("evt_r1", "acme", "sub_a"),
+        ("evt_r2", "acme", "sub_a"),
+        ("evt_r3", "acme", "sub_a"),
+        ("evt_r4", "globex", "sub_g"),
+        ("evt_r5", "globex", "sub_g"),
+    ] {
+        t.publish(&common::event(id, tenant, sub)).await;
+    }
+    let lane = t.ladder.first_lane();
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 5 }).await);
+    api.call(
+        Method::POST,
+        "/v1/replays",
+        GLOBEX,
+        Some(json!({ "from": "1h", "tenant": "acme" })),
+    )
+    .await
+    .problem(404);
+    api.call(
+        Method::POST,
+        "/v1/replays",
+        GLOBEX,
+        Some(json!({ "from": "1h", "subscription": "sub_a" })),
+    )
+    .await
+    .problem(404);
+    let invalid = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ACME,
+            Some(json!({ "from": "later", "rate": "fast", "type": "order.*.x" })),
+        )
+        .await;
+    invalid.problem(422);
+    let mut fields = invalid.fields();
+    fields.sort();
+    assert_eq!(fields, ["from", "rate", "type"]);
+
+    let started = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ACME,
+            Some(json!({ "from": "1h" })),
+        )
+        .await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.body);
+    assert_eq!(started.body["tenant"], "acme", "a tenant replays its own");
+    let id = started.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        started.location.as_deref(),
+        Some(format!("/v1/replays/{id}").as_str())
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let job = loop {
+        let job = api
+            .call(Method::GET, &format!("/v1/replays/{id}"), ACME, None)
+            .await
+            .body;
+        if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(job["state"], "finished", "{job}");
+    assert_eq!(job["matched"], 3, "{job}");
+    assert_eq!(job["published"], 3, "{job}");
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 8 }).await);
+    api.call(Method::GET, &format!("/v1/replays/{id}"), GLOBEX, None)
+        .await
+        .problem(404);
+    let admin = api
+        .call(Method::GET, &format!("/v1/replays/{id}"), ADMIN, None)
+        .await;
+    assert_eq!(admin.status, StatusCode::OK);
+
+    // At most four at once: paced to one event a second, four are running when a fifth comes.
+    let mut running = Vec::new();
+    for _ in 0..4 {
+        let r = api
+            .call(
+                Method::POST,
+                "/v1/replays",
+                ADMIN,
+                Some(json!({ "from": "1h", "rate": "1/s", "dry_run": false, "tenant": "globex" })),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.body);
+        running.push(r.body["id"].as_str().unwrap().to_owned());
+    }
+    api.call(
+        Method::POST,
+        "/v1/replays",
+        ADMIN,
+        Some(json!({ "from": "1h", "dry_run": true })),
+    )
+    .await
+    .problem(409);
     api.stop().await;
 }
 

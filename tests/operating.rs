@@ -651,7 +651,8 @@ async fn the_attempt_log_records_every_outcome() {
 fn the_alert_rules_parse_and_name_only_real_metrics() {
     let text = include_str!("../monitoring/alerts.yml");
     let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
-    let known = hookrelay::observe::metrics::metric_names();
+    let mut known = hookrelay::observe::metrics::metric_names();
+    known.extend(hookrelay::history::HistoryMetrics::new().names());
     let mut alerts = Vec::new();
     let mut stalled_tiers = Vec::new();
     for group in rules["groups"].as_sequence().unwrap() {
@@ -683,6 +684,7 @@ fn the_alert_rules_parse_and_name_only_real_metrics() {
         "HookrelayReadyLaneBehind",
         "HookrelayTierStalled",
         "HookrelayDeadSinkGrowing",
+        "HookrelayHistoryBehind",
     ] {
         assert!(alerts.iter().any(|a| a == must), "{must} missing");
     }

@@ -314,3 +314,43 @@ async fn replay_publishes_what_an_outage_left_undelivered_with_the_original_ids(
     assert_eq!(again["delivered_already"], 15, "{again}");
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn a_stream_reader_raced_against_timeouts_loses_no_message() {
+    const N: usize = 300;
+    let t = TestLadder::apply("streams_cancel", &["300ms"], &["300ms"]).await;
+    let publisher = t.publisher().await;
+    let exchange = t.ladder.attempts_exchange();
+    let mut confirms = Vec::new();
+    for i in 0..N {
+        confirms.push(
+            publisher
+                .send(
+                    &exchange,
+                    "delivered.acme",
+                    format!("{i}").as_bytes(),
+                    lapin::BasicProperties::default(),
+                    true,
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    futures_util::future::try_join_all(confirms).await.unwrap();
+    let stream = t.ladder.stream(StreamKind::Attempts);
+    let mut reader = StreamReader::open(&t.conn, &stream, StreamStart::First, 50)
+        .await
+        .unwrap();
+    let mut offsets = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    // Timeouts short enough to land between taking a message and handing it over.
+    while offsets.len() < N && tokio::time::Instant::now() < deadline {
+        if let Ok(Some(Ok(m))) =
+            tokio::time::timeout(Duration::from_micros(20), reader.next()).await
+        {
+            offsets.push(m.offset.unwrap());
+        }
+    }
+    reader.close().await;
+    assert_eq!(offsets, (0..N as u64).collect::<Vec<_>>());
+}

@@ -8,13 +8,17 @@
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
 //! - [`repo`]: its SQL.
-//! - [`subscriptions`]: the handlers.
+//! - [`subscriptions`]: the handlers of subscriptions.
+//! - [`history`]: an event's story and a subscription's attempts, from the history database.
+//! - [`replays`]: replays of archived events, run as jobs of the API process.
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
 
 pub mod auth;
+pub mod history;
 pub mod model;
 pub mod openapi;
 pub mod problem;
+pub mod replays;
 pub mod repo;
 pub mod subscriptions;
 pub mod validate;
@@ -33,6 +37,7 @@ use base64::engine::general_purpose::STANDARD;
 use lapin::{Connection, ConnectionProperties};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
@@ -71,9 +76,12 @@ pub struct ApiSetup {
     pub egress: Egress,
     /// `api.max_body_bytes`.
     pub max_body: usize,
-    /// `None`: test events are answered 503, and resumes leave parked deliveries to
-    /// `hookrelay subscriptions resume`.
+    /// `None`: test events and replays are answered 503, and resumes leave parked deliveries
+    /// to `hookrelay subscriptions resume`.
     pub broker: Option<BrokerSetup>,
+    /// The history database (`history.database`, else the store's); `None`: the history
+    /// routes are answered 503.
+    pub history: Option<PgPool>,
 }
 
 /// The handlers' shared state.
@@ -87,10 +95,14 @@ pub struct Shared {
     pub egress: Egress,
     pub max_body: usize,
     broker: Option<BrokerSetup>,
+    history: Option<PgPool>,
+    replays: replays::SharedJobs,
     /// Connected at the first test event or resume, so the API serves without a broker.
     publisher: OnceCell<Arc<Publisher>>,
-    /// Resumes returning parked deliveries; waited for at shutdown.
+    /// Resumes returning parked deliveries, and replays; waited for at shutdown.
     background: TaskTracker,
+    /// Cancelled at shutdown: replays stop where they are.
+    stop: CancellationToken,
 }
 
 impl Deref for ApiState {
@@ -233,8 +245,11 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         egress: setup.egress,
         max_body: setup.max_body,
         broker: setup.broker,
+        history: setup.history,
+        replays: Default::default(),
         publisher: OnceCell::new(),
         background: TaskTracker::new(),
+        stop: CancellationToken::new(),
     }));
     use subscriptions as s;
     let guarded = Router::new()
@@ -247,6 +262,10 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/subscriptions/{id}/resume", post(s::resume))
         .route("/v1/subscriptions/{id}/secrets/rotate", post(s::rotate))
         .route("/v1/subscriptions/{id}/test", post(s::send_test))
+        .route("/v1/subscriptions/{id}/attempts", get(history::attempts))
+        .route("/v1/events/{id}", get(history::event))
+        .route("/v1/replays", post(replays::create))
+        .route("/v1/replays/{id}", get(replays::read))
         .route_layer(from_fn_with_state(setup.tokens, auth::require_token));
     let app = guarded
         .route("/v1/openapi.json", get(openapi::serve))
@@ -274,6 +293,7 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
+    state.stop.cancel();
     state.background.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, state.background.wait())
         .await

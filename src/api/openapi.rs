@@ -7,8 +7,10 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::history;
 use super::model;
 use super::problem;
+use super::replays;
 use super::subscriptions;
 
 #[derive(OpenApi)]
@@ -19,7 +21,7 @@ use super::subscriptions;
                        followed by every worker. Errors are RFC 9457 problem details. Every \
                        route but this document needs `Authorization: Bearer <token>`: an admin \
                        token, or a tenant's, which sees and changes only that tenant's \
-                       subscriptions (another tenant's id is answered 404).",
+                       subscriptions, history and replays (another tenant's id is answered 404).",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -32,6 +34,10 @@ use super::subscriptions;
         subscriptions::resume,
         subscriptions::rotate,
         subscriptions::send_test,
+        history::event,
+        history::attempts,
+        replays::create,
+        replays::read,
     ),
     components(schemas(
         model::CreateSubscription,
@@ -46,12 +52,23 @@ use super::subscriptions;
         model::Resumed,
         model::SendTestEvent,
         model::TestEventSent,
+        history::AttemptPage,
+        crate::history::trace::Story,
+        crate::history::trace::Accepted,
+        crate::history::trace::Attempt,
+        crate::history::trace::Outcome,
+        replays::CreateReplay,
+        replays::ReplayJob,
         problem::Problem,
         problem::FieldError,
     )),
     modifiers(&Bearer),
     security(("bearer" = [])),
-    tags((name = "subscriptions", description = "Who receives which events, where, signed with what")),
+    tags(
+        (name = "subscriptions", description = "Who receives which events, where, signed with what"),
+        (name = "history", description = "What happened to an event, and a subscription's attempts (filled by `hookrelay history`)"),
+        (name = "replays", description = "Archived events published again by the time they were accepted"),
+    ),
 )]
 struct ApiDoc;
 

@@ -93,6 +93,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("no such subscription")]
     NotFound,
+    #[error("no such {0}")]
+    Absent(&'static str),
     #[error("no such route")]
     NoRoute,
     #[error("method not allowed")]
@@ -156,6 +158,7 @@ impl ApiError {
                 Problem::new(S::BAD_REQUEST, "bad-request", "Bad request", detail)
             }
             ApiError::NotFound => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
+            ApiError::Absent(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             ApiError::NoRoute => Problem::new(S::NOT_FOUND, "no-route", "Not found", detail),
             ApiError::MethodNotAllowed => Problem::new(
                 S::METHOD_NOT_ALLOWED,

@@ -37,7 +37,7 @@ const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 /// A JSON request body, or the problem with it. An empty body is `T::default()` when `empty`
 /// allows one (the bodies of pause, resume, rotate and test are all optional).
-fn json<T: DeserializeOwned>(
+pub(super) fn json<T: DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     empty: Option<T>,
     max: usize,

@@ -40,6 +40,15 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
     let ladder = load_ladder(&args.ladder, &config)?;
     let store = PgStore::connect(&url, config.store.connect_timeout).await?;
     store.check_schema().await?;
+    // History in the store's database unless history.database names another.
+    let history = match config.history_database() {
+        Some(h) if h != url => {
+            let db = PgStore::connect(&h, config.store.connect_timeout).await?;
+            db.check_schema().await?;
+            db.pool().clone()
+        }
+        _ => store.pool().clone(),
+    };
     let listen = args.listen.unwrap_or(config.api.listen);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -61,6 +70,7 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
             max_event_bytes: config.limits.max_body_bytes,
             resume_wait: config.api.resume_wait,
         }),
+        history: Some(history),
     };
     tracing::info!(store = %store.shown(), "Starting the API");
     let (app, state) = crate::api::router(setup);

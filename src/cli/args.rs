@@ -350,13 +350,7 @@ fn parse_key_word(s: &str) -> Result<String, String> {
 
 /// An RFC 3339 time, or a duration meaning that long ago.
 fn parse_when(s: &str) -> Result<SystemTime, String> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
-        return Ok(t);
-    }
-    let ago = humantime::parse_duration(s).map_err(|_| {
-        format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")
-    })?;
-    Ok(SystemTime::now() - ago)
+    crate::units::parse_when(s)
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,6 +15,7 @@ pub(super) async fn run(args: ReplayArgs, config: &Config) -> anyhow::Result<Exi
         anyhow::bail!("--to must be after --from");
     }
     let options = ReplayOptions {
+        id: None,
         from: args.from,
         to: args.to,
         filter: ReplayFilter {
@@ -31,7 +32,8 @@ pub(super) async fn run(args: ReplayArgs, config: &Config) -> anyhow::Result<Exi
     // Counts archived events read; the window's size is set once its first offset is known.
     let progress = crate::ops::progress::Progress::new(0, "archived events read");
     let report =
-        crate::ops::replay::replay(&conn, &publisher, &ladder, &options, Some(&progress)).await;
+        crate::ops::replay::replay(&conn, &publisher, &ladder, &options, Some(&progress), None)
+            .await;
     progress.finish();
     publisher.close().await;
     let _ = conn.close(200, "done".into()).await;

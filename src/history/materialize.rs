@@ -164,6 +164,25 @@ impl HistoryMetrics {
     }
 }
 
+impl HistoryMetrics {
+    /// Every metric's name, for checking alert rules against.
+    pub fn names(&self) -> Vec<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 6] = [
+            &self.records,
+            &self.skipped,
+            &self.batches,
+            &self.offset,
+            &self.lag,
+            &self.delay,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
+            .collect()
+    }
+}
+
 impl Default for HistoryMetrics {
     fn default() -> Self {
         Self::new()

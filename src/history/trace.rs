@@ -51,8 +51,15 @@ pub struct Story {
     pub id: String,
     pub accepted: Vec<Accepted>,
     pub attempts: Vec<Attempt>,
-    /// Each delivery's latest outcome: `[envelope id, outcome]`, in the order first seen.
-    pub outcomes: Vec<(String, String)>,
+    /// Each delivery's latest outcome, in the order the deliveries were first seen.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// A delivery's latest outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Outcome {
+    pub envelope: String,
+    pub outcome: String,
 }
 
 const TIME: &str = r#"to_char(TIMEZONE('UTC', {col}), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#;
@@ -147,15 +154,18 @@ pub async fn story(
 }
 
 /// Each delivery's latest outcome, in the order the deliveries were first seen (pure).
-pub fn outcomes(attempts: &[Attempt]) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
+pub fn outcomes(attempts: &[Attempt]) -> Vec<Outcome> {
+    let mut out: Vec<Outcome> = Vec::new();
     for a in attempts {
         let Some(envelope) = &a.envelope else {
             continue;
         };
-        match out.iter_mut().find(|(e, _)| e == envelope) {
-            Some(entry) => entry.1 = a.outcome.clone(),
-            None => out.push((envelope.clone(), a.outcome.clone())),
+        match out.iter_mut().find(|o| o.envelope == *envelope) {
+            Some(entry) => entry.outcome = a.outcome.clone(),
+            None => out.push(Outcome {
+                envelope: envelope.clone(),
+                outcome: a.outcome.clone(),
+            }),
         }
     }
     out
@@ -237,6 +247,22 @@ pub async fn attempts_of(
         });
     }
     Ok((page, if more { last } else { None }))
+}
+
+/// Whether history holds any attempt of `subscription` (of `tenant`'s, when given).
+pub async fn has_attempts(
+    pool: &PgPool,
+    subscription: &str,
+    tenant: Option<&str>,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM history_attempts WHERE subscription = $1 \
+         AND ($2::text IS NULL OR tenant = $2))",
+    )
+    .bind(subscription)
+    .bind(tenant)
+    .fetch_one(pool)
+    .await
 }
 
 /// The story in words, a line per step (pure): what `hookrelay trace` prints.
@@ -324,10 +350,10 @@ pub fn render(story: &Story) -> String {
     }
     match story.outcomes.as_slice() {
         [] => out.push_str("  outcome: no delivery recorded yet\n"),
-        [(_, outcome)] => out.push_str(&format!("  outcome: {outcome}\n")),
+        [one] => out.push_str(&format!("  outcome: {}\n", one.outcome)),
         many => {
-            for (envelope, outcome) in many {
-                out.push_str(&format!("  outcome of {envelope}: {outcome}\n"));
+            for o in many {
+                out.push_str(&format!("  outcome of {}: {}\n", o.envelope, o.outcome));
             }
         }
     }

@@ -45,6 +45,8 @@ pub struct ReplayFilter {
 
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
+    /// The replay's id (`rpl_<hex>`); `None`: a new one.
+    pub id: Option<String>,
     pub from: SystemTime,
     /// Accepted before this; `None`: up to the archive's end when the replay starts.
     pub to: Option<SystemTime>,
@@ -233,14 +235,24 @@ async fn delivered_since(
     Ok(index)
 }
 
+/// A new replay id.
+pub fn new_id() -> String {
+    format!("rpl_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+/// How often (in archived events read) a watcher is told the report so far.
+const WATCH_EVERY: u64 = 200;
+
 /// Runs a replay: reads the archive's window and publishes what it selects to the ingress,
-/// confirmed, at most `rate` per second.
+/// confirmed, at most `rate` per second. `progress` draws it; `watch` is sent the report as it
+/// grows (for the API's replay jobs).
 pub async fn replay(
     conn: &lapin::Connection,
     publisher: &Publisher,
     ladder: &Ladder,
     options: &ReplayOptions,
     progress: Option<&Progress>,
+    watch: Option<&tokio::sync::watch::Sender<ReplayReport>>,
 ) -> Result<ReplayReport, ReplayError> {
     if ladder.archive.is_none() {
         return Err(ReplayError::NoArchive);
@@ -249,7 +261,7 @@ pub async fn replay(
         return Err(ReplayError::NoAttemptLog);
     }
     let mut report = ReplayReport {
-        id: format!("rpl_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
+        id: options.id.clone().unwrap_or_else(new_id),
         ..ReplayReport::default()
     };
     let archive = ladder.stream(StreamKind::Archive);
@@ -307,6 +319,11 @@ pub async fn replay(
                 report_ref.published += 1;
             }
         }
+        if let Some(w) = watch
+            && report_ref.read.is_multiple_of(WATCH_EVERY)
+        {
+            w.send_replace(report_ref.clone());
+        }
         if let Some(p) = progress {
             p.set(
                 report_ref.read,
@@ -321,6 +338,9 @@ pub async fn replay(
     .await?;
     while let Some(outcome) = confirms.next().await {
         outcome?;
+    }
+    if let Some(w) = watch {
+        w.send_replace(report.clone());
     }
     Ok(report)
 }

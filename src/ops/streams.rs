@@ -97,15 +97,22 @@ impl StreamReader {
 
     /// The next message, acknowledged (a stream keeps it anyway), or `None` when the reader
     /// was cancelled (the stream deleted, the connection lost).
+    ///
+    /// Cancel-safe, so it can be raced against a timeout: a message is either returned or left
+    /// with the consumer. The acknowledgement (for a stream, only credit for the next messages)
+    /// is sent by a task of its own rather than awaited here, where a timeout could drop the
+    /// message between taking it and returning it.
     pub async fn next(&mut self) -> Option<Result<StreamMessage, lapin::Error>> {
         let delivery = match self.consumer.next().await? {
             Ok(d) => d,
             Err(e) => return Some(Err(e)),
         };
         let offset = offset_of(&delivery);
-        if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
-            return Some(Err(e));
-        }
+        let acker = delivery.acker.clone();
+        tokio::spawn(async move {
+            // A failed ack means the channel is gone; the consumer reports that next.
+            let _ = acker.ack(BasicAckOptions::default()).await;
+        });
         Some(Ok(StreamMessage { offset, delivery }))
     }
 
