@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::pg::TestDb;
 use common::{RunningWorker, TestLadder, event, hookrelay, ladder_file, secret, subscription};
 use futures_util::future::try_join_all;
+use hookrelay::contract::retention::StreamKind;
 use hookrelay::history::materialize::{self, HistorySetup};
 use hookrelay::history::{HistoryMetrics, trace};
 use hookrelay::observe::events::AttemptRecord;
@@ -299,6 +300,17 @@ async fn trace_tells_two_tiers_a_dead_letter_a_redrive_and_the_delivery() {
     );
     assert_eq!(code, Some(4), "{err}");
     assert!(err.contains("history holds nothing"), "{err}");
+
+    // Status says how far history has read each stream.
+    let (code, status, err) = hookrelay(
+        &["status", "--ladder", ladder_arg],
+        &[("HOOKRELAY_HISTORY_DATABASE", db.url.as_str())],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    for kind in [StreamKind::Archive, StreamKind::Attempts] {
+        let line = format!("{}: read to offset", t.ladder.stream(kind));
+        assert!(status.contains(&line), "{line:?} in:\n{status}");
+    }
 
     stop.cancel();
     history.await.unwrap().unwrap();

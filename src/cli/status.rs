@@ -7,18 +7,45 @@ use super::common::{load_ladder, management};
 use crate::config::Config;
 use crate::delivery::worker::shutdown_signal;
 
+/// The history database, when one is configured and answers within a few seconds; status
+/// shows the ladder without it otherwise.
+async fn history_pool(config: &Config) -> Option<sqlx::PgPool> {
+    let url = config.history_database()?;
+    match crate::store::PgStore::connect(&url, std::time::Duration::from_secs(3)).await {
+        Ok(store) => Some(store.pool().clone()),
+        Err(e) => {
+            eprintln!("status: history's progress is left out: {e}");
+            None
+        }
+    }
+}
+
 pub(super) async fn run(args: StatusArgs, config: &Config) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let ladder = load_ladder(&args.ladder, config)?;
     let api = management(config)?;
     let broker = api.broker_version().await?;
     let mut previous: Option<(std::time::Instant, Vec<crate::ops::status::QueueStatus>)> = None;
+    let history = history_pool(config).await;
+    let streams: Vec<String> = ladder
+        .streams()
+        .into_iter()
+        .map(|(kind, _)| ladder.stream(kind))
+        .collect();
     loop {
         let rows = crate::ops::status::collect(&api, &ladder, previous.as_ref()).await?;
         if args.json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
-            let table = crate::ops::status::render(&ladder, api.vhost(), &broker, &rows);
+            let mut table = crate::ops::status::render(&ladder, api.vhost(), &broker, &rows);
+            if let Some(pool) = &history
+                && !streams.is_empty()
+            {
+                match crate::history::progress::of(pool, &streams).await {
+                    Ok(p) => table.push_str(&crate::history::progress::render(&streams, &p)),
+                    Err(e) => table.push_str(&format!("History: cannot read its progress: {e}\n")),
+                }
+            }
             if args.watch {
                 // Home the cursor and clear, so the table refreshes in place.
                 print!("\x1b[H\x1b[2J{table}");

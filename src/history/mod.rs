@@ -6,8 +6,10 @@
 //!   database, a batch and its stream offset per transaction.
 //! - [`trace`]: the queries `hookrelay trace` and the API's history routes answer with.
 //! - [`scan`]: the same story read from the streams over a window, without the database.
+//! - [`progress`]: where history is in each stream, for `hookrelay status`.
 
 pub mod materialize;
+pub mod progress;
 pub mod rows;
 pub mod scan;
 pub mod trace;
