@@ -48,6 +48,7 @@ use crate::kit::{
     Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,
 };
 
+pub mod history;
 pub mod noisy;
 pub mod shards;
 pub mod store;
@@ -573,6 +574,78 @@ pub async fn run(
     report.isolation_ratio_p99 =
         report.first_attempt_with_backlog.p99_ms / report.first_attempt_baseline.p99_ms.max(1e-9);
     Ok(report)
+}
+
+/// Delivery throughput with the ladder's streams (archive and attempt log) off, then on, in
+/// turn, `repeat` times: (off, on) deliveries per second of each pair. Everything else as in
+/// the main run's throughput.
+pub async fn streams_ratio(
+    config: &Config,
+    options: &BenchOptions,
+    binaries: &Binaries,
+    repeat: usize,
+) -> Result<Vec<(f64, f64)>, BenchError> {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let BenchSession {
+        conn,
+        channel,
+        publisher,
+        ..
+    } = BenchSession::open(config, &format!("hookrelay-bench-{run_id}")).await?;
+    let sink = Sink::new(None);
+    let sink_addr = start_sink(Arc::clone(&sink)).await?;
+    let options = BenchOptions {
+        throughput_only: true,
+        ..options.clone()
+    };
+    let mut pairs = Vec::with_capacity(repeat);
+    for r in 0..repeat {
+        let mut pair = (0.0, 0.0);
+        for on in [false, true] {
+            let prefix = format!(
+                "hookrelay-bench-{run_id}-{r}-{}",
+                if on { "on" } else { "off" }
+            );
+            let mut ladder =
+                Ladder::build(&prefix, options.queue_type, &["1s", "10s"], &["1s", "10s"])?;
+            if !on {
+                ladder.archive = None;
+                ladder.attempts = None;
+            }
+            let topology = ladder.objects();
+            topology.apply(&channel).await?;
+            let mut report = BenchReport::default();
+            let result = run_hookrelay(
+                config,
+                &options,
+                &binaries.worker,
+                &ladder,
+                &publisher,
+                &channel,
+                &sink,
+                sink_addr,
+                &mut report,
+            )
+            .await;
+            let _ = topology.delete(&channel).await;
+            result?;
+            say(&format!(
+                "run {}: streams {}: {:.0} deliveries/s",
+                r + 1,
+                if on { "on" } else { "off" },
+                report.hookrelay.per_second
+            ));
+            if on {
+                pair.1 = report.hookrelay.per_second;
+            } else {
+                pair.0 = report.hookrelay.per_second;
+            }
+        }
+        pairs.push(pair);
+    }
+    publisher.close().await;
+    let _ = conn.close(200, "bench done".into()).await;
+    Ok(pairs)
 }
 
 /// A durable queue of the bench's queue type, for the raw loops.
@@ -1229,7 +1302,7 @@ pub async fn ceiling_loop(
     Ok(())
 }
 
-fn machine() -> String {
+pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()

@@ -149,7 +149,31 @@ struct BenchArgs {
     /// URL changes timed per subscription count for --store, idle and again under load.
     #[arg(long, default_value_t = 200)]
     changes: usize,
-    /// Runs of each combination (--shards, --fleet-cap, --store).
+    /// Delivery throughput with the ladder's streams off and on in turn, --repeat pairs: the
+    /// cost of the archive and the attempt log.
+    #[arg(long)]
+    streams: bool,
+    /// History at scale: materialization rate into PostgreSQL, its lag under a steady load,
+    /// and `trace` / `GET /v1/events/{id}` over --history-rows attempt rows. In a database of
+    /// its own on HOOKRELAY_TEST_DATABASE_URL (else the local server), dropped after.
+    #[arg(long)]
+    history: bool,
+    /// Attempt records materialized from a full stream for --history.
+    #[arg(long, default_value_t = 200_000, value_name = "N")]
+    history_records: usize,
+    /// Records per second of the steady load for --history's lag.
+    #[arg(long, default_value_t = 2_000, value_name = "N")]
+    history_rate: u32,
+    /// Seconds of that steady load.
+    #[arg(long, default_value_t = 20, value_name = "S")]
+    history_seconds: u64,
+    /// Attempt rows in the database for --history's trace figures.
+    #[arg(long, default_value_t = 10_000_000, value_name = "N")]
+    history_rows: u64,
+    /// Stories read for those figures.
+    #[arg(long, default_value_t = 1_000, value_name = "N")]
+    history_lookups: usize,
+    /// Runs of each combination (--shards, --fleet-cap, --store, --streams).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     /// Fleet-wide cap: two worker processes, one subscription with max_concurrent = --cap,
@@ -272,6 +296,49 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     cap_delay: Duration::from_millis(args.cap_delay_ms),
                 };
                 let report = bench::shards::run(&config, &options, &binaries).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if args.streams {
+                let pairs =
+                    bench::streams_ratio(&config, &options, &binaries, args.repeat.max(1)).await?;
+                let ratios: Vec<f64> = pairs.iter().map(|(off, on)| on / off.max(1e-9)).collect();
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({ "pairs": pairs, "ratios": ratios })
+                    );
+                } else {
+                    println!(
+                        "Streams off against on ({} events per run, {})",
+                        options.events,
+                        bench::machine()
+                    );
+                    for (i, ((off, on), ratio)) in pairs.iter().zip(&ratios).enumerate() {
+                        println!(
+                            "run {}: off {off:.0}/s, on {on:.0}/s, ratio {ratio:.2}",
+                            i + 1
+                        );
+                    }
+                    let (min, median, max) = hookrelay_tools::kit::spread(ratios);
+                    println!("ratio on/off: min {min:.2}, median {median:.2}, max {max:.2}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if args.history {
+                let options = bench::history::HistoryOptions {
+                    records: args.history_records,
+                    rate: args.history_rate,
+                    seconds: args.history_seconds,
+                    rows: args.history_rows,
+                    lookups: args.history_lookups,
+                    queue_type: options.queue_type,
+                };
+                let report = bench::history::run(&config, &options).await?;
                 if args.json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
