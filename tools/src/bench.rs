@@ -576,6 +576,38 @@ pub async fn run(
     Ok(report)
 }
 
+/// What `stream` (an attempt log) holds: its records, and the distinct envelopes with a
+/// `delivered` one.
+async fn delivered_records(conn: &Connection, stream: &str) -> Option<(u64, usize)> {
+    let end = hookrelay::ops::streams::end_of(conn, stream, None)
+        .await
+        .ok()
+        .flatten()?;
+    let mut delivered = std::collections::HashSet::new();
+    let mut records = 0u64;
+    hookrelay::ops::streams::read_window::<hookrelay::ops::streams::StreamReadError>(
+        conn,
+        stream,
+        std::time::UNIX_EPOCH,
+        end,
+        None,
+        async |d| {
+            records += 1;
+            if let Ok(r) =
+                serde_json::from_slice::<hookrelay::observe::events::AttemptRecord>(&d.data)
+                && r.outcome == "delivered"
+                && let Some(e) = r.envelope
+            {
+                delivered.insert(e);
+            }
+            Ok(())
+        },
+    )
+    .await
+    .ok()?;
+    Some((records, delivered.len()))
+}
+
 /// Delivery throughput with the ladder's streams (archive and attempt log) off, then on, in
 /// turn, `repeat` times: (off, on) deliveries per second of each pair. Everything else as in
 /// the main run's throughput.
@@ -627,13 +659,25 @@ pub async fn streams_ratio(
                 &mut report,
             )
             .await;
+            // What the attempt log's stream kept of the run's records (one per delivery).
+            let kept = if on && result.is_ok() {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let stream = ladder.stream(hookrelay::contract::retention::StreamKind::Attempts);
+                delivered_records(&conn, &stream).await
+            } else {
+                None
+            };
             let _ = topology.delete(&channel).await;
             result?;
             say(&format!(
-                "run {}: streams {}: {:.0} deliveries/s",
+                "run {}: streams {}: {:.0} deliveries/s{}",
                 r + 1,
                 if on { "on" } else { "off" },
-                report.hookrelay.per_second
+                report.hookrelay.per_second,
+                kept.map_or(String::new(), |(records, delivered)| format!(
+                    "; the attempt log kept {records} records, {delivered} distinct deliveries of {}",
+                    options.events
+                ))
             ));
             if on {
                 pair.1 = report.hookrelay.per_second;
