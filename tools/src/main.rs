@@ -173,7 +173,11 @@ struct BenchArgs {
     /// Stories read for those figures.
     #[arg(long, default_value_t = 1_000, value_name = "N")]
     history_lookups: usize,
-    /// Runs of each combination (--shards, --fleet-cap, --store, --streams).
+    /// Replay: N events of one tenant published through the ingress (no worker), then replayed
+    /// from the archive, a dry run and a real one, unpaced, each timed.
+    #[arg(long, value_name = "N")]
+    replay: Option<usize>,
+    /// Runs of each combination (--shards, --fleet-cap, --store, --streams, --replay).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     /// Fleet-wide cap: two worker processes, one subscription with max_concurrent = --cap,
@@ -326,6 +330,29 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     }
                     let (min, median, max) = hookrelay_tools::kit::spread(ratios);
                     println!("ratio on/off: min {min:.2}, median {median:.2}, max {max:.2}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if let Some(events) = args.replay {
+                let mut runs = Vec::new();
+                for _ in 0..args.repeat.max(1) {
+                    runs.push(bench::history::replay(&config, events, options.queue_type).await?);
+                }
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&runs)?);
+                } else {
+                    println!("Replay of {events} archived events ({})", bench::machine());
+                    for (i, r) in runs.iter().enumerate() {
+                        println!(
+                            "run {}: dry run {:.1} s ({:.0} events/s read); replay {:.1} s ({:.0} events/s published, {} in all)",
+                            i + 1,
+                            r.dry_seconds,
+                            r.dry_per_second,
+                            r.seconds,
+                            r.per_second,
+                            r.published
+                        );
+                    }
                 }
                 return Ok(ExitCode::SUCCESS);
             }

@@ -427,3 +427,104 @@ impl HistoryReport {
         )
     }
 }
+
+/// What `--replay` measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayRun {
+    pub events: usize,
+    /// Reading the window and deciding, publishing nothing.
+    pub dry_seconds: f64,
+    pub dry_per_second: f64,
+    /// Reading and publishing each event again through the ingress, confirmed, unpaced.
+    pub seconds: f64,
+    pub per_second: f64,
+    pub published: u64,
+}
+
+/// `events` events of one tenant published through the ingress of a ladder of its own (no
+/// worker: they wait in the first-attempt lane), then replayed from the archive: a dry run and
+/// a real one, each timed from start to report.
+pub async fn replay(
+    config: &Config,
+    events: usize,
+    queue_type: QueueType,
+) -> Result<ReplayRun, BenchError> {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("hookrelay-bench-{run_id}");
+    let session = BenchSession::open(config, &prefix).await?;
+    let ladder = Ladder::build(&prefix, queue_type, &["1s"], &["1s"])?;
+    let topology = ladder.objects();
+    topology.apply(&session.channel).await?;
+    let result = async {
+        let from = SystemTime::now() - Duration::from_secs(2);
+        let ingress = ladder.ingress();
+        say(&format!("publishing {events} events through {ingress}"));
+        publish_many(&session.publisher, events, |i| {
+            super::to_ingress(
+                &ingress,
+                hookrelay::contract::envelope::NewEvent {
+                    id: format!("evt_{i:09}"),
+                    tenant: "replayed".into(),
+                    event_type: "bench.event".into(),
+                    subscription: Some("sub_replayed".into()),
+                    timestamp: None,
+                    body: super::body(i),
+                },
+            )
+        })
+        .await?;
+        let mut options = hookrelay::ops::replay::ReplayOptions {
+            id: None,
+            from,
+            to: None,
+            filter: Default::default(),
+            only_undelivered: false,
+            rate: None,
+            dry_run: true,
+        };
+        let mut run = ReplayRun {
+            events,
+            ..ReplayRun::default()
+        };
+        let t = Instant::now();
+        let dry = hookrelay::ops::replay::replay(
+            &session.conn,
+            &session.publisher,
+            &ladder,
+            &options,
+            None,
+            None,
+        )
+        .await
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+        run.dry_seconds = t.elapsed().as_secs_f64();
+        run.dry_per_second = dry.read as f64 / run.dry_seconds;
+        say(&format!(
+            "dry run: read {} in {:.1} s",
+            dry.read, run.dry_seconds
+        ));
+        options.dry_run = false;
+        let t = Instant::now();
+        let done = hookrelay::ops::replay::replay(
+            &session.conn,
+            &session.publisher,
+            &ladder,
+            &options,
+            None,
+            None,
+        )
+        .await
+        .map_err(|e| BenchError::Other(e.to_string()))?;
+        run.seconds = t.elapsed().as_secs_f64();
+        run.published = done.published;
+        run.per_second = done.published as f64 / run.seconds;
+        say(&format!(
+            "replay: published {} in {:.1} s",
+            done.published, run.seconds
+        ));
+        Ok::<_, BenchError>(run)
+    }
+    .await;
+    let _ = topology.delete(&session.channel).await;
+    result
+}
