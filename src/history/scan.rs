@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use super::rows::{AttemptRow, EventRow};
-use super::trace::{Accepted, Attempt, Story, outcomes};
+use super::trace::{Accepted, Attempt, Story};
 use crate::contract::ladder::Ladder;
 use crate::contract::retention::StreamKind;
 use crate::ops::streams::{StreamReadError, end_of, read_window};
@@ -79,13 +79,5 @@ pub async fn story(
             .await?;
         }
     }
-    if accepted.is_empty() && attempts.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Story {
-        id: id.to_owned(),
-        outcomes: outcomes(&attempts),
-        accepted,
-        attempts,
-    }))
+    Ok(Story::of(id, accepted, attempts))
 }

@@ -142,15 +142,22 @@ pub async fn story(
         })
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    if accepted.is_empty() && attempts.is_empty() {
-        return Ok(None);
+    Ok(Story::of(id, accepted, attempts))
+}
+
+impl Story {
+    /// The story of `id` from what was found of it; `None` when nothing was.
+    pub fn of(id: &str, accepted: Vec<Accepted>, attempts: Vec<Attempt>) -> Option<Self> {
+        if accepted.is_empty() && attempts.is_empty() {
+            return None;
+        }
+        Some(Self {
+            id: id.to_owned(),
+            outcomes: outcomes(&attempts),
+            accepted,
+            attempts,
+        })
     }
-    Ok(Some(Story {
-        id: id.to_owned(),
-        outcomes: outcomes(&attempts),
-        accepted,
-        attempts,
-    }))
 }
 
 /// Each delivery's latest outcome, in the order the deliveries were first seen (pure).

@@ -486,41 +486,32 @@ pub async fn replay(
             events,
             ..ReplayRun::default()
         };
-        let t = Instant::now();
-        let dry = hookrelay::ops::replay::replay(
-            &session.conn,
-            &session.publisher,
-            &ladder,
-            &options,
-            None,
-            None,
-        )
-        .await
-        .map_err(|e| BenchError::Other(e.to_string()))?;
-        run.dry_seconds = t.elapsed().as_secs_f64();
-        run.dry_per_second = dry.read as f64 / run.dry_seconds;
-        say(&format!(
-            "dry run: read {} in {:.1} s",
-            dry.read, run.dry_seconds
-        ));
+        let timed = async |options: &hookrelay::ops::replay::ReplayOptions| {
+            let t = Instant::now();
+            let report = hookrelay::ops::replay::replay(
+                &session.conn,
+                &session.publisher,
+                &ladder,
+                options,
+                None,
+                None,
+            )
+            .await
+            .map_err(|e| BenchError::Other(e.to_string()))?;
+            Ok::<_, BenchError>((report, t.elapsed().as_secs_f64()))
+        };
+        let (dry, seconds) = timed(&options).await?;
+        run.dry_seconds = seconds;
+        run.dry_per_second = dry.read as f64 / seconds;
+        say(&format!("dry run: read {} in {seconds:.1} s", dry.read));
         options.dry_run = false;
-        let t = Instant::now();
-        let done = hookrelay::ops::replay::replay(
-            &session.conn,
-            &session.publisher,
-            &ladder,
-            &options,
-            None,
-            None,
-        )
-        .await
-        .map_err(|e| BenchError::Other(e.to_string()))?;
-        run.seconds = t.elapsed().as_secs_f64();
+        let (done, seconds) = timed(&options).await?;
+        run.seconds = seconds;
         run.published = done.published;
-        run.per_second = done.published as f64 / run.seconds;
+        run.per_second = done.published as f64 / seconds;
         say(&format!(
-            "replay: published {} in {:.1} s",
-            done.published, run.seconds
+            "replay: published {} in {seconds:.1} s",
+            done.published
         ));
         Ok::<_, BenchError>(run)
     }
