@@ -177,6 +177,14 @@ struct BenchArgs {
     /// from the archive, a dry run and a real one, unpaced, each timed.
     #[arg(long, value_name = "N")]
     replay: Option<usize>,
+    /// Replay against other tenants: a worker delivers tenant A's --replay events (default
+    /// 100000), then tenant B's latency is measured alone, while A's events are replayed at
+    /// --replay-rate, and while they are replayed unpaced.
+    #[arg(long)]
+    replay_isolation: bool,
+    /// The paced replay's rate for --replay-isolation, per second.
+    #[arg(long, default_value_t = 2_000, value_name = "N")]
+    replay_rate: u32,
     /// Runs of each combination (--shards, --fleet-cap, --store, --streams, --replay).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -330,6 +338,23 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     }
                     let (min, median, max) = hookrelay_tools::kit::spread(ratios);
                     println!("ratio on/off: min {min:.2}, median {median:.2}, max {max:.2}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if args.replay_isolation {
+                let report = bench::history::replay_isolation(
+                    &config,
+                    &binaries,
+                    args.replay.unwrap_or(100_000),
+                    args.replay_rate,
+                    options.prefetch,
+                    options.queue_type,
+                )
+                .await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
                 }
                 return Ok(ExitCode::SUCCESS);
             }

@@ -519,3 +519,215 @@ pub async fn replay(
     let _ = topology.delete(&session.channel).await;
     result
 }
+
+/// What `--replay-isolation` measured: tenant B's publish-to-delivery latency alone, during a
+/// paced replay of tenant A's events, and during an unpaced one.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayIsolation {
+    pub events: usize,
+    pub rate: u32,
+    pub b_idle: Percentiles,
+    pub b_paced: Percentiles,
+    pub paced_seconds: f64,
+    pub b_unpaced: Percentiles,
+    pub unpaced_seconds: f64,
+}
+
+impl ReplayIsolation {
+    pub fn table(&self) -> String {
+        let target = 2.0 * self.b_idle.p99_ms + 50.0;
+        let verdict = |p: &Percentiles| if p.p99_ms <= target { "met" } else { "not met" };
+        format!(
+            "Replay of {} events of tenant A against tenant B's first attempts ({})\n\
+             B alone: p50 {:.1} ms, p99 {:.1} ms (target for B: p99 <= {target:.0} ms)\n\
+             B during A's replay at {}/s ({:.1} s): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms: {}\n\
+             B during A's replay unpaced ({:.1} s): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms: {}\n",
+            self.events,
+            machine(),
+            self.b_idle.p50_ms,
+            self.b_idle.p99_ms,
+            self.rate,
+            self.paced_seconds,
+            self.b_paced.p50_ms,
+            self.b_paced.p99_ms,
+            self.b_paced.max_ms,
+            verdict(&self.b_paced),
+            self.unpaced_seconds,
+            self.b_unpaced.p50_ms,
+            self.b_unpaced.p99_ms,
+            self.b_unpaced.max_ms,
+            verdict(&self.b_unpaced),
+        )
+    }
+}
+
+/// A worker delivers tenant A's `events` (published beforehand), then B publishes 1,000
+/// events at 100/s alone, again while A's events are replayed from the archive at `rate`, and
+/// again while they are replayed unpaced; one ladder (one shard), A and B on endpoints of their
+/// own.
+pub async fn replay_isolation(
+    config: &Config,
+    binaries: &super::Binaries,
+    events: usize,
+    rate: u32,
+    prefetch: u16,
+    queue_type: QueueType,
+) -> Result<ReplayIsolation, BenchError> {
+    use super::{
+        Sink, start_sink, start_worker, timed_deliveries, to_ingress, uncapped, wait_count,
+    };
+    use crate::kit::{file_secret, subscription_toml};
+    const B_EVENTS: usize = 1_000;
+    const B_RATE: u32 = 100;
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("hookrelay-bench-{run_id}");
+    let session = BenchSession::open(config, &prefix).await?;
+    let ladder = Ladder::build(&prefix, queue_type, &["1s", "10s"], &["1s", "10s"])?;
+    let topology = ladder.objects();
+    topology.apply(&session.channel).await?;
+    let sink_a = Sink::new(None);
+    let addr_a = start_sink(Arc::clone(&sink_a)).await?;
+    let sink_b = Sink::new(None);
+    let addr_b = start_sink(Arc::clone(&sink_b)).await?;
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("bench.whsec");
+    std::fs::write(&secret, hookrelay::delivery::signing::generate_secret())?;
+    let subscriptions = subscription_toml(
+        "sub_a",
+        "tenant_a",
+        &format!("http://{addr_a}/a"),
+        &file_secret(&secret),
+        "",
+    ) + &subscription_toml(
+        "sub_b",
+        "tenant_b",
+        &format!("http://{addr_b}/b"),
+        &file_secret(&secret),
+        "",
+    );
+    let ingress = ladder.ingress();
+    let event =
+        |tenant: &str, sub: &str, id: String, i: usize| hookrelay::contract::envelope::NewEvent {
+            id,
+            tenant: tenant.into(),
+            event_type: "bench.event".into(),
+            subscription: Some(sub.into()),
+            timestamp: None,
+            body: super::body(i),
+        };
+    let result = async {
+        let from = SystemTime::now() - Duration::from_secs(2);
+        say(&format!("publishing {events} events of tenant A"));
+        publish_many(&session.publisher, events, |i| {
+            to_ingress(&ingress, event("tenant_a", "sub_a", format!("a_{i:09}"), i))
+        })
+        .await?;
+        // The window ends a whole second after the last of A's events (the archive's times
+        // are seconds): the rounds replay A's originals, never the copies of a round before.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let to = SystemTime::now();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mut worker = start_worker(
+            &binaries.worker,
+            config,
+            &ladder,
+            Some(prefetch),
+            &subscriptions,
+            &uncapped(),
+        )
+        .await?;
+        wait_count(&sink_a, events as u64, Duration::from_secs(600)).await?;
+        say("A's events delivered; B alone");
+        let b = |round: &'static str| {
+            let ingress = ingress.clone();
+            move |i: usize| {
+                to_ingress(
+                    &ingress,
+                    event("tenant_b", "sub_b", format!("b_{round}_{i}"), i),
+                )
+            }
+        };
+        let mut report = ReplayIsolation {
+            events,
+            rate,
+            ..ReplayIsolation::default()
+        };
+        report.b_idle = timed_deliveries(
+            &session.publisher,
+            &sink_b,
+            B_EVENTS,
+            B_RATE,
+            Duration::from_secs(120),
+            b("idle"),
+        )
+        .await?;
+        for paced in [true, false] {
+            let options = hookrelay::ops::replay::ReplayOptions {
+                id: None,
+                from,
+                to: Some(to),
+                filter: hookrelay::ops::replay::ReplayFilter {
+                    tenant: Some("tenant_a".into()),
+                    ..Default::default()
+                },
+                only_undelivered: false,
+                rate: paced.then(|| {
+                    format!("{rate}/s")
+                        .parse()
+                        .unwrap_or_else(|_| unreachable!())
+                }),
+                dry_run: false,
+            };
+            say(&format!(
+                "replaying A's events {}, B publishing",
+                if paced { "paced" } else { "unpaced" }
+            ));
+            let started = Instant::now();
+            let replayed = async {
+                let r = hookrelay::ops::replay::replay(
+                    &session.conn,
+                    &session.publisher,
+                    &ladder,
+                    &options,
+                    None,
+                    None,
+                )
+                .await
+                .map_err(|e| BenchError::Other(e.to_string()));
+                (r, started.elapsed().as_secs_f64())
+            };
+            let timed = async {
+                // B starts once the replay is under way.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                timed_deliveries(
+                    &session.publisher,
+                    &sink_b,
+                    B_EVENTS,
+                    B_RATE,
+                    Duration::from_secs(600),
+                    b(if paced { "paced" } else { "unpaced" }),
+                )
+                .await
+            };
+            let ((replay, seconds), latency) = tokio::join!(replayed, timed);
+            replay?;
+            let latency = latency?;
+            if paced {
+                report.b_paced = latency;
+                report.paced_seconds = seconds;
+            } else {
+                report.b_unpaced = latency;
+                report.unpaced_seconds = seconds;
+            }
+            // Let the worker finish A's copies before the next round.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let rounds = if paced { 2 } else { 3 };
+            wait_count(&sink_a, (events * rounds) as u64, Duration::from_secs(600)).await?;
+        }
+        let _ = worker.child.kill().await;
+        Ok::<_, BenchError>(report)
+    }
+    .await;
+    let _ = topology.delete(&session.channel).await;
+    result
+}
