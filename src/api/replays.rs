@@ -56,7 +56,8 @@ pub struct CreateReplay {
     /// Skip events whose every delivery succeeded, by the attempt log.
     #[serde(default)]
     pub only_undelivered: bool,
-    /// Pace, e.g. `"200/s"`; absent: as fast as the broker confirms.
+    /// Pace, e.g. `"200/s"`; absent: 1000/s. Replayed events share the first-attempt lane with
+    /// every tenant's new events: keep it below what the workers deliver.
     #[schema(example = "200/s")]
     pub rate: Option<String>,
     /// Count what would be published, publish nothing.
@@ -78,6 +79,7 @@ pub struct ReplayJob {
     #[serde(rename = "type")]
     pub event_type: Option<String>,
     pub only_undelivered: bool,
+    /// The pace it publishes at.
     pub rate: Option<String>,
     pub dry_run: bool,
     /// Archived events read in the window so far.
@@ -180,13 +182,13 @@ fn options(req: &CreateReplay, scope: &Scope) -> Result<ReplayOptions, ApiError>
             .map_err(|e| errors.push(FieldError::new("type", e.to_string())))
             .ok(),
     };
-    let rate = match &req.rate {
-        None => None,
-        Some(r) => r
-            .parse::<Rate>()
-            .map_err(|e| errors.push(FieldError::new("rate", e)))
-            .ok(),
-    };
+    let rate = req
+        .rate
+        .as_deref()
+        .unwrap_or(crate::ops::replay::DEFAULT_RATE)
+        .parse::<Rate>()
+        .map_err(|e| errors.push(FieldError::new("rate", e)))
+        .ok();
     let (Some(from), true) = (from, errors.is_empty()) else {
         return Err(ApiError::Invalid(errors));
     };
@@ -267,7 +269,11 @@ pub async fn create(
         subscription: req.subscription.clone(),
         event_type: req.event_type.clone(),
         only_undelivered: req.only_undelivered,
-        rate: req.rate.clone(),
+        rate: Some(
+            req.rate
+                .clone()
+                .unwrap_or_else(|| crate::ops::replay::DEFAULT_RATE.to_owned()),
+        ),
         dry_run: req.dry_run,
         read: 0,
         matched: 0,

@@ -24,7 +24,7 @@ pub(super) async fn run(args: ReplayArgs, config: &Config) -> anyhow::Result<Exi
             event_type: args.event_type,
         },
         only_undelivered: args.only_undelivered,
-        rate: args.rate,
+        rate: Some(args.rate),
         dry_run: args.dry_run,
     };
     let conn = connect(config, "hookrelay replay").await?;

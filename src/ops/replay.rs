@@ -29,6 +29,10 @@ use crate::ops::progress::Progress;
 use crate::ops::streams::{StreamReadError, end_of, read_window};
 use crate::units::Rate;
 
+/// The pace of a replay unless told otherwise: replayed events share the first-attempt lane
+/// with every tenant's new events, so a replay must not outrun the workers.
+pub const DEFAULT_RATE: &str = "1000/s";
+
 /// Marks a replayed copy with the replay it came from (`rpl_<hex>`), for history and trace.
 pub const REPLAY_HEADER: &str = "x-hookrelay-replay";
 
