@@ -387,3 +387,53 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         assert!(all.contains(expected), "nothing says {expected:?}");
     }
 }
+
+#[tokio::test]
+async fn a_subscription_with_a_secret_key_signs_v1a_beside_v1() {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use common::{event, ok_receiver, secret, subscription};
+    use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+    use hookrelay::delivery::signing::generate_key_pair;
+    use hookrelay::delivery::subscriptions::SecretSpec;
+
+    let t = TestLadder::apply("v1a", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (secret_key, public_key) = generate_key_pair();
+    let key_file = dir.path().join("signing.whsk");
+    std::fs::write(&key_file, &secret_key).unwrap();
+    let mut sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    sub.secrets.push(SecretSpec::new(SecretRef::File(key_file)));
+    let worker = RunningWorker::start(&t, vec![sub]).await;
+    t.publish(&event("evt_v1a", "acme", "sub_a")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    worker.stop().await;
+    let record = receiver.records().remove(0);
+    // v1 verified by the independent library with the whsec_ secret...
+    assert_eq!(record.verified_with, [true]);
+    // ...and v1a by ed25519-dalek with the public key alone, over "{id}.{timestamp}.{body}".
+    let v1a: Vec<&str> = record
+        .signature
+        .split(' ')
+        .filter_map(|s| s.strip_prefix("v1a,"))
+        .collect();
+    assert_eq!(v1a.len(), 1, "{}", record.signature);
+    let public: [u8; 32] = STANDARD
+        .decode(public_key.strip_prefix("whpk_").unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let verifier = VerifyingKey::from_bytes(&public).unwrap();
+    let mut message = format!("{}.{}.", record.id, record.timestamp.unwrap()).into_bytes();
+    message.extend_from_slice(&record.body);
+    let signature = Signature::from_slice(&STANDARD.decode(v1a[0]).unwrap()).unwrap();
+    verifier.verify(&message, &signature).unwrap();
+    // The secret key never travels: not in the request.
+    assert!(!record.signature.contains(&secret_key[5..]));
+}

@@ -117,6 +117,20 @@ pub enum Command {
     /// Needs `subscriptions` set to a postgres:// URL, at least one token in api.tokens and a
     /// key in store.keys. README.md, "Control plane API", shows every route with curl.
     Api(ApiArgs),
+    /// Signing keys for v1a signatures (Standard Webhooks' asymmetric scheme, ed25519).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print a new ed25519 key pair: `secret_key=whsk_...` (keep it where a secret reference
+    /// can read it, like a whsec_ secret, and list it in the subscription's secrets: it signs
+    /// v1a) and `public_key=whpk_...` (give it to the receiver: it verifies v1a with it).
+    ///
+    /// A subscription with both a whsec_ secret and a whsk_ key signs v1 and v1a side by side,
+    /// for a receiver moving from one to the other; rotation and expiry work as for whsec_.
+    Generate,
 }
 
 #[derive(Debug, Subcommand)]

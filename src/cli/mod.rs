@@ -23,9 +23,9 @@ mod worker;
 use std::process::ExitCode;
 
 pub use args::{
-    ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, HistoryArgs, LadderArg,
-    PublishArgs, RedriveArgs, ReplayArgs, StatusArgs, StoreArg, StoreCommand, SubscriptionsCommand,
-    TierCommand, TopologyCommand, TraceArgs, WorkerArgs,
+    ApiArgs, ApiCommand, AttemptsCommand, Cli, Command, EXIT_DRIFT, HistoryArgs, KeysCommand,
+    LadderArg, PublishArgs, RedriveArgs, ReplayArgs, StatusArgs, StoreArg, StoreCommand,
+    SubscriptionsCommand, TierCommand, TopologyCommand, TraceArgs, WorkerArgs,
 };
 
 use crate::config::Config;
@@ -46,5 +46,10 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Trace(args) => history::trace(args, &config).await,
         Command::Store(cmd) => store::run(cmd, &config).await,
         Command::Api(args) => api::run(args, config).await,
+        Command::Keys(KeysCommand::Generate) => {
+            let (secret_key, public_key) = crate::delivery::signing::generate_key_pair();
+            println!("secret_key={secret_key}\npublic_key={public_key}");
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

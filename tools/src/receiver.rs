@@ -50,6 +50,8 @@ pub struct Record {
     pub status: u16,
     /// For each configured secret, whether the signature verified with it.
     pub verified_with: Vec<bool>,
+    /// `webhook-signature` as received (every `v1,` and `v1a,` signature).
+    pub signature: String,
     pub received_at_ms: u64,
     /// Its place in arrival order, from 0 (records are kept in the order answers were made).
     pub arrival: usize,
@@ -256,6 +258,7 @@ async fn receive(
         path: uri.path().to_owned(),
         status,
         verified_with,
+        signature: text("webhook-signature"),
         received_at_ms: now_ms(),
         arrival,
         concurrent,

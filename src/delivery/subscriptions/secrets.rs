@@ -190,7 +190,7 @@ impl SecretStore {
                 })?
             }
         };
-        SigningKey::from_whsec(&raw)
+        SigningKey::parse(&raw)
             .map(Arc::new)
             .map_err(|source| SecretError::Malformed {
                 reference: shown,
