@@ -56,6 +56,7 @@ async fn post(sender: &HttpSender, url: &str) -> AttemptResult {
             timestamp: 1,
             signature: "v1,x".into(),
             body: Bytes::from_static(b"{}"),
+            extra: Vec::new(),
         })
         .await
         .result

@@ -147,7 +147,28 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
     let bad_key = format!("whsec_{bad_body}");
     let bad_byte_at = bad_body.find('~').unwrap();
     let good = common::secret();
+    // A header and a basic-auth password from secret references, on sub_fail's requests.
+    let api_key = secret_text("apikey");
+    let basic_password = secret_text("basicpw");
+    let header_dir = tempfile::tempdir().unwrap();
+    let api_key_file = header_dir.path().join("api-key");
+    std::fs::write(&api_key_file, format!("{api_key}\n")).unwrap();
+    let password_file = header_dir.path().join("basic-password");
+    std::fs::write(&password_file, &basic_password).unwrap();
+    let basic_token = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("hookrelay:{basic_password}"))
+    };
+    let auth_toml = format!(
+        "headers = {{ \"X-Api-Key\" = {{ secret = \"file:{}\" }}, \"X-Team\" = \"orders\" }}\n\
+         basic_auth = {{ username = \"hookrelay\", password = \"file:{}\" }}\n",
+        api_key_file.display(),
+        password_file.display()
+    );
     let mut secrets = vec![
+        api_key.clone(),
+        basic_password.clone(),
+        basic_token.clone(),
         user.clone(),
         password.clone(),
         token.clone(),
@@ -197,7 +218,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
                 "acme",
                 &url(&local, "fail"),
                 &good.file_ref(),
-                "",
+                &auth_toml,
             ),
             subscription_toml(
                 "sub_gone",
@@ -256,6 +277,22 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
             .await;
     }
     assert!(t.wait_dead(6, WAIT).await, "every envelope dead-lettered");
+    // sub_fail's requests carried its headers, the secret one read from its file.
+    let fail = receiver
+        .records()
+        .into_iter()
+        .find(|r| r.path == "/fail")
+        .expect("sub_fail was attempted");
+    let header = |name: &str| {
+        fail.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(header("x-api-key"), api_key);
+    assert_eq!(header("x-team"), "orders");
+    assert_eq!(header("authorization"), format!("Basic {basic_token}"));
 
     // Reloads refused: a URL that is not http(s), then a subscription whose key is malformed.
     let not_http = format!("ftp://{user}:{password}@{local}/?token={token}");

@@ -133,6 +133,25 @@ enabled = false
     let again = transfer::import(&store, &parsed, || {}).await.unwrap();
     assert_eq!((again.created, again.updated, again.unchanged), (0, 0, 3));
 
+    // Headers and basic auth are the file's alone for now: importing them is refused, whole.
+    let with_headers = SubsFile::new(&format!(
+        "{text}\n[[subscription]]\nid = \"d\"\ntenant = \"acme\"\nurl = \"https://hooks.example.com/d\"\n\
+         secrets = [\"env:D\"]\nheaders = {{ \"X-Team\" = \"orders\" }}\n"
+    ));
+    let refused = transfer::import(
+        &store,
+        &Subscriptions::load(&with_headers.path).unwrap(),
+        || {},
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("subscription(s) d have headers"),
+        "{refused}"
+    );
+
     let (stored, problems) = store.load_all().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     for sub in parsed.iter() {

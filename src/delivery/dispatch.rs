@@ -22,7 +22,9 @@ use crate::delivery::http::{HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use crate::delivery::signing::signature_header;
-use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscription};
+use crate::delivery::subscriptions::{
+    HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription,
+};
 use crate::observe::events::{Notices, OperationalEvent};
 use crate::observe::metrics::{MAX_QUARANTINE_SERIES, Metrics};
 use crate::units::now_ms;
@@ -351,6 +353,52 @@ impl Dispatcher {
         }
     }
 
+    /// The subscription's own headers and its basic auth, secrets resolved now; the error names
+    /// the header and the reference, never a value.
+    fn extra_headers(
+        &self,
+        sub: &Subscription,
+    ) -> Result<Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>, String> {
+        use base64::Engine;
+        use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
+        let mut out = Vec::with_capacity(sub.headers.len() + 1);
+        for h in &sub.headers {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("header {:?} is not a header name", h.name))?;
+            let (value, sensitive) = match &h.value {
+                HeaderValueSpec::Static(v) => (HeaderValue::from_str(v), false),
+                HeaderValueSpec::Secret(r) => {
+                    let text = self
+                        .secrets
+                        .resolve_text(r)
+                        .map_err(|e| format!("header {}: {e}", h.name))?;
+                    (HeaderValue::from_str(&text), true)
+                }
+            };
+            let mut value = value.map_err(|_| {
+                format!(
+                    "header {}: its value is not a header value (visible ASCII and spaces)",
+                    h.name
+                )
+            })?;
+            value.set_sensitive(sensitive);
+            out.push((name, value));
+        }
+        if let Some(basic) = &sub.basic_auth {
+            let password = self
+                .secrets
+                .resolve_text(&basic.password)
+                .map_err(|e| format!("basic_auth password: {e}"))?;
+            let token = base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{password}", basic.username));
+            let mut value = HeaderValue::from_str(&format!("Basic {token}"))
+                .map_err(|_| "basic_auth: not a header value".to_owned())?;
+            value.set_sensitive(true);
+            out.push((AUTHORIZATION, value));
+        }
+        Ok(out)
+    }
+
     /// Signs with every unexpired secret that resolves now, and sends.
     async fn send(
         &self,
@@ -371,6 +419,13 @@ impl Dispatcher {
             ));
             return (result, None);
         }
+        let extra = match self.extra_headers(sub) {
+            Ok(extra) => extra,
+            Err(reason) => {
+                warn!(subscription = %sub.id, error = %reason, "A header of the subscription cannot be made");
+                return (AttemptResult::NotSent(reason), None);
+            }
+        };
         let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent, sub.rate);
         self.announce_health();
         let slot = match admitted {
@@ -403,6 +458,7 @@ impl Dispatcher {
                 timestamp,
                 signature,
                 body: body.clone(),
+                extra,
             })
             .await;
         slot.finish(&report.result);

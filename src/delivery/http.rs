@@ -29,6 +29,9 @@ pub struct WebhookRequest<'a> {
     /// The `webhook-signature` value.
     pub signature: String,
     pub body: Bytes,
+    /// The subscription's own headers (and `Authorization` for basic auth), checked against the
+    /// reserved names when the subscription was read; secret ones marked sensitive.
+    pub extra: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl WebhookRequest<'_> {
@@ -54,6 +57,12 @@ impl WebhookRequest<'_> {
             HeaderName::from_static("x-delivery-attempt"),
             HeaderValue::from(self.attempt),
         );
+        for (name, value) in &self.extra {
+            // Never one of the above: reserved names are refused where subscriptions are read.
+            if !h.contains_key(name) {
+                h.insert(name.clone(), value.clone());
+            }
+        }
         Ok(h)
     }
 }

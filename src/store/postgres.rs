@@ -51,6 +51,12 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("reading the subscription store was interrupted: {0}")]
     Interrupted(String),
+    #[error(
+        "subscription(s) {0} have headers or basic_auth, which the PostgreSQL store does not keep \
+         yet: importing would drop them; keep these subscriptions in the file, or remove those \
+         settings first"
+    )]
+    Unsupported(String),
 }
 
 /// A row left out of the snapshot, and why.
@@ -380,6 +386,9 @@ fn subscription(
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n > 0),
         rate,
+        // Not kept by the PostgreSQL store yet: the file's alone.
+        headers: Vec::new(),
+        basic_auth: None,
     })
 }
 

@@ -26,6 +26,14 @@ pub async fn import(
     file: &Subscriptions,
     mut progress: impl FnMut(),
 ) -> Result<Imported, StoreError> {
+    let unsupported: Vec<&str> = file
+        .iter()
+        .filter(|s| !s.headers.is_empty() || s.basic_auth.is_some())
+        .map(|s| s.id.as_str())
+        .collect();
+    if !unsupported.is_empty() {
+        return Err(StoreError::Unsupported(unsupported.join(", ")));
+    }
     let (existing, _problems) = store.load_all().await?;
     let mut report = Imported::default();
     let mut tx = store.pool().begin().await?;

@@ -52,6 +52,8 @@ pub struct Record {
     pub verified_with: Vec<bool>,
     /// `webhook-signature` as received (every `v1,` and `v1a,` signature).
     pub signature: String,
+    /// Every request header, as received.
+    pub headers: HeaderMap,
     pub received_at_ms: u64,
     /// Its place in arrival order, from 0 (records are kept in the order answers were made).
     pub arrival: usize,
@@ -259,6 +261,7 @@ async fn receive(
         status,
         verified_with,
         signature: text("webhook-signature"),
+        headers: headers.clone(),
         received_at_ms: now_ms(),
         arrival,
         concurrent,

@@ -11,5 +11,8 @@ pub mod parse;
 pub mod secrets;
 
 pub use live::{LiveSubscriptions, Reload};
-pub use parse::{EventFilter, Subscription, SubscriptionError, SubscriptionErrors, Subscriptions};
+pub use parse::{
+    BasicAuth, EventFilter, ExtraHeader, HeaderValueSpec, Subscription, SubscriptionError,
+    SubscriptionErrors, Subscriptions,
+};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};

@@ -52,6 +52,86 @@ struct Entry {
     max_concurrent: Option<u32>,
     #[serde(default)]
     rate: Option<Spanned<String>>,
+    #[serde(default)]
+    headers: Option<Spanned<std::collections::BTreeMap<String, HeaderEntry>>>,
+    #[serde(default)]
+    basic_auth: Option<Spanned<BasicAuthEntry>>,
+}
+
+/// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum HeaderEntry {
+    Static(String),
+    Secret { secret: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BasicAuthEntry {
+    username: String,
+    /// A secret reference.
+    password: String,
+}
+
+/// Headers a subscription cannot set: the signature's, the body's, hookrelay's own, and those
+/// the HTTP client owns. `webhook-*` as a prefix.
+pub const RESERVED_HEADERS: [&str; 10] = [
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "host",
+    "connection",
+    "user-agent",
+    "idempotency-key",
+    "x-delivery-attempt",
+    "te",
+];
+
+/// Why a header name cannot be a subscription's, or `None` when it can.
+pub fn reserved_header(name: &str) -> Option<String> {
+    let lower = name.to_ascii_lowercase();
+    if lower.starts_with("webhook-") {
+        return Some(format!(
+            "{name:?} is reserved: the webhook-* headers carry the id, timestamp and signature"
+        ));
+    }
+    RESERVED_HEADERS
+        .contains(&lower.as_str())
+        .then(|| format!("{name:?} is reserved: hookrelay or the HTTP client sets it"))
+}
+
+/// A request header a subscription adds to every attempt.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExtraHeader {
+    /// Lower case.
+    pub name: String,
+    pub value: HeaderValueSpec,
+}
+
+/// A header's value: written in the configuration, or read from a secret reference at attempt
+/// time (never logged).
+#[derive(Clone, PartialEq, Eq)]
+pub enum HeaderValueSpec {
+    Static(String),
+    Secret(SecretRef),
+}
+
+impl std::fmt::Debug for ExtraHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            HeaderValueSpec::Static(_) => write!(f, "{} (static)", self.name),
+            HeaderValueSpec::Secret(r) => write!(f, "{} (from {r})", self.name),
+        }
+    }
+}
+
+/// HTTP basic authentication to the endpoint: the password a secret reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password: SecretRef,
 }
 
 fn enabled_by_default() -> bool {
@@ -167,6 +247,10 @@ pub struct Subscription {
     /// Requests per unit of time to this subscription's endpoint (`"50/s"`), instead of
     /// `endpoints.rate`; shared by the fleet like the cap.
     pub rate: Option<Rate>,
+    /// Headers added to every attempt.
+    pub headers: Vec<ExtraHeader>,
+    /// `Authorization: Basic` on every attempt.
+    pub basic_auth: Option<BasicAuth>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -181,6 +265,8 @@ impl std::fmt::Debug for Subscription {
             .field("paused", &self.paused)
             .field("max_concurrent", &self.max_concurrent)
             .field("rate", &self.rate)
+            .field("headers", &self.headers)
+            .field("basic_auth", &self.basic_auth.as_ref().map(|b| &b.username))
             .finish()
     }
 }
@@ -198,6 +284,8 @@ impl Subscription {
             paused: false,
             max_concurrent: None,
             rate: None,
+            headers: Vec::new(),
+            basic_auth: None,
         }
     }
 
@@ -344,6 +432,84 @@ impl Subscriptions {
                     }
                 },
             };
+            let mut headers = Vec::new();
+            if let Some(table) = &entry.headers {
+                let at = table.span().start;
+                for (name, value) in table.get_ref() {
+                    if let Some(why) = reserved_header(name) {
+                        errors.push(error(at, "headers", why));
+                        continue;
+                    }
+                    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                        errors.push(error(
+                            at,
+                            "headers",
+                            format!("{name:?} is not a header name"),
+                        ));
+                        continue;
+                    }
+                    let name = name.to_ascii_lowercase();
+                    if name == "authorization" && entry.basic_auth.is_some() {
+                        errors.push(error(
+                            at,
+                            "headers",
+                            "\"authorization\" and basic_auth both set the Authorization header; keep one".into(),
+                        ));
+                        continue;
+                    }
+                    match value {
+                        HeaderEntry::Static(v) => {
+                            if reqwest::header::HeaderValue::from_str(v).is_err() {
+                                errors.push(error(
+                                    at,
+                                    "headers",
+                                    format!("the value of {name:?} is not a header value (visible ASCII and spaces)"),
+                                ));
+                            } else {
+                                headers.push(ExtraHeader {
+                                    name,
+                                    value: HeaderValueSpec::Static(v.clone()),
+                                });
+                            }
+                        }
+                        HeaderEntry::Secret { secret } => match SecretRef::parse(secret) {
+                            Ok(r) => headers.push(ExtraHeader {
+                                name,
+                                value: HeaderValueSpec::Secret(r),
+                            }),
+                            Err(message) => {
+                                errors.push(error(at, "headers", format!("{name:?}: {message}")))
+                            }
+                        },
+                    }
+                }
+            }
+            let basic_auth = match &entry.basic_auth {
+                None => None,
+                Some(b) => {
+                    let at = b.span().start;
+                    let b = b.get_ref();
+                    if b.username.contains(':') || b.username.is_empty() {
+                        errors.push(error(
+                            at,
+                            "basic_auth.username",
+                            "a user name is not empty and has no ':'".into(),
+                        ));
+                        None
+                    } else {
+                        match SecretRef::parse(&b.password) {
+                            Ok(password) => Some(BasicAuth {
+                                username: b.username.clone(),
+                                password,
+                            }),
+                            Err(message) => {
+                                errors.push(error(at, "basic_auth.password", message));
+                                None
+                            }
+                        }
+                    }
+                }
+            };
             if errors.len() == before
                 && let Some(url) = url
             {
@@ -359,6 +525,8 @@ impl Subscriptions {
                         paused: entry.paused.is_some_and(|p| *p.get_ref()),
                         max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
                         rate,
+                        headers,
+                        basic_auth,
                     }),
                 );
             }
@@ -533,6 +701,70 @@ impl Subscriptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with(extra: &str) -> Result<Subscriptions, SubscriptionErrors> {
+        Subscriptions::parse(
+            "subs.toml",
+            &format!(
+                "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"https://h.example/x\"\n\
+                 secrets = [\"env:X\"]\n{extra}"
+            ),
+        )
+    }
+
+    #[test]
+    fn headers_and_basic_auth_are_read_and_reserved_names_refused_by_name() {
+        let subs = with(
+            "headers = { \"X-Team\" = \"orders\", \"X-Api-Key\" = { secret = \"env:API_KEY\" } }\n\
+             basic_auth = { username = \"hookrelay\", password = \"file:/run/pw\" }\n",
+        )
+        .unwrap();
+        let sub = subs.get("s").unwrap();
+        let names: Vec<(&str, bool)> = sub
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.as_str(),
+                    matches!(h.value, HeaderValueSpec::Secret(_)),
+                )
+            })
+            .collect();
+        assert_eq!(names, [("x-api-key", true), ("x-team", false)]);
+        assert_eq!(sub.basic_auth.as_ref().unwrap().username, "hookrelay");
+        // Debug shows names and references, never a value.
+        let shown = format!("{sub:?}");
+        assert!(
+            shown.contains("x-api-key (from env:API_KEY)") && !shown.contains("orders"),
+            "{shown}"
+        );
+
+        for (header, why) in [
+            (
+                "Webhook-Signature",
+                "\"Webhook-Signature\" is reserved: the webhook-* headers",
+            ),
+            (
+                "Content-Type",
+                "\"Content-Type\" is reserved: hookrelay or the HTTP client sets it",
+            ),
+            ("Idempotency-Key", "\"Idempotency-Key\" is reserved"),
+        ] {
+            let err = with(&format!("headers = {{ \"{header}\" = \"x\" }}\n")).unwrap_err();
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        let both = with(
+            "headers = { Authorization = \"Bearer x\" }\n\
+             basic_auth = { username = \"u\", password = \"env:P\" }\n",
+        )
+        .unwrap_err();
+        assert!(both.to_string().contains("keep one"), "{both}");
+        let colon =
+            with("basic_auth = { username = \"a:b\", password = \"env:P\" }\n").unwrap_err();
+        assert!(colon.to_string().contains("basic_auth.username"), "{colon}");
+        let not_a_ref = with("headers = { \"X-Key\" = { secret = \"plain\" } }\n").unwrap_err();
+        assert!(not_a_ref.to_string().contains("\"x-key\""), "{not_a_ref}");
+    }
 
     #[test]
     fn a_version_with_changes_indexes_as_a_version_built_whole() {

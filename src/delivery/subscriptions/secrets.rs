@@ -106,6 +106,11 @@ struct Cached {
     key: Result<Arc<SigningKey>, SecretError>,
 }
 
+struct CachedText {
+    at: Instant,
+    text: Result<Arc<str>, SecretError>,
+}
+
 /// Resolves secret references to signing keys, reusing a resolution for `refresh` so an attempt
 /// does not read a file, yet a rotation is seen within that time.
 pub struct SecretStore {
@@ -114,6 +119,8 @@ pub struct SecretStore {
     /// Opens sealed secrets (a PostgreSQL store's); empty for a file's references.
     keyring: Arc<Keyring>,
     cache: Mutex<HashMap<SecretRef, Cached>>,
+    /// Secrets that are not signing keys (header values, passwords), as text.
+    texts: Mutex<HashMap<SecretRef, CachedText>>,
 }
 
 impl std::fmt::Debug for SecretStore {
@@ -135,6 +142,7 @@ impl SecretStore {
             env,
             keyring: Arc::new(Keyring::empty()),
             cache: Mutex::new(HashMap::new()),
+            texts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -164,7 +172,41 @@ impl SecretStore {
         key
     }
 
+    /// A secret that is not a signing key (a header's value, a password), as text without its
+    /// final line break; reused for `refresh` like a key.
+    pub fn resolve_text(&self, reference: &SecretRef) -> Result<Arc<str>, SecretError> {
+        {
+            let texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = texts.get(reference)
+                && hit.at.elapsed() < self.refresh
+            {
+                return hit.text.clone();
+            }
+        }
+        let text = self
+            .read_text(reference)
+            .map(|t| Arc::from(t.trim_end_matches(['\r', '\n'])));
+        self.texts.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            reference.clone(),
+            CachedText {
+                at: Instant::now(),
+                text: text.clone(),
+            },
+        );
+        text
+    }
+
     fn read(&self, reference: &SecretRef) -> Result<Arc<SigningKey>, SecretError> {
+        let raw = self.read_text(reference)?;
+        SigningKey::parse(&raw)
+            .map(Arc::new)
+            .map_err(|source| SecretError::Malformed {
+                reference: reference.to_string(),
+                source,
+            })
+    }
+
+    fn read_text(&self, reference: &SecretRef) -> Result<String, SecretError> {
         let shown = reference.to_string();
         let raw = match reference {
             SecretRef::Env(name) => self.env.var(name).ok_or(SecretError::EnvMissing {
@@ -190,12 +232,7 @@ impl SecretStore {
                 })?
             }
         };
-        SigningKey::parse(&raw)
-            .map(Arc::new)
-            .map_err(|source| SecretError::Malformed {
-                reference: shown,
-                source,
-            })
+        Ok(raw)
     }
 
     /// The keys of every unexpired secret of `subscription` that resolves, newest first, and
