@@ -668,7 +668,8 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
     assert_eq!(after.body.get("event_types"), None);
     assert_eq!(after.body["tenant"], "acme");
 
-    // Only an object is a body; an optional one may be empty or null.
+    // Only an object is a body; an optional one may be absent or null, and whitespace alone is
+    // not JSON.
     let array = api
         .raw(
             Method::POST,
@@ -679,7 +680,7 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
         )
         .await;
     assert_eq!(array.problem(422)["errors"][0]["field"], "(body)");
-    for empty in [&b""[..], b"null", b" "] {
+    for empty in [&b""[..], b"null", b" null\n"] {
         let answer = api
             .raw(
                 Method::POST,
@@ -690,6 +691,17 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
             )
             .await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    for blank in [&b" "[..], b"\n"] {
+        api.raw(
+            Method::POST,
+            "/v1/subscriptions/sub_a/resume",
+            Some(ADMIN),
+            Some(blank.to_vec()),
+            &[],
+        )
+        .await
+        .problem(400);
     }
     let first_page = api
         .call(Method::GET, "/v1/subscriptions?cursor=", ADMIN, None)

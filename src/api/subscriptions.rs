@@ -47,7 +47,9 @@ pub(super) fn json<T: DeserializeOwned>(
         _ => ApiError::BadRequest(rejection.body_text()),
     })?;
     let text = body.trim_ascii();
-    if (text.is_empty() || text == b"null")
+    // No body at all, or JSON's null: the optional body's defaults. Whitespace alone is not
+    // JSON, and is answered as such.
+    if (body.is_empty() || text == b"null")
         && let Some(default) = empty
     {
         return Ok(default);
