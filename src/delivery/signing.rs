@@ -81,11 +81,6 @@ impl SigningKey {
         Ok(Self::Asymmetric(Box::new(key)))
     }
 
-    /// Parses a `whsec_<base64>` secret (or a `whsk_` secret key).
-    pub fn from_whsec(secret: &str) -> Result<Self, KeyError> {
-        Self::parse(secret)
-    }
-
     pub fn from_bytes(bytes: &[u8]) -> Self {
         Self::Symmetric(
             Hmac::<Sha256>::new_from_slice(bytes).expect("HMAC accepts keys of any length"),
@@ -203,7 +198,7 @@ mod tests {
     /// The example from the Standard Webhooks specification.
     #[test]
     fn matches_the_published_test_vector() {
-        let key = SigningKey::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let key = SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert_eq!(
             key.sign(
                 "msg_p5jXN8AQM9LWM0D4loKWxJek",
@@ -219,8 +214,8 @@ mod tests {
         let old = generate_secret();
         let new = generate_secret();
         let keys = [
-            SigningKey::from_whsec(&new).unwrap(),
-            SigningKey::from_whsec(&old).unwrap(),
+            SigningKey::parse(&new).unwrap(),
+            SigningKey::parse(&old).unwrap(),
         ];
         let body = br#"{"a":1}"#;
         let ts = crate::units::now_ms() / 1000;
@@ -241,22 +236,19 @@ mod tests {
     #[test]
     fn malformed_secrets_are_refused() {
         assert_eq!(
-            SigningKey::from_whsec("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
+            SigningKey::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
             KeyError::MissingPrefix
         );
         // The error names the fault, not the byte or its place.
         assert_eq!(
-            SigningKey::from_whsec("whsec_QUJD~RA==")
+            SigningKey::parse("whsec_QUJD~RA==")
                 .unwrap_err()
                 .to_string(),
             "the part after the prefix is not base64 (a character that is not base64)"
         );
+        assert_eq!(SigningKey::parse("whsec_").unwrap_err(), KeyError::Empty);
         assert_eq!(
-            SigningKey::from_whsec("whsec_").unwrap_err(),
-            KeyError::Empty
-        );
-        assert_eq!(
-            format!("{:?}", SigningKey::from_whsec(&generate_secret()).unwrap()),
+            format!("{:?}", SigningKey::parse(&generate_secret()).unwrap()),
             "SigningKey(***)"
         );
     }

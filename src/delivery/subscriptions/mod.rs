@@ -4,15 +4,15 @@
 //!
 //! - [`parse`]: the file and its validation.
 //! - [`secrets`]: secret references and their resolution.
+//! - [`headers`]: a subscription's own request headers and basic auth, and the reserved names.
 //! - [`live`]: the version in force, reloaded as the file changes.
 
+pub mod headers;
 pub mod live;
 pub mod parse;
 pub mod secrets;
 
+pub use headers::{BasicAuth, ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
-pub use parse::{
-    BasicAuth, EventFilter, ExtraHeader, HeaderValueSpec, Subscription, SubscriptionError,
-    SubscriptionErrors, Subscriptions,
-};
+pub use parse::{EventFilter, Subscription, SubscriptionError, SubscriptionErrors, Subscriptions};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};

@@ -290,7 +290,7 @@ mod tests {
             .push(SecretSpec::new(SecretRef::File(path.clone())));
         let (keys, errors) = store.keys_for(&sub);
         assert_eq!((keys.len(), errors.len()), (2, 0));
-        let expected = SigningKey::from_whsec(&v2).unwrap().sign("i", 1, b"{}");
+        let expected = SigningKey::parse(&v2).unwrap().sign("i", 1, b"{}");
         assert_eq!(keys[0].sign("i", 1, b"{}"), expected);
 
         std::fs::remove_file(&path).unwrap();
