@@ -342,7 +342,7 @@ impl Default for WorkerConfig {
             in_flight: 300,
             retry_share: 0.3,
             lease_slack: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(45),
             requeue_delay: Duration::from_secs(1),
         }
     }
@@ -353,9 +353,14 @@ impl Default for WorkerConfig {
 pub struct HttpConfig {
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// The whole request, response body included.
+    /// The whole request, response body included. Standard Webhooks asks endpoints to answer
+    /// within 15 to 30 seconds; the default gives them the lower end.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// The whole request for an OAuth2 token (lookup, connect, answer), for subscriptions that
+    /// authenticate with one. It comes before the attempt, in the same hold of the delivery.
+    #[serde(with = "humantime_serde")]
+    pub token_timeout: Duration,
     /// At most this much of a response body is read; the rest is dropped.
     pub max_response_bytes: usize,
 }
@@ -364,7 +369,8 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(15),
+            token_timeout: Duration::from_secs(5),
             max_response_bytes: 64 * 1024,
         }
     }
@@ -743,6 +749,7 @@ impl Config {
             ("amqp.reconnect_min", self.amqp.reconnect_min),
             ("http.connect_timeout", self.http.connect_timeout),
             ("http.request_timeout", self.http.request_timeout),
+            ("http.token_timeout", self.http.token_timeout),
             ("broker.consumer_timeout", self.broker.consumer_timeout),
             ("worker.shutdown_grace", self.worker.shutdown_grace),
             ("reload.interval", self.reload.interval),
@@ -833,12 +840,13 @@ impl Config {
             return Err(ConfigError::invalid(
                 "broker.consumer_timeout",
                 format!(
-                    "the longest a delivery is held before its outcome is first published (the \
-                     attempt, lookup through a proxy {} + connect {} + request {}, + one publish \
-                     {} + slack {} = {}) must stay below the broker's consumer_timeout ({}); a \
+                    "the longest a delivery is held before its outcome is first published (an \
+                     OAuth2 token {} + the attempt, lookup through a proxy {} + connect {} + \
+                     request {}, + one publish {} + slack {} = {}) must stay below the broker's consumer_timeout ({}); a \
                      publish that fails is tried again only while another fits before \
                      consumer_timeout less the slack. Raise consumer_timeout in rabbitmq.conf, or \
                      lower the timeouts",
+                    fmt_duration(self.http.token_timeout),
                     fmt_duration(self.lookup_budget()),
                     fmt_duration(self.http.connect_timeout),
                     fmt_duration(self.http.request_timeout),
@@ -853,8 +861,9 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.shutdown_grace",
                 format!(
-                    "must be longer than one attempt and its publish (lookup through a proxy + \
-                     connect + request + confirm = {}) so a drain can finish what is in flight",
+                    "must be longer than one attempt and its publish (OAuth2 token + lookup \
+                     through a proxy + connect + request + confirm = {}) so a drain can finish \
+                     what is in flight",
                     fmt_duration(self.attempt_budget())
                 ),
             ));
@@ -863,12 +872,14 @@ impl Config {
     }
 
     /// The longest one delivery can be held before its outcome is first published, and that
-    /// publish: the HTTP attempt and one publish ([`Config::publish_budget`]). Nothing else
+    /// publish: an OAuth2 token's fetch (for subscriptions with one), the HTTP attempt and one
+    /// publish ([`Config::publish_budget`]). Nothing else
     /// waits while holding the delivery: an endpoint at its cap or with its breaker open defers
     /// at once, unpaced (a deferral is one confirmed publish, like a retry). A publish that
     /// fails is tried again within [`Config::lease`], not within this.
     pub fn attempt_budget(&self) -> Duration {
-        self.lookup_budget()
+        self.http.token_timeout
+            + self.lookup_budget()
             + self.http.connect_timeout
             + self.http.request_timeout
             + self.publish_budget()
@@ -1118,10 +1129,12 @@ mod tests {
     #[test]
     fn the_lease_rule_counts_every_wait_a_delivery_can_make() {
         let defaults = Config::default();
-        // The attempt (3s + 10s) + one publish under one deadline 5s, then 30s slack. No wait
-        // for an endpoint slot and no deferral pacing: both would hold a lane slot.
-        assert_eq!(defaults.attempt_budget(), Duration::from_secs(18));
-        assert_eq!(defaults.lease_window(), Duration::from_secs(48));
+        // An OAuth2 token 5s, the attempt (3s + 15s), one publish under one deadline 5s, then
+        // 30s slack. No wait for an endpoint slot and no deferral pacing: both would hold a lane
+        // slot.
+        assert_eq!(defaults.attempt_budget(), Duration::from_secs(28));
+        assert_eq!(defaults.lease_window(), Duration::from_secs(58));
+        assert!(defaults.validate().is_ok());
         assert_eq!(defaults.lease(), Duration::from_secs(270));
         let mut slow = Config::default();
         slow.http.request_timeout = Duration::from_secs(300);
@@ -1137,13 +1150,14 @@ mod tests {
             &env(&[("HOOKRELAY_EGRESS_PROXY", "http://proxy.internal:3128")]),
         )
         .unwrap();
-        assert_eq!(proxied.attempt_budget(), Duration::from_secs(21));
+        // token 5 + lookup 3 + connect 3 + request 15 + confirm 5
+        assert_eq!(proxied.attempt_budget(), Duration::from_secs(31));
         // The drain must have room for an attempt and its publish.
         let mut short_grace = Config::default();
         short_grace.worker.shutdown_grace = Duration::from_secs(15);
         let refused = short_grace.validate().unwrap_err().to_string();
         assert!(
-            refused.contains("worker.shutdown_grace") && refused.contains("18s"),
+            refused.contains("worker.shutdown_grace") && refused.contains("28s"),
             "{refused}"
         );
     }

@@ -57,6 +57,7 @@ async fn post(sender: &HttpSender, url: &str) -> AttemptResult {
             signature: "v1,x".into(),
             body: Bytes::from_static(b"{}"),
             extra: Vec::new(),
+            client_tls: None,
         })
         .await
         .result
@@ -474,4 +475,28 @@ async fn ip_literals_in_decimal_hex_and_octal_are_refused_like_dotted_ones() {
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
     assert_eq!(proxy.request_count(), 0, "no literal reached the proxy");
+}
+
+#[tokio::test]
+async fn a_token_endpoint_passes_the_egress_policy_like_an_endpoint() {
+    // An OAuth2 token endpoint on a metadata address, named and literal: refused before any
+    // connection, with the policy's reason.
+    let (addr, accepted) = counting_listener().await;
+    let lookup = StaticLookup::default().with("idp.test", &["169.254.169.254"]);
+    let sender = sender(EgressPolicy::default(), lookup);
+    for url in [
+        format!("http://idp.test:{}/token", addr.port()),
+        format!("http://127.0.0.1:{}/token", addr.port()),
+    ] {
+        let refused = sender
+            .post_form(
+                &url.parse().unwrap(),
+                None,
+                "grant_type=client_credentials".into(),
+            )
+            .await
+            .unwrap_err();
+        assert!(refused.contains("egress"), "{refused}");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
 }

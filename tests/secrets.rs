@@ -1,8 +1,10 @@
 //! Secrets never leave the process: a worker runs with passwords and tokens in endpoint URLs,
-//! signing keys (good and malformed), management and proxy credentials, through every failure
+//! signing keys (good and malformed), header values, basic-auth and OAuth2 client secrets, an
+//! OAuth2 access token, a TLS client key, management and proxy credentials, through every failure
 //! path (not https, a malformed key at reload and at an attempt, an invalid URL at reload, 4xx,
 //! 5xx, 410, unreachable, egress denied, a proxy that does not answer, a management API that
-//! refuses the password), and everything it wrote is searched for any of them: its log, the dead
+//! refuses the password, an endpoint refusing the OAuth2 token, a client key that is not one),
+//! and everything it wrote is searched for any of them: its log, the dead
 //! letters' headers, the operational events and the attempt records.
 
 mod common;
@@ -165,7 +167,63 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         api_key_file.display(),
         password_file.display()
     );
+    // An OAuth2 client secret and the token it gets (the endpoint refuses the token: 401, a new
+    // one each attempt), and a client key that is not PEM (never sent; the error names it).
+    let oauth_secret = secret_text("oauthsecret");
+    let access_token = secret_text("accesstoken");
+    let oauth_secret_file = header_dir.path().join("oauth-secret");
+    std::fs::write(&oauth_secret_file, &oauth_secret).unwrap();
+    let oauth_basic = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("leaky:{oauth_secret}"))
+    };
+    let token_url = {
+        let issued = access_token.clone();
+        let app = axum::Router::new().route(
+            "/token",
+            axum::routing::post(move || {
+                let issued = issued.clone();
+                async move {
+                    format!(
+                        r#"{{"access_token":"{issued}","token_type":"bearer","expires_in":60}}"#
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        format!("http://{addr}/token")
+    };
+    let tls_key = secret_text("tlskey");
+    let tls_cert_file = header_dir.path().join("client.pem");
+    let tls_key_file = header_dir.path().join("client.key");
+    std::fs::write(
+        &tls_cert_file,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &tls_key_file,
+        format!("-----BEGIN PRIVATE KEY-----\n{tls_key}\n-----END PRIVATE KEY-----\n"),
+    )
+    .unwrap();
+    let oauth_toml = format!(
+        "oauth2 = {{ token_url = \"{token_url}\", client_id = \"leaky\", client_secret = \"file:{}\" }}\n",
+        oauth_secret_file.display()
+    );
+    let tls_toml = format!(
+        "tls = {{ cert = \"file:{}\", key = \"file:{}\" }}\n",
+        tls_cert_file.display(),
+        tls_key_file.display()
+    );
     let mut secrets = vec![
+        oauth_secret.clone(),
+        access_token.clone(),
+        oauth_basic.clone(),
+        tls_key.clone(),
         api_key.clone(),
         basic_password.clone(),
         basic_token.clone(),
@@ -185,6 +243,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
     let receiver = Receiver::start(std::slice::from_ref(&good.whsec), |req| match req.path {
         "/reject" => Reply::Status(400),
         "/fail" => Reply::Status(500),
+        "/oauth" => Reply::Status(401),
         "/gone" => Reply::Status(410),
         _ => Reply::Status(204),
     })
@@ -242,6 +301,20 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
                 "",
             ),
             subscription_toml("sub_key", "acme", &url(&local, "key"), &turning, ""),
+            subscription_toml(
+                "sub_oauth",
+                "acme",
+                &format!("http://{local}/oauth"),
+                &good.file_ref(),
+                &oauth_toml,
+            ),
+            subscription_toml(
+                "sub_mtls",
+                "acme",
+                &format!("https://{local}/mtls"),
+                &good.file_ref(),
+                &tls_toml,
+            ),
             extra.to_owned(),
         ]
         .concat()
@@ -272,11 +345,13 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         "sub_unreachable",
         "sub_internal",
         "sub_key",
+        "sub_oauth",
+        "sub_mtls",
     ] {
         t.publish(&common::event(&format!("evt_{sub}"), "acme", sub))
             .await;
     }
-    assert!(t.wait_dead(6, WAIT).await, "every envelope dead-lettered");
+    assert!(t.wait_dead(8, WAIT).await, "every envelope dead-lettered");
     // sub_fail's requests carried its headers, the secret one read from its file.
     let fail = receiver
         .records()
@@ -364,7 +439,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         t.publish(&common::event(&format!("evt_{sub}"), "acme", sub))
             .await;
     }
-    assert!(t.wait_dead(8, WAIT).await, "every envelope dead-lettered");
+    assert!(t.wait_dead(10, WAIT).await, "every envelope dead-lettered");
     worker.stop().await;
 
     // Debug output of what holds credentials.
@@ -380,7 +455,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         .unwrap_err();
 
     let dead = t.drain_dead().await;
-    assert_eq!(dead.len(), 8);
+    assert_eq!(dead.len(), 10);
     let dead_headers: String = dead
         .iter()
         .map(|m| header_texts(m.delivery.properties.headers().as_ref()))
@@ -420,6 +495,8 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         "subscriptions.reload_failed",
         "not base64",
         "HTTP 401",
+        "refused the OAuth2 token",
+        "cannot use the client certificate of subscription sub_mtls",
     ] {
         assert!(all.contains(expected), "nothing says {expected:?}");
     }

@@ -18,7 +18,7 @@ use crate::contract::headers;
 use crate::contract::ladder::Ladder;
 use crate::delivery::endpoint::HealthSignal;
 use crate::delivery::endpoint::{EndpointKey, Endpoints};
-use crate::delivery::http::{HttpSender, WebhookRequest};
+use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use crate::delivery::signing::signature_header;
@@ -36,6 +36,8 @@ pub struct Dispatcher {
     pub(crate) subscriptions: Arc<LiveSubscriptions>,
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) http: HttpSender,
+    /// OAuth2 tokens of the subscriptions that authenticate with one.
+    pub(crate) tokens: crate::delivery::oauth::Tokens,
     pub(crate) endpoints: Endpoints,
     pub(crate) publisher: Arc<Publisher>,
     /// Declares a paused subscription's parking queue before anything is parked in it.
@@ -102,6 +104,7 @@ impl Dispatcher {
             subscriptions,
             secrets,
             http,
+            tokens: Default::default(),
             publisher,
             notices,
             metrics,
@@ -399,6 +402,31 @@ impl Dispatcher {
         Ok(out)
     }
 
+    /// The subscription's client certificate, key and CA as PEM, read now (within the secret
+    /// refresh, so a rotated certificate is used without a restart); the error names the
+    /// references, never what they hold.
+    fn client_pem(&self, sub: &Subscription) -> Result<Option<ClientPem>, String> {
+        let Some(tls) = &sub.tls else {
+            return Ok(None);
+        };
+        let read = |what: &str, r| {
+            self.secrets
+                .resolve_text(r)
+                .map_err(|e| format!("tls.{what}: {e}"))
+        };
+        let cert = read("cert", &tls.cert)?;
+        let key = read("key", &tls.key)?;
+        let ca = match &tls.ca {
+            None => None,
+            Some(r) => Some(read("ca", r)?),
+        };
+        Ok(Some(ClientPem {
+            subscription: sub.id.clone(),
+            identity: Arc::from(format!("{cert}\n{key}\n")),
+            ca,
+        }))
+    }
+
     /// Signs with every unexpired secret that resolves now, and sends.
     async fn send(
         &self,
@@ -426,6 +454,13 @@ impl Dispatcher {
                 return (AttemptResult::NotSent(reason), None);
             }
         };
+        let client_tls = match self.client_pem(sub) {
+            Ok(pem) => pem,
+            Err(reason) => {
+                warn!(subscription = %sub.id, error = %reason, "The client certificate of the subscription cannot be read");
+                return (AttemptResult::NotSent(reason), None);
+            }
+        };
         let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent, sub.rate);
         self.announce_health();
         let slot = match admitted {
@@ -441,6 +476,41 @@ impl Dispatcher {
                 };
                 return (result, None);
             }
+        };
+        // After admission: an endpoint that takes nothing now costs its token endpoint nothing.
+        let mut extra = extra;
+        let token = match &sub.oauth2 {
+            None => None,
+            Some(spec) => match self
+                .tokens
+                .get(&sub.id, spec, &self.secrets, &self.http)
+                .await
+            {
+                Ok(token) => {
+                    match reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.value))
+                    {
+                        Ok(mut value) => {
+                            value.set_sensitive(true);
+                            extra.push((reqwest::header::AUTHORIZATION, value));
+                        }
+                        // Checked when the token was parsed; a token that cannot be sent is no token.
+                        Err(_) => {
+                            let result = AttemptResult::NotSent(
+                                "the OAuth2 access token is not a header value".into(),
+                            );
+                            slot.finish(&result);
+                            return (result, None);
+                        }
+                    }
+                    Some(token)
+                }
+                Err(reason) => {
+                    warn!(subscription = %sub.id, error = %reason, "No OAuth2 token for the subscription");
+                    let result = AttemptResult::NotSent(reason);
+                    slot.finish(&result);
+                    return (result, None);
+                }
+            },
         };
         let timestamp = now_ms() / 1000;
         let signature = signature_header(
@@ -459,8 +529,19 @@ impl Dispatcher {
                 signature,
                 body: body.clone(),
                 extra,
+                client_tls,
             })
             .await;
+        let mut report = report;
+        if let (Some(token), AttemptResult::Response { status: 401, .. }) = (&token, &report.result)
+        {
+            // The token may have been revoked or rotated early: the next attempt gets a new one.
+            self.tokens.refused(&sub.id, token);
+            report.result = AttemptResult::TokenRefused(
+                "HTTP 401: the endpoint refused the OAuth2 token; the next attempt fetches a new one"
+                    .into(),
+            );
+        }
         slot.finish(&report.result);
         self.announce_health();
         lane.metrics

@@ -345,6 +345,7 @@ pub fn is_endpoint_failure(result: &AttemptResult) -> bool {
         }
         AttemptResult::Timeout | AttemptResult::Transport(_) => true,
         AttemptResult::NotSent(_)
+        | AttemptResult::TokenRefused(_)
         | AttemptResult::EgressDenied(_)
         | AttemptResult::Deferred { .. } => false,
     }

@@ -8,7 +8,8 @@ use reqwest::header::{
     CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue, RETRY_AFTER, USER_AGENT,
 };
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::config::HttpConfig;
 use crate::contract::envelope::EnvelopeId;
@@ -29,9 +30,43 @@ pub struct WebhookRequest<'a> {
     /// The `webhook-signature` value.
     pub signature: String,
     pub body: Bytes,
-    /// The subscription's own headers (and `Authorization` for basic auth), checked against the
-    /// reserved names when the subscription was read; secret ones marked sensitive.
+    /// The subscription's own headers (and `Authorization` for basic auth or a bearer token),
+    /// checked against the reserved names when the subscription was read; secret ones marked
+    /// sensitive.
     pub extra: Vec<(HeaderName, HeaderValue)>,
+    /// The client certificate to present, for a subscription with one.
+    pub client_tls: Option<ClientPem>,
+}
+
+/// A subscription's client certificate and key as PEM text, and the CA the endpoint's
+/// certificate must chain to when not the system's. `Debug` shows the subscription only.
+#[derive(Clone)]
+pub struct ClientPem {
+    pub subscription: String,
+    /// The certificate chain, then the private key.
+    pub identity: Arc<str>,
+    pub ca: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for ClientPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientPem")
+            .field("subscription", &self.subscription)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientPem {
+    fn fingerprint(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(self.identity.as_bytes());
+        h.update([0]);
+        if let Some(ca) = &self.ca {
+            h.update(ca.as_bytes());
+        }
+        h.finalize().into()
+    }
 }
 
 impl WebhookRequest<'_> {
@@ -75,14 +110,21 @@ pub struct AttemptReport {
     pub response_excerpt: String,
 }
 
-/// Sends webhooks over one pooled client shared by every task. Every address it connects to
-/// passed the egress policy.
+/// Clients with a client certificate, by subscription id, with the fingerprint of its PEM.
+type TlsClients = HashMap<String, ([u8; 32], reqwest::Client)>;
+
+/// Sends webhooks over one pooled client shared by every task, and a client of its own for each
+/// subscription that presents a certificate. Every address they connect to passed the egress
+/// policy.
 #[derive(Debug, Clone)]
 pub struct HttpSender {
     client: reqwest::Client,
-    max_response_bytes: usize,
+    config: HttpConfig,
     policy: Arc<EgressPolicy>,
     resolver: GuardedResolver,
+    /// By subscription id, with the fingerprint of the PEM each was built from: a rotated
+    /// certificate (seen when its reference is read again) gets a new client.
+    tls_clients: Arc<Mutex<TlsClients>>,
 }
 
 impl HttpSender {
@@ -95,23 +137,121 @@ impl HttpSender {
         // a proxy (resolved here, before the client starts its clocks) it would have no bound.
         let resolver =
             GuardedResolver::new(Arc::clone(&policy), lookup).with_timeout(config.connect_timeout);
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(resolver.clone()))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true);
-        builder = match policy.proxy() {
-            Some(proxy) => builder.proxy(reqwest::Proxy::all(proxy.clone())?),
-            None => builder.no_proxy(),
-        };
+        let client = builder(config, &policy, &resolver)?.build()?;
         Ok(Self {
-            client: builder.build()?,
-            max_response_bytes: config.max_response_bytes,
+            client,
+            config: config.clone(),
             policy,
             resolver,
+            tls_clients: Arc::default(),
         })
+    }
+
+    /// The client that presents `pem`'s certificate, built the first time it is needed and
+    /// again when the PEM changes. The error says what is wrong, never what the PEM holds.
+    fn tls_client(&self, pem: &ClientPem) -> Result<reqwest::Client, String> {
+        let fingerprint = pem.fingerprint();
+        let mut clients = self.tls_clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((held, client)) = clients.get(&pem.subscription)
+            && *held == fingerprint
+        {
+            return Ok(client.clone());
+        }
+        let identity = reqwest::Identity::from_pem(pem.identity.as_bytes()).map_err(|_| {
+            format!(
+                "the client certificate of subscription {} is not a PEM certificate and private \
+                 key (PKCS#8, PKCS#1 or SEC1)",
+                pem.subscription
+            )
+        })?;
+        let mut builder = builder(&self.config, &self.policy, &self.resolver)
+            .map_err(|e| format!("cannot build a TLS client: {e}"))?
+            .identity(identity);
+        if let Some(ca) = &pem.ca {
+            let roots = reqwest::Certificate::from_pem_bundle(ca.as_bytes())
+                .ok()
+                .filter(|r| !r.is_empty())
+                .ok_or_else(|| {
+                    format!(
+                        "the tls.ca of subscription {} is not a PEM certificate",
+                        pem.subscription
+                    )
+                })?;
+            builder = builder.tls_certs_only(roots);
+        }
+        let client = builder.build().map_err(|e| {
+            format!(
+                "cannot use the client certificate of subscription {}: {}",
+                pem.subscription,
+                innermost(&e)
+            )
+        })?;
+        clients.insert(pem.subscription.clone(), (fingerprint, client.clone()));
+        Ok(client)
+    }
+
+    /// POSTs a form (an OAuth2 token request) and reads the answer, capped: the status and the
+    /// body, or why there is none, all within `http.token_timeout`. The target passes the
+    /// egress policy like an endpoint.
+    pub async fn post_form(
+        &self,
+        url: &reqwest::Url,
+        authorization: Option<String>,
+        form: String,
+    ) -> Result<(u16, Bytes), String> {
+        let limit = self.config.token_timeout;
+        tokio::time::timeout(limit, self.post_form_unbounded(url, authorization, form))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer within http.token_timeout ({})",
+                    crate::units::fmt_duration(limit)
+                ))
+            })
+    }
+
+    async fn post_form_unbounded(
+        &self,
+        url: &reqwest::Url,
+        authorization: Option<String>,
+        form: String,
+    ) -> Result<(u16, Bytes), String> {
+        if let Some(result) = self.precheck(url).await {
+            return Err(result.describe());
+        }
+        let mut request = self
+            .client
+            .post(url.clone())
+            .header(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/x-www-form-urlencoded"),
+            )
+            .header(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE))
+            .header(
+                reqwest::header::ACCEPT,
+                HeaderValue::from_static("application/json"),
+            )
+            .body(form);
+        if let Some(value) = authorization {
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| "the client credentials are not a header value".to_owned())?;
+            value.set_sensitive(true);
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| classify_error(&e).describe())?;
+        let status = response.status().as_u16();
+        let mut body = Vec::new();
+        while body.len() < self.config.max_response_bytes {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) => return Err(classify_error(&e).describe()),
+            }
+        }
+        Ok((status, Bytes::from(body)))
     }
 
     /// The policy's verdict before any connection: scheme, port, IP-literal hosts, and (through a
@@ -155,8 +295,20 @@ impl HttpSender {
                 };
             }
         };
-        let sent = self
-            .client
+        let client = match &request.client_tls {
+            None => self.client.clone(),
+            Some(pem) => match self.tls_client(pem) {
+                Ok(client) => client,
+                Err(reason) => {
+                    return AttemptReport {
+                        result: AttemptResult::NotSent(reason),
+                        latency: started.elapsed(),
+                        response_excerpt: String::new(),
+                    };
+                }
+            },
+        };
+        let sent = client
             .post(request.url.clone())
             .headers(headers)
             .body(request.body)
@@ -176,7 +328,7 @@ impl HttpSender {
                 let mut excerpt = Vec::new();
                 let mut read = 0usize;
                 let mut timed_out = false;
-                while read < self.max_response_bytes {
+                while read < self.config.max_response_bytes {
                     match response.chunk().await {
                         Ok(Some(chunk)) => {
                             read += chunk.len();
@@ -211,6 +363,37 @@ impl HttpSender {
     }
 }
 
+/// The client every request goes through: enforced timeouts, no redirects, the guarded
+/// resolver, the policy's proxy.
+fn builder(
+    config: &HttpConfig,
+    policy: &EgressPolicy,
+    resolver: &GuardedResolver,
+) -> Result<reqwest::ClientBuilder, reqwest::Error> {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(config.connect_timeout)
+        .timeout(config.request_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(Arc::new(resolver.clone()))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .tcp_nodelay(true);
+    Ok(match policy.proxy() {
+        Some(proxy) => builder.proxy(reqwest::Proxy::all(proxy.clone())?),
+        None => builder.no_proxy(),
+    })
+}
+
+/// The innermost cause of an error: what actually happened ("Connection refused").
+fn innermost(e: &dyn std::error::Error) -> String {
+    let mut detail = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        detail = inner.to_string();
+        source = inner.source();
+    }
+    detail
+}
+
 fn classify_error(e: &reqwest::Error) -> AttemptResult {
     if let Some(denied) = find_denial(e) {
         return AttemptResult::EgressDenied(denied.to_string());
@@ -218,13 +401,7 @@ fn classify_error(e: &reqwest::Error) -> AttemptResult {
     if e.is_timeout() {
         return AttemptResult::Timeout;
     }
-    // The innermost cause says what actually happened ("Connection refused").
-    let mut detail = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(inner) = source {
-        detail = inner.to_string();
-        source = inner.source();
-    }
+    let detail = innermost(e);
     let kind = if e.is_connect() { "connect" } else { "request" };
     AttemptResult::Transport(format!("{kind}: {detail}"))
 }

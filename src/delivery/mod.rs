@@ -13,7 +13,8 @@
 //!   after recovery.
 //! - [`fleet`]: the live worker count and each worker's share of the fleet-wide limits.
 //! - [`egress`]: where a webhook may go.
-//! - [`http`]: the signed POST.
+//! - [`oauth`]: OAuth2 tokens for endpoints that want one, fetched once and cached.
+//! - [`http`]: the signed POST, and the client certificate a subscription presents.
 
 pub mod dispatch;
 pub mod egress;
@@ -21,6 +22,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod http;
 pub mod lane;
+pub mod oauth;
 pub mod parking;
 pub mod route;
 pub mod settle;

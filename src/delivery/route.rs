@@ -35,6 +35,9 @@ pub enum AttemptResult {
     NotSent(String),
     /// The egress policy refused the endpoint's address; no connection was made.
     EgressDenied(String),
+    /// The endpoint answered 401 to an OAuth2 token: retried with a new token, and not held
+    /// against the endpoint's health (it is up and says so).
+    TokenRefused(String),
     /// No attempt was made: the endpoint's breaker is open, a concurrency cap or rate was
     /// full, or the endpoint is recovering at its limit. Not an attempt: [`defer`] decides
     /// what follows, by `cause`.
@@ -77,6 +80,7 @@ impl AttemptResult {
             AttemptResult::Timeout => "timeout".to_owned(),
             AttemptResult::Transport(e) => format!("transport error: {e}"),
             AttemptResult::NotSent(e) => format!("not sent: {e}"),
+            AttemptResult::TokenRefused(e) => e.clone(),
             AttemptResult::EgressDenied(e) | AttemptResult::Deferred { reason: e, .. } => e.clone(),
         }
     }

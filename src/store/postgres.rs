@@ -52,7 +52,7 @@ pub enum StoreError {
     #[error("reading the subscription store was interrupted: {0}")]
     Interrupted(String),
     #[error(
-        "subscription(s) {0} have headers or basic_auth, which the PostgreSQL store does not keep \
+        "subscription(s) {0} have headers, basic_auth, oauth2 or tls, which the PostgreSQL store does not keep \
          yet: importing would drop them; keep these subscriptions in the file, or remove those \
          settings first"
     )]
@@ -389,6 +389,8 @@ fn subscription(
         // Not kept by the PostgreSQL store yet: the file's alone.
         headers: Vec::new(),
         basic_auth: None,
+        oauth2: None,
+        tls: None,
     })
 }
 

@@ -28,7 +28,9 @@ pub async fn import(
 ) -> Result<Imported, StoreError> {
     let unsupported: Vec<&str> = file
         .iter()
-        .filter(|s| !s.headers.is_empty() || s.basic_auth.is_some())
+        .filter(|s| {
+            !s.headers.is_empty() || s.basic_auth.is_some() || s.oauth2.is_some() || s.tls.is_some()
+        })
         .map(|s| s.id.as_str())
         .collect();
     if !unsupported.is_empty() {

@@ -56,6 +56,7 @@ pub fn config() -> Config {
     let mut config = Config::load(None, &ProcessEnv).expect("test configuration");
     config.http.connect_timeout = Duration::from_secs(1);
     config.http.request_timeout = Duration::from_secs(2);
+    config.http.token_timeout = Duration::from_secs(1);
     // Tests that fail endpoints on purpose would otherwise trip breakers; those that test the
     // breaker set their own threshold.
     config.endpoints.breaker_failures = 100_000;

@@ -14,6 +14,9 @@ use axum::response::{IntoResponse, Response};
 
 use hookrelay::units::now_ms;
 
+/// The TLS library [`Receiver::start_tls`] takes a configuration of.
+pub use tokio_rustls::rustls;
+
 /// How the endpoint answers one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -34,6 +37,7 @@ pub struct Incoming<'a> {
     pub attempt: u32,
     pub path: &'a str,
     pub body: &'a [u8],
+    pub headers: &'a HeaderMap,
 }
 
 /// One request as it arrived.
@@ -75,11 +79,49 @@ struct Inner {
     max_in_flight: std::sync::atomic::AtomicUsize,
     /// Requests that have arrived.
     arrived: std::sync::atomic::AtomicUsize,
+    /// TLS handshakes that failed (a client certificate refused, for one).
+    refused: std::sync::atomic::AtomicUsize,
+}
+
+/// Accepts TCP connections and completes their TLS handshakes; a failed handshake is counted
+/// and dropped, and accepting goes on.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    inner: Arc<Inner>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            match self.acceptor.accept(stream).await {
+                Ok(tls) => return (tls, addr),
+                Err(_) => {
+                    self.inner
+                        .refused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
 }
 
 /// A running endpoint. Dropping it stops the server.
 pub struct Receiver {
     addr: SocketAddr,
+    /// "https" for a receiver over TLS.
+    scheme: &'static str,
     inner: Arc<Inner>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -89,6 +131,25 @@ impl Receiver {
     /// verification); `script` picks each answer.
     pub async fn start(
         secrets: &[String],
+        script: impl Fn(&Incoming<'_>) -> Reply + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        Self::serve(secrets, None, script).await
+    }
+
+    /// As [`Receiver::start`], over TLS with `tls` (which may require a client certificate).
+    /// A handshake that fails is dropped before any request: as an endpoint that refuses the
+    /// client's certificate does. [`Receiver::handshakes_refused`] counts them.
+    pub async fn start_tls(
+        secrets: &[String],
+        tls: Arc<tokio_rustls::rustls::ServerConfig>,
+        script: impl Fn(&Incoming<'_>) -> Reply + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        Self::serve(secrets, Some(tls), script).await
+    }
+
+    async fn serve(
+        secrets: &[String],
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
         script: impl Fn(&Incoming<'_>) -> Reply + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let verifiers = secrets
@@ -107,6 +168,7 @@ impl Receiver {
             in_flight: Default::default(),
             max_in_flight: Default::default(),
             arrived: Default::default(),
+            refused: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -114,18 +176,44 @@ impl Receiver {
             .fallback(axum::routing::post(receive))
             .with_state(Arc::clone(&inner));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        match tls {
+            None => {
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await;
+                });
+            }
+            Some(tls) => {
+                let listener = TlsListener {
+                    tcp: listener,
+                    acceptor: tokio_rustls::TlsAcceptor::from(tls),
+                    inner: Arc::clone(&inner),
+                };
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await;
+                });
+            }
+        }
         Ok(Self {
             addr,
+            scheme,
             inner,
             stop: Some(stop),
         })
+    }
+
+    /// TLS handshakes that failed, for a receiver started with [`Receiver::start_tls`].
+    pub fn handshakes_refused(&self) -> usize {
+        self.inner
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -133,8 +221,10 @@ impl Receiver {
     }
 
     /// `http://127.0.0.1:<port><path>`.
+    /// `http://127.0.0.1:port{path}`, or `https://` over TLS (the server certificate names
+    /// the address).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("{}://{}{path}", self.scheme, self.addr)
     }
 
     pub fn records(&self) -> Vec<Record> {
@@ -222,6 +312,7 @@ async fn receive(
         attempt,
         path: uri.path(),
         body: &body,
+        headers: &headers,
     });
     use std::sync::atomic::{AtomicUsize, Ordering};
     /// Counts the request out however it ends (a client that gives up drops the handler).

@@ -1,6 +1,5 @@
-//! What a subscription adds to each request besides the signature: headers of its own (a
-//! static value, or a secret reference read at attempt time) and HTTP basic authentication;
-//! and the header names it may not set.
+//! Headers a subscription adds to each request besides the signature (a static value, or a
+//! secret reference read at attempt time), and the header names it may not set.
 
 use super::secrets::SecretRef;
 
@@ -55,11 +54,4 @@ impl std::fmt::Debug for ExtraHeader {
             HeaderValueSpec::Secret(r) => write!(f, "{} (from {r})", self.name),
         }
     }
-}
-
-/// HTTP basic authentication to the endpoint: the password a secret reference.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BasicAuth {
-    pub username: String,
-    pub password: SecretRef,
 }

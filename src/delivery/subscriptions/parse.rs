@@ -57,6 +57,10 @@ struct Entry {
     headers: Option<Spanned<std::collections::BTreeMap<String, HeaderEntry>>>,
     #[serde(default)]
     basic_auth: Option<Spanned<BasicAuthEntry>>,
+    #[serde(default)]
+    oauth2: Option<Spanned<OAuth2Entry>>,
+    #[serde(default)]
+    tls: Option<Spanned<TlsEntry>>,
 }
 
 /// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
@@ -73,6 +77,31 @@ struct BasicAuthEntry {
     username: String,
     /// A secret reference.
     password: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OAuth2Entry {
+    token_url: String,
+    client_id: String,
+    /// A secret reference.
+    client_secret: String,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    audience: Option<String>,
+    #[serde(default)]
+    auth_method: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsEntry {
+    /// Secret references to PEM text.
+    cert: String,
+    key: String,
+    #[serde(default)]
+    ca: Option<String>,
 }
 
 fn enabled_by_default() -> bool {
@@ -168,6 +197,45 @@ pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, V
     }
 }
 
+/// An `[subscription.oauth2]` table, or the field and why not.
+fn parse_oauth2(o: &OAuth2Entry) -> Result<OAuth2, (&'static str, String)> {
+    let token_url = parse_url(&o.token_url).map_err(|m| ("token_url", m))?;
+    if o.client_id.is_empty() {
+        return Err(("client_id", "a client id is not empty".into()));
+    }
+    let client_secret = SecretRef::parse(&o.client_secret).map_err(|m| ("client_secret", m))?;
+    let method = match &o.auth_method {
+        None => ClientAuthMethod::default(),
+        Some(raw) => ClientAuthMethod::parse(raw).map_err(|m| ("auth_method", m))?,
+    };
+    if method == ClientAuthMethod::Basic && o.client_id.contains(':') {
+        return Err((
+            "client_id",
+            "a client id sent with auth_method = \"basic\" has no ':'; use \"post\"".into(),
+        ));
+    }
+    Ok(OAuth2 {
+        token_url,
+        client_id: o.client_id.clone(),
+        client_secret,
+        scope: o.scope.clone().filter(|s| !s.is_empty()),
+        audience: o.audience.clone().filter(|s| !s.is_empty()),
+        method,
+    })
+}
+
+/// A `[subscription.tls]` table, or the field and why not.
+fn parse_tls(t: &TlsEntry) -> Result<ClientTls, (&'static str, String)> {
+    Ok(ClientTls {
+        cert: SecretRef::parse(&t.cert).map_err(|m| ("cert", m))?,
+        key: SecretRef::parse(&t.key).map_err(|m| ("key", m))?,
+        ca: match &t.ca {
+            None => None,
+            Some(raw) => Some(SecretRef::parse(raw).map_err(|m| ("ca", m))?),
+        },
+    })
+}
+
 /// One subscription as it is now. `Debug` shows the URL without user information or query.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Subscription {
@@ -192,6 +260,10 @@ pub struct Subscription {
     pub headers: Vec<ExtraHeader>,
     /// `Authorization: Basic` on every attempt.
     pub basic_auth: Option<BasicAuth>,
+    /// `Authorization: Bearer` with a token from an OAuth2 token endpoint.
+    pub oauth2: Option<OAuth2>,
+    /// A client certificate presented to the endpoint (mutual TLS).
+    pub tls: Option<ClientTls>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -208,6 +280,8 @@ impl std::fmt::Debug for Subscription {
             .field("rate", &self.rate)
             .field("headers", &self.headers)
             .field("basic_auth", &self.basic_auth.as_ref().map(|b| &b.username))
+            .field("oauth2", &self.oauth2)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -227,6 +301,8 @@ impl Subscription {
             rate: None,
             headers: Vec::new(),
             basic_auth: None,
+            oauth2: None,
+            tls: None,
         }
     }
 
@@ -390,11 +466,13 @@ impl Subscriptions {
                         continue;
                     }
                     let name = name.to_ascii_lowercase();
-                    if name == "authorization" && entry.basic_auth.is_some() {
+                    if name == "authorization"
+                        && (entry.basic_auth.is_some() || entry.oauth2.is_some())
+                    {
                         errors.push(error(
                             at,
                             "headers",
-                            "\"authorization\" and basic_auth both set the Authorization header; keep one".into(),
+                            "\"authorization\" and basic_auth or oauth2 would each set the Authorization header; keep one".into(),
                         ));
                         continue;
                     }
@@ -451,6 +529,42 @@ impl Subscriptions {
                     }
                 }
             };
+            if let (Some(b), Some(_)) = (&entry.basic_auth, &entry.oauth2) {
+                errors.push(error(
+                    b.span().start,
+                    "basic_auth",
+                    "basic_auth and oauth2 would each set the Authorization header; keep one"
+                        .into(),
+                ));
+            }
+            let oauth2 = entry
+                .oauth2
+                .as_ref()
+                .and_then(|o| match parse_oauth2(o.get_ref()) {
+                    Ok(o) => Some(o),
+                    Err((field, message)) => {
+                        errors.push(error(o.span().start, &format!("oauth2.{field}"), message));
+                        None
+                    }
+                });
+            let tls = entry
+                .tls
+                .as_ref()
+                .and_then(|t| match parse_tls(t.get_ref()) {
+                    Ok(t) => Some(t),
+                    Err((field, message)) => {
+                        errors.push(error(t.span().start, &format!("tls.{field}"), message));
+                        None
+                    }
+                });
+            if tls.is_some() && url.as_ref().is_some_and(|u| u.scheme() != "https") {
+                errors.push(error(
+                    entry.url.span().start,
+                    "tls",
+                    "a client certificate is presented over TLS only: the url must be https://"
+                        .into(),
+                ));
+            }
             if errors.len() == before
                 && let Some(url) = url
             {
@@ -468,6 +582,8 @@ impl Subscriptions {
                         rate,
                         headers,
                         basic_auth,
+                        oauth2,
+                        tls,
                     }),
                 );
             }
@@ -705,6 +821,73 @@ mod tests {
         assert!(colon.to_string().contains("basic_auth.username"), "{colon}");
         let not_a_ref = with("headers = { \"X-Key\" = { secret = \"plain\" } }\n").unwrap_err();
         assert!(not_a_ref.to_string().contains("\"x-key\""), "{not_a_ref}");
+    }
+
+    #[test]
+    fn oauth2_and_client_certificates_are_read_and_their_conflicts_refused() {
+        let subs = with(
+            "[subscription.oauth2]\n\
+             token_url = \"https://idp.example/oauth/token\"\n\
+             client_id = \"hookrelay\"\n\
+             client_secret = \"env:IDP_SECRET\"\n\
+             scope = \"webhooks:write\"\n\
+             [subscription.tls]\n\
+             cert = \"file:/run/secrets/client.pem\"\n\
+             key = \"file:/run/secrets/client.key\"\n",
+        )
+        .unwrap();
+        let sub = subs.get("s").unwrap();
+        let oauth = sub.oauth2.as_ref().unwrap();
+        assert_eq!(oauth.client_id, "hookrelay");
+        assert_eq!(oauth.method, ClientAuthMethod::Basic);
+        assert_eq!(oauth.scope.as_deref(), Some("webhooks:write"));
+        assert_eq!(
+            sub.tls.as_ref().unwrap().key,
+            SecretRef::File("/run/secrets/client.key".into())
+        );
+
+        let refusals = [
+            (
+                "basic_auth = { username = \"u\", password = \"env:P\" }\n\
+                 oauth2 = { token_url = \"https://i.example/t\", client_id = \"c\", client_secret = \"env:S\" }\n",
+                "keep one",
+            ),
+            (
+                "headers = { Authorization = \"Bearer x\" }\n\
+                 oauth2 = { token_url = \"https://i.example/t\", client_id = \"c\", client_secret = \"env:S\" }\n",
+                "keep one",
+            ),
+            (
+                "oauth2 = { token_url = \"ftp://i.example/t\", client_id = \"c\", client_secret = \"env:S\" }\n",
+                "oauth2.token_url",
+            ),
+            (
+                "oauth2 = { token_url = \"https://i.example/t\", client_id = \"c\", client_secret = \"whsec_abc\" }\n",
+                "oauth2.client_secret: secrets are references",
+            ),
+            (
+                "oauth2 = { token_url = \"https://i.example/t\", client_id = \"c\", client_secret = \"env:S\", auth_method = \"jwt\" }\n",
+                "oauth2.auth_method",
+            ),
+            (
+                "tls = { cert = \"file:/c\", key = \"-----BEGIN PRIVATE KEY-----\" }\n",
+                "tls.key: not a secret reference",
+            ),
+        ];
+        for (extra, why) in refusals {
+            let err = with(extra).unwrap_err();
+            assert!(err.to_string().contains(why), "{extra}: {err}");
+        }
+        let plain_http = Subscriptions::parse(
+            "subs.toml",
+            "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"http://h.example/x\"\n\
+             secrets = [\"env:X\"]\ntls = { cert = \"file:/c\", key = \"file:/k\" }\n",
+        )
+        .unwrap_err();
+        assert!(
+            plain_http.to_string().contains("must be https://"),
+            "{plain_http}"
+        );
     }
 
     #[test]
