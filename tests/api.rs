@@ -108,6 +108,14 @@ impl Api {
     }
 
     async fn start_with(broker: Option<BrokerSetup>, max_body: usize) -> Self {
+        Self::start_with_policy(broker, max_body, EgressPolicy::default()).await
+    }
+
+    async fn start_with_policy(
+        broker: Option<BrokerSetup>,
+        max_body: usize,
+        policy: EgressPolicy,
+    ) -> Self {
         let db = TestDb::create().await;
         let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
         let setup = ApiSetup {
@@ -118,11 +126,7 @@ impl Api {
                 (ACME, Some("acme")),
                 (GLOBEX, Some("globex")),
             ]),
-            egress: Egress::new(
-                EgressPolicy::default(),
-                Arc::new(lookup()),
-                Duration::from_secs(1),
-            ),
+            egress: Egress::new(policy, Arc::new(lookup()), Duration::from_secs(1)),
             max_body,
             broker,
             history: Some(db.store.pool().clone()),
@@ -1522,4 +1526,244 @@ async fn schemathesis_finds_no_server_error() {
     for line in output.lines().filter(|l| l.contains("generated,")) {
         eprintln!("schemathesis, {elapsed:.0?}:{line}");
     }
+}
+
+/// A token endpoint on loopback that issues `token` to anyone, for an hour.
+async fn token_endpoint(token: &'static str) -> String {
+    let app = axum::Router::new().route(
+        "/token",
+        axum::routing::post(move || async move {
+            format!(r#"{{"access_token":"{token}","token_type":"Bearer","expires_in":3600}}"#)
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/token")
+}
+
+#[tokio::test]
+async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_delivered() {
+    use hookrelay_tools::receiver::{Receiver, Reply};
+    const API_KEY: &str = "k_live_5e0b7a0c2d9f4e13";
+    const CLIENT_SECRET: &str = "cs_8d1f60a2b7e94c55";
+    const TOKEN: &str = "at_a93c1e7b4f2d0856";
+    let t = TestLadder::apply("api-auth", &["300ms"], &["300ms"]).await;
+    let policy = common::egress::allowing(&["127.0.0.0/8"]);
+    let api = Api::start_with_policy(Some(broker(&t)), 64 * 1024, policy).await;
+    let receiver = Receiver::start(&[], |req| {
+        let header = |name: &str| {
+            req.headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+        };
+        if header("x-api-key") == API_KEY && header("authorization") == format!("Bearer {TOKEN}") {
+            Reply::Status(204)
+        } else {
+            Reply::Status(401)
+        }
+    })
+    .await
+    .unwrap();
+    let token_url = token_endpoint(TOKEN).await;
+
+    let create = |id: &str| {
+        json!({
+            "id": id, "tenant": "acme", "url": receiver.url("/hook"),
+            "signatures": ["v1", "v1a"],
+            "headers": { "X-Team": "orders", "X-Api-Key": { "secret": API_KEY } },
+            "oauth2": { "token_url": token_url, "client_id": "hookrelay", "client_secret": CLIENT_SECRET, "scope": "hooks" },
+        })
+    };
+    let created = api.create(ACME, create("sub_auth")).await;
+    let whsec = created["secret"].as_str().unwrap().to_owned();
+    let whpk = created["public_key"].as_str().unwrap().to_owned();
+    assert!(
+        whsec.starts_with("whsec_") && whpk.starts_with("whpk_"),
+        "{created}"
+    );
+    let view = &created["subscription"];
+    assert_eq!(view["headers"]["x-team"], json!({ "value": "orders" }));
+    assert_eq!(view["headers"]["x-api-key"], json!({ "secret": true }));
+    assert_eq!(view["oauth2"]["client_id"], "hookrelay");
+    assert_eq!(view["oauth2"]["auth_method"], "basic");
+    let keys: Vec<&Value> = view["secrets"].as_array().unwrap().iter().collect();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys.iter()
+            .filter(|k| k["public_key"] == json!(whpk))
+            .count(),
+        1
+    );
+    // Neither the answer nor a read, nor anything the database holds, has a secret value.
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_auth", ACME, None)
+        .await;
+    let stored: Vec<String> = sqlx::query_scalar(
+        "SELECT coalesce(encode(sealed, 'escape'), reference, '') || ' ' || purpose \
+         FROM subscription_secrets UNION ALL SELECT request::text FROM subscriptions",
+    )
+    .fetch_all(api.db.store.pool())
+    .await
+    .unwrap();
+    for place in [
+        created.to_string(),
+        read.body.to_string(),
+        stored.join("\n"),
+    ] {
+        assert!(
+            !place.contains(API_KEY) && !place.contains(CLIENT_SECRET),
+            "{place}"
+        );
+    }
+    assert!(
+        stored.iter().any(|s| s.ends_with(" header:x-api-key")),
+        "{stored:?}"
+    );
+
+    // A worker following the store delivers with them: the header opened from its sealed row,
+    // a token from the token endpoint, and v1 and v1a signatures.
+    let worker = {
+        let (first, _) = api.db.store.load_all().await.unwrap();
+        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
+            t.config.clone(),
+            t.ladder.clone(),
+            hookrelay::delivery::subscriptions::LiveSubscriptions::followed(first),
+        );
+        setup.secrets =
+            SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::clone(&api.keyring));
+        common::RunningWorker::launch(&t, setup).await
+    };
+    t.publish(&common::event("evt_auth", "acme", "sub_auth"))
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await,
+        "{:?}",
+        receiver
+            .records()
+            .iter()
+            .map(|r| r.status)
+            .collect::<Vec<_>>()
+    );
+    worker.stop().await;
+    let record = receiver.records().pop().unwrap();
+    assert_eq!(
+        record.headers.get("x-team").and_then(|v| v.to_str().ok()),
+        Some("orders")
+    );
+    let mut headers = reqwest::header::HeaderMap::new();
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        headers.insert(name, record.headers[name].clone());
+    }
+    standardwebhooks::Webhook::new(&whsec)
+        .unwrap()
+        .verify(&record.body, &headers)
+        .unwrap();
+    {
+        use base64::Engine;
+        use base64::engine::general_purpose::STANDARD;
+        use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+        let public: [u8; 32] = STANDARD
+            .decode(whpk.trim_start_matches("whpk_"))
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let v1a = record
+            .signature
+            .split(' ')
+            .find_map(|s| s.strip_prefix("v1a,"))
+            .unwrap();
+        let mut message = format!("{}.{}.", record.id, record.timestamp.unwrap()).into_bytes();
+        message.extend_from_slice(&record.body);
+        VerifyingKey::from_bytes(&public)
+            .unwrap()
+            .verify(
+                &message,
+                &Signature::from_slice(&STANDARD.decode(v1a).unwrap()).unwrap(),
+            )
+            .unwrap();
+    }
+
+    // Refusals name the field: a reserved header, two sources of Authorization, a client
+    // certificate that is not PEM, or for an http:// endpoint.
+    for (body, field) in [
+        (
+            json!({ "headers": { "Webhook-Id": "x" } }),
+            "headers.Webhook-Id",
+        ),
+        (
+            json!({ "basic_auth": { "username": "u", "password": "p" },
+                    "oauth2": { "token_url": token_url, "client_id": "c", "client_secret": "s" } }),
+            "basic_auth",
+        ),
+        (
+            json!({ "tls": { "cert": "-----BEGIN CERTIFICATE-----", "key": "nope" } }),
+            "tls.key",
+        ),
+        (
+            json!({ "oauth2": { "token_url": "http://169.254.169.254/token", "client_id": "c", "client_secret": "s" } }),
+            "oauth2.token_url",
+        ),
+        (json!({ "signatures": [] }), "signatures"),
+    ] {
+        let mut request = json!({ "tenant": "acme", "url": receiver.url("/x") });
+        for (k, v) in body.as_object().unwrap() {
+            request[k] = v.clone();
+        }
+        let refused = api
+            .call(Method::POST, "/v1/subscriptions", ACME, Some(request))
+            .await;
+        refused.problem(422);
+        assert_eq!(refused.fields(), [field], "{}", refused.body);
+    }
+
+    // A change replaces what it names: headers removed, their secret rows with them.
+    let changed = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_auth",
+            ACME,
+            Some(json!({ "headers": null })),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    assert_eq!(changed.body.get("headers"), None);
+    let header_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM subscription_secrets WHERE purpose LIKE 'header:%'",
+    )
+    .fetch_one(api.db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(header_rows, 0);
+
+    // Rotating to v1a alone: a public key, no shared secret; both sign until the old expire.
+    let rotated = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions/sub_auth/secrets/rotate",
+            ACME,
+            Some(json!({ "signatures": ["v1a"], "expire_old_after": "1h" })),
+        )
+        .await;
+    assert_eq!(rotated.status, StatusCode::OK, "{}", rotated.body);
+    assert_eq!(rotated.body.get("secret"), None);
+    assert!(
+        rotated.body["public_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("whpk_")
+    );
+    assert_eq!(
+        rotated.body["subscription"]["secrets"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    api.stop().await;
 }

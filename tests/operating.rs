@@ -225,6 +225,8 @@ async fn sigterm_drains_under_load_and_loses_nothing() {
     let mut child = worker
         .env("HOOKRELAY_WORKER_IN_FLIGHT", "70")
         .env("HOOKRELAY_WORKER_SHUTDOWN_GRACE", "25s")
+        .env("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "5s")
+        .env("HOOKRELAY_HTTP_TOKEN_TIMEOUT", "1s")
         .env("HOOKRELAY_LOG_LEVEL", "warn")
         .spawn()
         .unwrap();
@@ -323,6 +325,7 @@ async fn sigterm_with_a_republish_in_flight_exits_within_the_grace() {
         )
         .env("HOOKRELAY_HTTP_CONNECT_TIMEOUT", "1s")
         .env("HOOKRELAY_HTTP_REQUEST_TIMEOUT", "2s")
+        .env("HOOKRELAY_HTTP_TOKEN_TIMEOUT", "1s")
         .env("HOOKRELAY_AMQP_CONFIRM_TIMEOUT", "1s")
         .env("HOOKRELAY_METRICS_LISTEN", format!("127.0.0.1:{port}"))
         .env("HOOKRELAY_LOG_LEVEL", "warn")

@@ -133,24 +133,31 @@ enabled = false
     let again = transfer::import(&store, &parsed, || {}).await.unwrap();
     assert_eq!((again.created, again.updated, again.unchanged), (0, 0, 3));
 
-    // Headers and basic auth are the file's alone for now: importing them is refused, whole.
-    let with_headers = SubsFile::new(&format!(
+    // Headers and endpoint authentication are imported with their references, and read back
+    // by a worker as the file says them.
+    let with_auth = format!(
         "{text}\n[[subscription]]\nid = \"d\"\ntenant = \"acme\"\nurl = \"https://hooks.example.com/d\"\n\
-         secrets = [\"env:D\"]\nheaders = {{ \"X-Team\" = \"orders\" }}\n"
-    ));
-    let refused = transfer::import(
-        &store,
-        &Subscriptions::load(&with_headers.path).unwrap(),
-        || {},
-    )
-    .await
-    .unwrap_err();
-    assert!(
-        refused
-            .to_string()
-            .contains("subscription(s) d have headers"),
-        "{refused}"
+         secrets = [\"env:D\"]\nheaders = {{ \"X-Team\" = \"orders\", \"X-Key\" = {{ secret = \"env:D_KEY\" }} }}\n\
+         tls = {{ cert = \"file:/run/d.pem\", key = \"file:/run/d.key\" }}\n\
+         [subscription.oauth2]\ntoken_url = \"https://idp.example.com/token\"\nclient_id = \"d\"\n\
+         client_secret = \"env:D_OAUTH\"\nscope = \"hooks\"\n"
     );
+    let with_auth = Subscriptions::parse("with-auth.toml", &with_auth).unwrap();
+    let report = transfer::import(&store, &with_auth, || {}).await.unwrap();
+    assert_eq!((report.created, report.unchanged), (1, 3));
+    let (stored, _) = store.load_all().await.unwrap();
+    assert_eq!(stored.get("d"), with_auth.get("d"));
+    let again = transfer::import(&store, &with_auth, || {}).await.unwrap();
+    assert_eq!(again.unchanged, 4, "importing it twice changes nothing");
+    let exported = transfer::export(&store, &Keyring::empty(), None)
+        .await
+        .unwrap();
+    let round = Subscriptions::parse("exported.toml", &exported).unwrap();
+    assert_eq!(round.get("d"), with_auth.get("d"), "{exported}");
+    sqlx::query("DELETE FROM subscriptions WHERE id = 'd'")
+        .execute(store.pool())
+        .await
+        .unwrap();
 
     let (stored, problems) = store.load_all().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");

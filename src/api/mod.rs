@@ -222,17 +222,20 @@ impl ApiState {
             .and_then(|id| id.as_str())
             .ok_or_else(|| ApiError::internal("a remembered answer has no subscription id"))?
             .to_owned();
-        let sealed = object
-            .remove("sealed_secret")
-            .and_then(|s| s.as_str().and_then(|s| STANDARD.decode(s).ok()))
-            .ok_or_else(|| ApiError::internal("a remembered answer has no sealed secret"))?;
-        let secret = self
-            .keyring
-            .open(&id, &sealed)
-            .ok()
-            .and_then(|s| String::from_utf8(s).ok())
-            .ok_or_else(|| ApiError::internal("a remembered secret does not open"))?;
-        object.insert("secret".into(), serde_json::Value::String(secret));
+        // A subscription signing v1a alone has no secret to show again, only its public key.
+        if let Some(sealed) = object.remove("sealed_secret") {
+            let sealed = sealed
+                .as_str()
+                .and_then(|s| STANDARD.decode(s).ok())
+                .ok_or_else(|| ApiError::internal("a remembered sealed secret is not base64"))?;
+            let secret = self
+                .keyring
+                .open(&id, &sealed)
+                .ok()
+                .and_then(|s| String::from_utf8(s).ok())
+                .ok_or_else(|| ApiError::internal("a remembered secret does not open"))?;
+            object.insert("secret".into(), serde_json::Value::String(secret));
+        }
         Ok((body, id))
     }
 }

@@ -1,8 +1,12 @@
 //! What the API takes and answers, as JSON. Requests refuse unknown fields; a response never
 //! holds a signing secret, except the answers to a create and a rotation, once.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::{IntoParams, ToSchema};
+
+use crate::store::request::{StoredBasicAuth, StoredHeader, StoredOAuth2, StoredTls};
 
 /// A new subscription.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -43,7 +47,106 @@ pub struct CreateSubscription {
         pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
     )]
     pub description: Option<String>,
+    /// How deliveries are signed: `v1` (HMAC-SHA256, a `whsec_` secret), `v1a` (ed25519: the
+    /// receiver holds only the public key) or both, side by side. Default `["v1"]`.
+    #[schema(example = json!(["v1a"]), min_items = 1, max_items = 2)]
+    pub signatures: Option<Vec<SignatureScheme>>,
+    /// Headers added to every attempt, by name: a value, or `{"secret": "..."}` for one kept
+    /// encrypted and never shown again. Reserved names (`webhook-*`, `content-type`, `host`,
+    /// `user-agent`, `idempotency-key`, ...) are refused.
+    #[schema(example = json!({"X-Team": "orders", "X-Api-Key": {"secret": "k_live_..."}}))]
+    pub headers: Option<BTreeMap<String, HeaderInput>>,
+    /// `Authorization: Basic` on every attempt.
+    pub basic_auth: Option<BasicAuthInput>,
+    /// `Authorization: Bearer` with a token from an OAuth2 token endpoint (client credentials).
+    pub oauth2: Option<OAuth2Input>,
+    /// A client certificate presented to the endpoint (mutual TLS); the url must be https://.
+    pub tls: Option<TlsInput>,
 }
+
+/// A signature scheme of Standard Webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+pub enum SignatureScheme {
+    /// HMAC-SHA256 with a shared `whsec_` secret.
+    #[serde(rename = "v1")]
+    V1,
+    /// ed25519: hookrelay keeps the `whsk_` secret key, the receiver the `whpk_` public key.
+    #[serde(rename = "v1a")]
+    V1a,
+}
+
+/// A header's value: the value itself, or a secret one.
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum HeaderInput {
+    Value(String),
+    Secret(SecretHeader),
+}
+
+impl std::fmt::Debug for HeaderInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderInput::Value(v) => write!(f, "{v:?}"),
+            HeaderInput::Secret(_) => f.write_str("(secret)"),
+        }
+    }
+}
+
+/// A header value kept encrypted, never shown again.
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretHeader {
+    pub secret: String,
+}
+
+/// Basic authentication to the endpoint.
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuthInput {
+    /// Not empty, no `:`.
+    pub username: String,
+    /// Kept encrypted, never shown again.
+    pub password: String,
+}
+
+/// OAuth2 client credentials (RFC 6749 section 4.4).
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OAuth2Input {
+    /// An http(s) URL the egress policy allows.
+    #[schema(example = "https://login.acme.example/oauth2/token")]
+    pub token_url: String,
+    pub client_id: String,
+    /// Kept encrypted, never shown again.
+    pub client_secret: String,
+    pub scope: Option<String>,
+    pub audience: Option<String>,
+    /// `basic` (client_secret_basic, the default) or `post` (client_secret_post).
+    pub auth_method: Option<String>,
+}
+
+/// A client certificate for mutual TLS, as PEM.
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TlsInput {
+    /// The certificate chain, PEM.
+    pub cert: String,
+    /// Its private key, PEM (PKCS#8, PKCS#1 or SEC1). Kept encrypted, never shown again.
+    pub key: String,
+    /// The CA the endpoint's certificate must chain to, PEM; the system's roots when absent.
+    pub ca: Option<String>,
+}
+
+macro_rules! redacted_debug {
+    ($($t:ty),*) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(concat!(stringify!($t), " { .. }"))
+            }
+        }
+    )*};
+}
+redacted_debug!(SecretHeader, BasicAuthInput, OAuth2Input, TlsInput);
 
 /// An exact event type, or a `prefix.*` wildcard.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
@@ -82,6 +185,22 @@ pub struct UpdateSubscription {
         pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
     )]
     pub description: Option<String>,
+    /// Replaces every header (secret ones must be given again); `null` removes them all.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<BTreeMap<String, HeaderInput>>)]
+    pub headers: Option<Option<BTreeMap<String, HeaderInput>>>,
+    /// Replaces basic auth; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<BasicAuthInput>)]
+    pub basic_auth: Option<Option<BasicAuthInput>>,
+    /// Replaces OAuth2; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<OAuth2Input>)]
+    pub oauth2: Option<Option<OAuth2Input>>,
+    /// Replaces the client certificate; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<TlsInput>)]
+    pub tls: Option<Option<TlsInput>>,
 }
 
 /// A field that is present, `null` or not: `Some(None)` for `null`, `None` when left out.
@@ -100,6 +219,9 @@ pub struct SecretInfo {
     /// RFC 3339; absent: it signs until a rotation sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// For a `v1a` key: its public key (`whpk_...`), for the receiver to verify with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
 }
 
 /// A subscription as stored.
@@ -124,6 +246,15 @@ pub struct SubscriptionView {
     pub disabled_reason: Option<String>,
     /// Newest first; never the secrets themselves.
     pub secrets: Vec<SecretInfo>,
+    /// Headers added to every attempt, by lower-case name; a secret one shows `secret: true`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, StoredHeader>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<StoredBasicAuth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2: Option<StoredOAuth2>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<StoredTls>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -132,9 +263,14 @@ pub struct SubscriptionView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreatedSubscription {
     pub subscription: SubscriptionView,
-    /// `whsec_<base64>`: verify deliveries with it. It is not shown again.
+    /// `whsec_<base64>` (signing `v1`): verify deliveries with it. It is not shown again.
     #[schema(example = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")]
-    pub secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// `whpk_<base64>` (signing `v1a`): verify deliveries with it; it is also in the
+    /// subscription's `secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
 }
 
 /// A page of subscriptions.
@@ -174,12 +310,21 @@ pub struct RotateSecret {
     /// An RFC 3339 time, not in the past, at most 366 days ahead.
     #[schema(example = "2027-01-31T00:00:00Z", format = DateTime)]
     pub old_expires_at: Option<String>,
+    /// The schemes the new secrets sign with; default: those that sign now. `["v1a"]` on a
+    /// subscription signing `v1` moves it to `v1a`, both signing until the old secret expires.
+    #[schema(min_items = 1, max_items = 2)]
+    pub signatures: Option<Vec<SignatureScheme>>,
 }
 
 /// The answer to a rotation: the new secret, shown this once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RotatedSecret {
-    pub secret: String,
+    /// The new `whsec_` secret, when `v1` is among the schemes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// The new `whpk_` public key, when `v1a` is among the schemes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
     /// When the secrets it replaces stop signing (RFC 3339).
     pub old_expires_at: String,
     pub subscription: SubscriptionView,

@@ -14,12 +14,13 @@ use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
 use crate::units::Rate;
 
 use super::auth::Scope;
-use super::model::{ListQuery, SecretInfo, SubscriptionPage, SubscriptionView};
+use super::model::{ListQuery, SecretInfo, SignatureScheme, SubscriptionPage, SubscriptionView};
 use super::problem::{ApiError, FieldError};
 use super::validate::Checked;
+use crate::store::request::StoredRequest;
 
 const COLUMNS: &str = "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, \
-     description, disabled_reason, \
+     description, disabled_reason, request, \
      (extract(epoch from created_at) * 1000)::int8 AS created_ms, \
      (extract(epoch from updated_at) * 1000)::int8 AS updated_ms";
 
@@ -46,10 +47,20 @@ fn column<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(
         .map_err(|e| ApiError::internal(format!("column {name}: {e}")))
 }
 
+fn request(row: &PgRow) -> Result<StoredRequest, ApiError> {
+    let request: sqlx::types::Json<StoredRequest> = column(row, "request")?;
+    Ok(request.0)
+}
+
 /// A row as the API shows it, with its secrets' dates (newest first).
 fn view(row: &PgRow, secrets: Vec<SecretInfo>) -> Result<SubscriptionView, ApiError> {
     let max_concurrent: Option<i32> = column(row, "max_concurrent")?;
+    let request = request(row)?;
     Ok(SubscriptionView {
+        headers: request.headers,
+        basic_auth: request.basic_auth,
+        oauth2: request.oauth2,
+        tls: request.tls,
         id: column(row, "id")?,
         tenant: column(row, "tenant")?,
         url: column(row, "url")?,
@@ -94,6 +105,9 @@ fn checked(row: &PgRow) -> Result<Checked, ApiError> {
         max_concurrent: max_concurrent.and_then(|n| u32::try_from(n).ok()),
         rate,
         description: column(row, "description")?,
+        request: request(row)?,
+        new_secrets: Vec::new(),
+        replaced: Vec::new(),
         id,
     })
 }
@@ -105,8 +119,8 @@ async fn secret_infos(
 ) -> Result<std::collections::HashMap<String, Vec<SecretInfo>>, ApiError> {
     let rows = sqlx::query(
         "SELECT subscription_id, (extract(epoch from created_at) * 1000)::int8 AS created_ms, \
-         (extract(epoch from expires_at) * 1000)::int8 AS expires_ms \
-         FROM subscription_secrets WHERE subscription_id = ANY($1) \
+         (extract(epoch from expires_at) * 1000)::int8 AS expires_ms, public_key \
+         FROM subscription_secrets WHERE subscription_id = ANY($1) AND purpose = 'signing' \
          ORDER BY subscription_id, position DESC",
     )
     .bind(ids)
@@ -121,6 +135,7 @@ async fn secret_infos(
             .push(SecretInfo {
                 created_at: rfc3339(column(row, "created_ms")?),
                 expires_at: expires.map(rfc3339),
+                public_key: column(row, "public_key")?,
             });
     }
     Ok(by_id)
@@ -179,16 +194,78 @@ async fn select_checked(
     row.as_ref().map(checked).transpose()
 }
 
-/// Inserts a new subscription with its first secret, sealed; false when the id is taken.
+/// A new signing secret, sealed, and its public key for a `v1a` key.
+pub struct NewSigning {
+    pub sealed: Vec<u8>,
+    pub public_key: Option<String>,
+}
+
+async fn insert_signing(
+    conn: &mut PgConnection,
+    id: &str,
+    signing: &[NewSigning],
+) -> Result<(), ApiError> {
+    for s in signing {
+        sqlx::query(
+            "INSERT INTO subscription_secrets (subscription_id, sealed, public_key) \
+             VALUES ($1, $2, $3)",
+        )
+        .bind(id)
+        .bind(&s.sealed)
+        .bind(&s.public_key)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Replaces the stored secrets of `replaced` purposes (`header:` for all of the headers') and
+/// stores `sealed` ones, by purpose.
+async fn write_request_secrets(
+    conn: &mut PgConnection,
+    id: &str,
+    replaced: &[String],
+    sealed: &[(String, Vec<u8>)],
+) -> Result<(), ApiError> {
+    for purpose in replaced {
+        sqlx::query(
+            "DELETE FROM subscription_secrets WHERE subscription_id = $1 AND purpose <> 'signing' \
+             AND (purpose = $2 OR ($2 = 'header:' AND purpose LIKE 'header:%'))",
+        )
+        .bind(id)
+        .bind(purpose)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for (purpose, bytes) in sealed {
+        sqlx::query(
+            "INSERT INTO subscription_secrets (subscription_id, purpose, sealed) VALUES ($1, $2, $3)",
+        )
+        .bind(id)
+        .bind(purpose)
+        .bind(bytes)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+fn request_json(sub: &Checked) -> Result<serde_json::Value, ApiError> {
+    serde_json::to_value(&sub.request).map_err(ApiError::internal)
+}
+
+/// Inserts a new subscription with its signing secrets and the secrets of its headers and
+/// authentication, sealed; false when the id is taken.
 pub async fn insert(
     conn: &mut PgConnection,
     sub: &Checked,
-    sealed: &[u8],
+    signing: &[NewSigning],
+    sealed: &[(String, Vec<u8>)],
 ) -> Result<bool, ApiError> {
     let inserted = sqlx::query(
         "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
-         max_concurrent, rate, description) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-         ON CONFLICT (id) DO NOTHING",
+         max_concurrent, rate, description, request) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&sub.id)
     .bind(&sub.tenant)
@@ -199,28 +276,32 @@ pub async fn insert(
     .bind(sub.max_concurrent.and_then(|n| i32::try_from(n).ok()))
     .bind(sub.rate.map(|r| r.to_string()))
     .bind(&sub.description)
+    .bind(request_json(sub)?)
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if inserted == 0 {
         return Ok(false);
     }
-    sqlx::query("INSERT INTO subscription_secrets (subscription_id, sealed) VALUES ($1, $2)")
-        .bind(&sub.id)
-        .bind(sealed)
-        .execute(&mut *conn)
-        .await?;
+    insert_signing(conn, &sub.id, signing).await?;
+    write_request_secrets(conn, &sub.id, &[], sealed).await?;
     Ok(true)
 }
 
-/// Writes a changed subscription (one [`lock`]ed in this transaction). Disabling records why,
-/// unless a reason is already there; enabling clears it.
-pub async fn save(conn: &mut PgConnection, sub: &Checked) -> Result<(), ApiError> {
+/// Writes a changed subscription (one [`lock`]ed in this transaction), with the sealed secrets
+/// its change gives. Disabling records why, unless a reason is already there; enabling clears
+/// it.
+pub async fn save(
+    conn: &mut PgConnection,
+    sub: &Checked,
+    sealed: &[(String, Vec<u8>)],
+) -> Result<(), ApiError> {
+    write_request_secrets(conn, &sub.id, &sub.replaced, sealed).await?;
     sqlx::query(
         "UPDATE subscriptions SET url = $2, event_types = $3, enabled = $4, paused = $5, \
          max_concurrent = $6, rate = $7, description = $8, disabled_reason = CASE WHEN $4 \
          THEN NULL ELSE COALESCE(disabled_reason, 'disabled through the API') END, \
-         updated_at = now() WHERE id = $1",
+         request = $9, updated_at = now() WHERE id = $1",
     )
     .bind(&sub.id)
     .bind(sub.url.as_str())
@@ -230,9 +311,41 @@ pub async fn save(conn: &mut PgConnection, sub: &Checked) -> Result<(), ApiError
     .bind(sub.max_concurrent.and_then(|n| i32::try_from(n).ok()))
     .bind(sub.rate.map(|r| r.to_string()))
     .bind(&sub.description)
+    .bind(request_json(sub)?)
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// The schemes subscription `id`'s unexpired signing secrets sign with: `v1a` for a key with a
+/// public key, `v1` for the rest (a reference imported from a file counts as `v1`).
+pub async fn signing_schemes(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Vec<SignatureScheme>, ApiError> {
+    let keys: Vec<bool> = sqlx::query_scalar(
+        "SELECT public_key IS NOT NULL FROM subscription_secrets WHERE subscription_id = $1 \
+         AND purpose = 'signing' AND (expires_at IS NULL OR expires_at > now())",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut schemes: Vec<SignatureScheme> = keys
+        .into_iter()
+        .map(|v1a| {
+            if v1a {
+                SignatureScheme::V1a
+            } else {
+                SignatureScheme::V1
+            }
+        })
+        .collect();
+    schemes.sort();
+    schemes.dedup();
+    if schemes.is_empty() {
+        schemes.push(SignatureScheme::V1);
+    }
+    Ok(schemes)
 }
 
 /// Deletes subscription `id` (and, by cascade, its secrets); false when `scope` does not see it.
@@ -249,15 +362,16 @@ pub async fn delete(pool: &PgPool, id: &str, scope: &Scope) -> Result<bool, ApiE
 }
 
 /// A rotation: the secrets that still sign stop at `old_until` (sooner if they were to stop
-/// sooner), those already expired are dropped, and the new one, sealed, signs first.
+/// sooner), those already expired are dropped, and the new ones, sealed, sign first.
 pub async fn rotate(
     conn: &mut PgConnection,
     id: &str,
-    sealed: &[u8],
+    signing: &[NewSigning],
     old_until: SystemTime,
 ) -> Result<(), ApiError> {
     sqlx::query(
-        "DELETE FROM subscription_secrets WHERE subscription_id = $1 AND expires_at <= now()",
+        "DELETE FROM subscription_secrets WHERE subscription_id = $1 AND purpose = 'signing' \
+         AND expires_at <= now()",
     )
     .bind(id)
     .execute(&mut *conn)
@@ -265,18 +379,13 @@ pub async fn rotate(
     sqlx::query(
         "UPDATE subscription_secrets SET expires_at = LEAST(COALESCE(expires_at, \
          to_timestamp($2::float8 / 1000)), to_timestamp($2::float8 / 1000)) \
-         WHERE subscription_id = $1",
+         WHERE subscription_id = $1 AND purpose = 'signing'",
     )
     .bind(id)
     .bind(epoch_ms(old_until))
     .execute(&mut *conn)
     .await?;
-    sqlx::query("INSERT INTO subscription_secrets (subscription_id, sealed) VALUES ($1, $2)")
-        .bind(id)
-        .bind(sealed)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    insert_signing(conn, id, signing).await
 }
 
 /// The cursor of a page that ends at `id`: opaque to callers.

@@ -18,15 +18,15 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::contract::envelope::{NewEvent, check_id};
-use crate::delivery::signing::generate_secret;
+use crate::delivery::signing::{generate_key_pair, generate_secret};
 use crate::units::Rate;
 
 use super::ApiState;
 use super::auth::Scope;
 use super::model::{
     CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
-    RotateSecret, RotatedSecret, SendTestEvent, SubscriptionPage, SubscriptionView, TestEventSent,
-    UpdateSubscription,
+    RotateSecret, RotatedSecret, SendTestEvent, SignatureScheme, SubscriptionPage,
+    SubscriptionView, TestEventSent, UpdateSubscription,
 };
 use super::problem::{ApiError, FieldError, Problem};
 use super::repo::{self, Remembered};
@@ -106,6 +106,78 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
+/// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
+struct NewSecrets {
+    rows: Vec<repo::NewSigning>,
+    /// The `whsec_` secret, and its sealed form (kept for an idempotent replay).
+    secret: Option<String>,
+    sealed_secret: Option<Vec<u8>>,
+    public_key: Option<String>,
+}
+
+fn new_signing(
+    state: &ApiState,
+    id: &str,
+    schemes: &[SignatureScheme],
+) -> Result<NewSecrets, ApiError> {
+    let mut out = NewSecrets {
+        rows: Vec::new(),
+        secret: None,
+        sealed_secret: None,
+        public_key: None,
+    };
+    // v1a first, so v1 (the higher position) is the newest: the order does not change what
+    // signs, only how the list reads.
+    for scheme in schemes.iter().rev() {
+        match scheme {
+            SignatureScheme::V1 => {
+                let secret = generate_secret();
+                let sealed = state
+                    .keyring
+                    .seal(id, secret.as_bytes())
+                    .map_err(ApiError::internal)?;
+                out.rows.push(repo::NewSigning {
+                    sealed: sealed.clone(),
+                    public_key: None,
+                });
+                out.secret = Some(secret);
+                out.sealed_secret = Some(sealed);
+            }
+            SignatureScheme::V1a => {
+                let (secret_key, public_key) = generate_key_pair();
+                let sealed = state
+                    .keyring
+                    .seal(id, secret_key.as_bytes())
+                    .map_err(ApiError::internal)?;
+                out.rows.push(repo::NewSigning {
+                    sealed,
+                    public_key: Some(public_key.clone()),
+                });
+                out.public_key = Some(public_key);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The secrets a request gave, sealed for subscription `id`.
+fn seal_all(
+    state: &ApiState,
+    id: &str,
+    secrets: &[(String, validate::Plain)],
+) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+    secrets
+        .iter()
+        .map(|(purpose, plain)| {
+            state
+                .keyring
+                .seal(id, plain.0.as_bytes())
+                .map(|sealed| (purpose.clone(), sealed))
+                .map_err(ApiError::internal)
+        })
+        .collect()
+}
+
 fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/subscriptions/{id}")) {
@@ -156,13 +228,11 @@ pub async fn create(
         // Answered as it was, but 200: nothing was created by this request.
         return Ok(created(StatusCode::OK, body, &id));
     }
+    let schemes = validate::schemes(req.signatures.as_deref(), "signatures")?;
     let sub = validate::create(req, &scope, &state.egress).await?;
-    let secret = generate_secret();
-    let sealed = state
-        .keyring
-        .seal(&sub.id, secret.as_bytes())
-        .map_err(ApiError::internal)?;
-    if !repo::insert(&mut tx, &sub, &sealed).await? {
+    let signing = new_signing(&state, &sub.id, &schemes)?;
+    let sealed = seal_all(&state, &sub.id, &sub.new_secrets)?;
+    if !repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
             sub.id
@@ -173,17 +243,20 @@ pub async fn create(
         .ok_or_else(|| ApiError::internal("the subscription just created is not found"))?;
     let answer = CreatedSubscription {
         subscription: view,
-        secret,
+        secret: signing.secret,
+        public_key: signing.public_key,
     };
     let body = serde_json::to_value(&answer).map_err(ApiError::internal)?;
     if let Some(key) = &key {
         let mut remembered = body.clone();
-        if let Some(object) = remembered.as_object_mut() {
+        if let Some(object) = remembered.as_object_mut()
+            && let Some(sealed) = &signing.sealed_secret
+        {
             // Kept sealed, like the secret's own row: the replay opens it.
             object.remove("secret");
             object.insert(
                 "sealed_secret".into(),
-                serde_json::Value::String(STANDARD.encode(&sealed)),
+                serde_json::Value::String(STANDARD.encode(sealed)),
             );
         }
         let remembered = Remembered {
@@ -269,7 +342,8 @@ pub async fn update(
         .await?
         .ok_or(ApiError::NotFound)?;
     let changed = validate::update(current, change, &state.egress).await?;
-    repo::save(&mut tx, &changed).await?;
+    let sealed = seal_all(&state, &id, &changed.new_secrets)?;
+    repo::save(&mut tx, &changed, &sealed).await?;
     let view = repo::get(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
@@ -316,7 +390,7 @@ async fn set_paused(
         .ok_or(ApiError::NotFound)?;
     if sub.paused != paused {
         sub.paused = paused;
-        repo::save(&mut tx, &sub).await?;
+        repo::save(&mut tx, &sub, &[]).await?;
     }
     let view = repo::get(&mut tx, id, scope)
         .await?
@@ -410,12 +484,12 @@ pub async fn rotate(
     repo::lock(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
-    let secret = generate_secret();
-    let sealed = state
-        .keyring
-        .seal(&id, secret.as_bytes())
-        .map_err(ApiError::internal)?;
-    repo::rotate(&mut tx, &id, &sealed, old_until).await?;
+    let schemes = match &req.signatures {
+        Some(asked) => validate::schemes(Some(asked), "signatures")?,
+        None => repo::signing_schemes(&mut tx, &id).await?,
+    };
+    let signing = new_signing(&state, &id, &schemes)?;
+    repo::rotate(&mut tx, &id, &signing.rows, old_until).await?;
     let view = repo::get(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
@@ -423,7 +497,8 @@ pub async fn rotate(
     let old_expires_at = humantime::format_rfc3339_millis(old_until).to_string();
     info!(subscription = %id, old_expires_at = %old_expires_at, "Rotated signing secret");
     Ok(axum::Json(RotatedSecret {
-        secret,
+        secret: signing.secret,
+        public_key: signing.public_key,
         old_expires_at,
         subscription: view,
     }))

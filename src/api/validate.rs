@@ -15,8 +15,18 @@ use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
 use crate::units::Rate;
 
 use super::auth::Scope;
-use super::model::{CreateSubscription, EventType, RotateSecret, UpdateSubscription};
+use super::model::{
+    BasicAuthInput, CreateSubscription, EventType, HeaderInput, OAuth2Input, RotateSecret,
+    SignatureScheme, TlsInput, UpdateSubscription,
+};
 use super::problem::{ApiError, FieldError};
+use crate::delivery::subscriptions::auth::{check_username, conflicts};
+use crate::delivery::subscriptions::headers::{check_header_name, check_header_value};
+use crate::delivery::subscriptions::{OAuth2, SecretRef};
+use crate::store::request::{
+    self as stored, StoredBasicAuth, StoredHeader, StoredOAuth2, StoredRequest, StoredTls,
+};
+use std::collections::BTreeMap;
 
 pub const MAX_URL_LEN: usize = 2048;
 pub const MAX_DESCRIPTION_LEN: usize = 1024;
@@ -69,6 +79,22 @@ pub struct Checked {
     pub max_concurrent: Option<u32>,
     pub rate: Option<Rate>,
     pub description: String,
+    /// Headers and endpoint authentication, without secret values.
+    pub request: StoredRequest,
+    /// Secrets this request gives, by purpose, to seal and store.
+    pub new_secrets: Vec<(String, Plain)>,
+    /// Purposes whose stored secrets go (`header:` for every header's).
+    pub replaced: Vec<String>,
+}
+
+/// A secret value as a caller sent it, until it is sealed. `Debug` does not show it.
+#[derive(Clone)]
+pub struct Plain(pub String);
+
+impl std::fmt::Debug for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("(secret)")
+    }
 }
 
 impl Checked {
@@ -161,11 +187,212 @@ fn description(raw: &str, problems: &mut Problems) {
     }
 }
 
+/// The largest secret or PEM a request may give.
+pub const MAX_SECRET_LEN: usize = 16 * 1024;
+
+fn secret_text(field: &str, value: &str, problems: &mut Problems) -> bool {
+    if value.is_empty() {
+        problems.add(field, "is empty");
+        false
+    } else if value.len() > MAX_SECRET_LEN {
+        problems.add(field, format!("longer than {MAX_SECRET_LEN} bytes"));
+        false
+    } else {
+        true
+    }
+}
+
+/// Headers: the stored settings, and the secret values by purpose.
+fn headers(
+    raw: &BTreeMap<String, HeaderInput>,
+    problems: &mut Problems,
+    out: &mut (StoredRequest, Vec<(String, Plain)>),
+) {
+    for (name, value) in raw {
+        let field = format!("headers.{name}");
+        let lower = match check_header_name(name) {
+            Ok(lower) => lower,
+            Err(why) => {
+                problems.add(&field, why);
+                continue;
+            }
+        };
+        if out.0.headers.contains_key(&lower) {
+            problems.add(&field, "given twice (names are case-insensitive)");
+            continue;
+        }
+        let header = match value {
+            HeaderInput::Value(v) => {
+                if let Err(why) = check_header_value(name, v) {
+                    problems.add(&field, why);
+                    continue;
+                }
+                StoredHeader {
+                    value: Some(v.clone()),
+                    secret: false,
+                }
+            }
+            HeaderInput::Secret(s) => {
+                if !secret_text(&format!("{field}.secret"), &s.secret, problems) {
+                    continue;
+                }
+                if check_header_value(name, &s.secret).is_err() {
+                    problems.add(
+                        &format!("{field}.secret"),
+                        "not a header value (visible ASCII and spaces)",
+                    );
+                    continue;
+                }
+                out.1
+                    .push((stored::header_purpose(&lower), Plain(s.secret.clone())));
+                StoredHeader {
+                    value: None,
+                    secret: true,
+                }
+            }
+        };
+        out.0.headers.insert(lower, header);
+    }
+}
+
+fn basic_auth(
+    raw: &BasicAuthInput,
+    problems: &mut Problems,
+    out: &mut (StoredRequest, Vec<(String, Plain)>),
+) {
+    let mut ok = true;
+    if let Err(why) = check_username(&raw.username) {
+        problems.add("basic_auth.username", why);
+        ok = false;
+    }
+    ok &= secret_text("basic_auth.password", &raw.password, problems);
+    if ok {
+        out.0.basic_auth = Some(StoredBasicAuth {
+            username: raw.username.clone(),
+        });
+        out.1
+            .push((stored::BASIC_PASSWORD.into(), Plain(raw.password.clone())));
+    }
+}
+
+fn oauth2(
+    raw: &OAuth2Input,
+    problems: &mut Problems,
+    out: &mut (StoredRequest, Vec<(String, Plain)>),
+) -> Option<reqwest::Url> {
+    // The reference is a placeholder: the secret is sealed once the subscription's id is known.
+    let built = OAuth2::build(
+        &raw.token_url,
+        &raw.client_id,
+        SecretRef::Env(String::new()),
+        raw.scope.as_deref(),
+        raw.audience.as_deref(),
+        raw.auth_method.as_deref(),
+    );
+    let ok = secret_text("oauth2.client_secret", &raw.client_secret, problems);
+    match built {
+        Err((field, why)) => {
+            problems.add(&format!("oauth2.{field}"), why);
+            None
+        }
+        Ok(_) if !ok => None,
+        Ok(o) => {
+            out.0.oauth2 = Some(StoredOAuth2 {
+                token_url: o.token_url.to_string(),
+                client_id: o.client_id.clone(),
+                scope: o.scope.clone(),
+                audience: o.audience.clone(),
+                auth_method: o.method.as_str().into(),
+            });
+            out.1.push((
+                stored::OAUTH2_CLIENT_SECRET.into(),
+                Plain(raw.client_secret.clone()),
+            ));
+            Some(o.token_url)
+        }
+    }
+}
+
+fn tls(raw: &TlsInput, problems: &mut Problems, out: &mut (StoredRequest, Vec<(String, Plain)>)) {
+    let mut ok = secret_text("tls.cert", &raw.cert, problems);
+    ok &= secret_text("tls.key", &raw.key, problems);
+    if ok && reqwest::Identity::from_pem(format!("{}\n{}\n", raw.cert, raw.key).as_bytes()).is_err()
+    {
+        problems.add(
+            "tls.key",
+            "cert and key are not a PEM certificate chain and private key (PKCS#8, PKCS#1 or SEC1)",
+        );
+        ok = false;
+    }
+    if let Some(ca) = &raw.ca
+        && (!secret_text("tls.ca", ca, problems)
+            || reqwest::Certificate::from_pem_bundle(ca.as_bytes()).map_or(true, |c| c.is_empty()))
+    {
+        problems.add("tls.ca", "not a PEM certificate");
+        ok = false;
+    }
+    if ok {
+        out.0.tls = Some(StoredTls {
+            ca: raw.ca.is_some(),
+        });
+        out.1
+            .push((stored::TLS_CERT.into(), Plain(raw.cert.clone())));
+        out.1.push((stored::TLS_KEY.into(), Plain(raw.key.clone())));
+        if let Some(ca) = &raw.ca {
+            out.1.push((stored::TLS_CA.into(), Plain(ca.clone())));
+        }
+    }
+}
+
+/// The conflicts of a subscription's headers and authentication with each other and its URL.
+fn request_conflicts(url: &reqwest::Url, request: &StoredRequest, problems: &mut Problems) {
+    for (field, why) in conflicts(
+        url,
+        request.headers.contains_key("authorization"),
+        request.basic_auth.is_some(),
+        request.oauth2.is_some(),
+        request.tls.is_some(),
+    ) {
+        problems.add(field, why);
+    }
+}
+
+/// The signature schemes asked for, deduplicated; `["v1"]` when none.
+pub fn schemes(
+    raw: Option<&[SignatureScheme]>,
+    field: &str,
+) -> Result<Vec<SignatureScheme>, ApiError> {
+    match raw {
+        None => Ok(vec![SignatureScheme::V1]),
+        Some([]) => Err(ApiError::field(
+            field,
+            "name at least one of \"v1\" and \"v1a\"",
+        )),
+        Some(list) if list.len() > 2 => {
+            Err(ApiError::field(field, "at most two: \"v1\" and \"v1a\""))
+        }
+        Some(list) => {
+            let mut unique = list.to_vec();
+            unique.sort();
+            unique.dedup();
+            Ok(unique)
+        }
+    }
+}
+
 async fn egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mut Problems) {
     if let Some(url) = url
         && let Err(reason) = egress.check(url).await
     {
         problems.add("url", reason);
+    }
+}
+
+async fn token_egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mut Problems) {
+    if let Some(url) = url
+        && let Err(reason) = egress.check(url).await
+    {
+        problems.add("oauth2.token_url", reason);
     }
 }
 
@@ -216,10 +443,29 @@ pub async fn create(
     let rate = req.rate.as_deref().and_then(|r| rate(r, &mut problems));
     let description = req.description.unwrap_or_default();
     self::description(&description, &mut problems);
+    let mut request = (StoredRequest::default(), Vec::new());
+    if let Some(raw) = &req.headers {
+        headers(raw, &mut problems, &mut request);
+    }
+    if let Some(raw) = &req.basic_auth {
+        basic_auth(raw, &mut problems, &mut request);
+    }
+    let token_url = req
+        .oauth2
+        .as_ref()
+        .and_then(|raw| oauth2(raw, &mut problems, &mut request));
+    if let Some(raw) = &req.tls {
+        tls(raw, &mut problems, &mut request);
+    }
+    if let Some(url) = &url {
+        request_conflicts(url, &request.0, &mut problems);
+    }
     // Only a URL that is otherwise fine is looked up.
     if problems.0.is_empty() {
         egress(url.as_ref(), egress_policy, &mut problems).await;
+        token_egress(token_url.as_ref(), egress_policy, &mut problems).await;
     }
+    let (request, new_secrets) = request;
     let checked = url.map(|url| Checked {
         id,
         tenant,
@@ -230,6 +476,9 @@ pub async fn create(
         max_concurrent,
         rate,
         description,
+        request,
+        new_secrets,
+        replaced: Vec::new(),
     });
     match checked {
         Some(c) => problems.finish(c),
@@ -267,8 +516,51 @@ pub async fn update(
         description(&d, &mut problems);
         current.description = d;
     }
+    // Each of the four replaced whole when given; what is not given keeps its stored secrets.
+    let mut given = (StoredRequest::default(), Vec::new());
+    if let Some(raw) = &req.headers {
+        current.replaced.push("header:".into());
+        current.request.headers.clear();
+        if let Some(raw) = raw {
+            headers(raw, &mut problems, &mut given);
+        }
+        current.request.headers = std::mem::take(&mut given.0.headers);
+    }
+    if let Some(raw) = &req.basic_auth {
+        current.replaced.push(stored::BASIC_PASSWORD.into());
+        if let Some(raw) = raw {
+            basic_auth(raw, &mut problems, &mut given);
+        }
+        current.request.basic_auth = given.0.basic_auth.take();
+    }
+    let mut token_url = None;
+    if let Some(raw) = &req.oauth2 {
+        current.replaced.push(stored::OAUTH2_CLIENT_SECRET.into());
+        if let Some(raw) = raw {
+            token_url = oauth2(raw, &mut problems, &mut given);
+        }
+        current.request.oauth2 = given.0.oauth2.take();
+    }
+    if let Some(raw) = &req.tls {
+        current.replaced.extend([
+            stored::TLS_CERT.to_owned(),
+            stored::TLS_KEY.to_owned(),
+            stored::TLS_CA.to_owned(),
+        ]);
+        if let Some(raw) = raw {
+            tls(raw, &mut problems, &mut given);
+        }
+        current.request.tls = given.0.tls.take();
+    }
+    current.new_secrets = given.1;
+    request_conflicts(
+        new_url.as_ref().unwrap_or(&current.url),
+        &current.request,
+        &mut problems,
+    );
     if problems.0.is_empty() {
         egress(new_url.as_ref(), egress_policy, &mut problems).await;
+        token_egress(token_url.as_ref(), egress_policy, &mut problems).await;
     }
     if let Some(u) = new_url {
         current.url = u;
@@ -355,6 +647,11 @@ mod tests {
             max_concurrent: None,
             rate: None,
             description: None,
+            signatures: None,
+            headers: None,
+            basic_auth: None,
+            oauth2: None,
+            tls: None,
         }
     }
 
@@ -418,7 +715,7 @@ mod tests {
         );
         let after = RotateSecret {
             expire_old_after: Some("1h".into()),
-            old_expires_at: None,
+            ..RotateSecret::default()
         };
         assert_eq!(
             overlap_end(&after, now).unwrap(),
@@ -427,11 +724,12 @@ mod tests {
         let both = RotateSecret {
             expire_old_after: Some("1h".into()),
             old_expires_at: Some("2030-01-01T00:00:00Z".into()),
+            signatures: None,
         };
         assert!(overlap_end(&both, now).is_err());
         let past = RotateSecret {
-            expire_old_after: None,
             old_expires_at: Some("2001-01-01T00:00:00Z".into()),
+            ..RotateSecret::default()
         };
         assert!(overlap_end(&past, now).is_err());
     }

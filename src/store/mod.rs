@@ -7,10 +7,12 @@
 //! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
 //!   delivering on the last one while the database is away.
 //! - [`seal`]: secrets at rest, encrypted with the store's keys.
+//! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
 
 pub mod follow;
 pub mod postgres;
+pub mod request;
 pub mod seal;
 pub mod transfer;
 

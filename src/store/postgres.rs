@@ -20,6 +20,7 @@ use crate::delivery::subscriptions::{
 };
 use crate::units::Rate;
 
+use super::request::{self, RequestParts, StoredRequest};
 use super::seal::Keyring;
 
 /// The schema, embedded: `migrations/NNNN_name.sql`.
@@ -51,12 +52,6 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("reading the subscription store was interrupted: {0}")]
     Interrupted(String),
-    #[error(
-        "subscription(s) {0} have headers, basic_auth, oauth2 or tls, which the PostgreSQL store does not keep \
-         yet: importing would drop them; keep these subscriptions in the file, or remove those \
-         settings first"
-    )]
-    Unsupported(String),
 }
 
 /// A row left out of the snapshot, and why.
@@ -84,8 +79,8 @@ pub struct PgStore {
 }
 
 const SUBSCRIPTION_COLUMNS: &str =
-    "id, tenant, url, event_types, enabled, paused, max_concurrent, rate";
-const SECRET_COLUMNS: &str = "subscription_id, reference, sealed, \
+    "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, request";
+const SECRET_COLUMNS: &str = "subscription_id, purpose, reference, sealed, \
      (extract(epoch from expires_at) * 1000)::int8 AS expires_ms";
 
 impl PgStore {
@@ -251,11 +246,21 @@ impl PgStore {
         let max_concurrent = sub
             .max_concurrent
             .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+        let (request, request_secrets) = StoredRequest::of(&RequestParts {
+            headers: sub.headers.clone(),
+            basic_auth: sub.basic_auth.clone(),
+            oauth2: sub.oauth2.clone(),
+            tls: sub.tls.clone(),
+        });
+        let request = serde_json::to_value(&request).map_err(|e| {
+            StoreError::Interrupted(format!("the request settings of {}: {e}", sub.id))
+        })?;
         sqlx::query(
             "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
-             max_concurrent, rate) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             max_concurrent, rate, request) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (id) DO UPDATE SET tenant = $2, url = $3, event_types = $4, \
-             enabled = $5, paused = $6, max_concurrent = $7, rate = $8, updated_at = now()",
+             enabled = $5, paused = $6, max_concurrent = $7, rate = $8, request = $9, \
+             updated_at = now()",
         )
         .bind(&sub.id)
         .bind(&sub.tenant)
@@ -265,10 +270,36 @@ impl PgStore {
         .bind(sub.paused)
         .bind(max_concurrent)
         .bind(sub.rate.map(|r| r.to_string()))
+        .bind(request)
         .execute(&mut **tx)
         .await?;
+        // The other purposes' references, written whole each time: they are few.
+        sqlx::query(
+            "DELETE FROM subscription_secrets WHERE subscription_id = $1 AND purpose <> 'signing'",
+        )
+        .bind(&sub.id)
+        .execute(&mut **tx)
+        .await?;
+        for (purpose, reference) in request_secrets {
+            let (reference, sealed) = match &reference {
+                SecretRef::Sealed(s) => (None, Some(s.sealed.to_vec())),
+                other => (Some(other.to_string()), None),
+            };
+            sqlx::query(
+                "INSERT INTO subscription_secrets (subscription_id, purpose, reference, sealed) \
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .bind(&sub.id)
+            .bind(purpose)
+            .bind(reference)
+            .bind(sealed)
+            .execute(&mut **tx)
+            .await?;
+        }
         if existing.is_none_or(|e| e.secrets != sub.secrets) {
-            sqlx::query("DELETE FROM subscription_secrets WHERE subscription_id = $1")
+            sqlx::query(
+                "DELETE FROM subscription_secrets WHERE subscription_id = $1 AND purpose = 'signing'",
+            )
                 .bind(&sub.id)
                 .execute(&mut **tx)
                 .await?;
@@ -299,18 +330,30 @@ fn epoch_ms(at: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// A subscription's secrets as read: the signing ones newest first, the others by purpose.
+#[derive(Default)]
+struct SecretRows {
+    signing: Vec<Result<SecretSpec, String>>,
+    other: Vec<(String, Result<SecretSpec, String>)>,
+}
+
 /// Rows into subscriptions: secrets grouped by subscription (newest first, as queried), each
 /// row validated like a file entry.
 fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProblem>) {
-    let mut by_sub: HashMap<String, Vec<Result<SecretSpec, String>>> = HashMap::new();
+    let mut by_sub: HashMap<String, SecretRows> = HashMap::new();
     for row in secrets {
         let Ok(sub_id) = row.try_get::<String, _>("subscription_id") else {
             continue;
         };
-        by_sub
-            .entry(sub_id.clone())
-            .or_default()
-            .push(secret(row, &sub_id));
+        let purpose: String = row
+            .try_get("purpose")
+            .unwrap_or_else(|_| request::SIGNING.into());
+        let entry = by_sub.entry(sub_id.clone()).or_default();
+        if purpose == request::SIGNING {
+            entry.signing.push(secret(row, &sub_id));
+        } else {
+            entry.other.push((purpose, secret(row, &sub_id)));
+        }
     }
     let mut list = Vec::with_capacity(rows.len());
     let mut problems = Vec::new();
@@ -340,10 +383,11 @@ fn secret(row: &PgRow, sub_id: &str) -> Result<SecretSpec, String> {
     Ok(SecretSpec { reference, expires })
 }
 
-fn subscription(
-    row: &PgRow,
-    secrets: Vec<Result<SecretSpec, String>>,
-) -> Result<Subscription, String> {
+fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, String> {
+    let SecretRows {
+        signing: secrets,
+        other,
+    } = secrets;
     let field = |name: &str, e: sqlx::Error| format!("{name}: {e}");
     let id: String = row.try_get("id").map_err(|e| field("id", e))?;
     check_id(&id)
@@ -374,6 +418,15 @@ fn subscription(
     if secrets.is_empty() {
         return Err("secrets: none; at least one is needed to sign deliveries".into());
     }
+    let request: sqlx::types::Json<StoredRequest> =
+        row.try_get("request").map_err(|e| field("request", e))?;
+    let mut by_purpose = HashMap::new();
+    for (purpose, spec) in other {
+        let spec = spec.map_err(|e| format!("{purpose}: {e}"))?;
+        // Newest first, as queried: the first of a purpose is the one in force.
+        by_purpose.entry(purpose).or_insert(spec.reference);
+    }
+    let parts = request.0.assemble(&url, &by_purpose)?;
     Ok(Subscription {
         id,
         tenant,
@@ -386,11 +439,10 @@ fn subscription(
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n > 0),
         rate,
-        // Not kept by the PostgreSQL store yet: the file's alone.
-        headers: Vec::new(),
-        basic_auth: None,
-        oauth2: None,
-        tls: None,
+        headers: parts.headers,
+        basic_auth: parts.basic_auth,
+        oauth2: parts.oauth2,
+        tls: parts.tls,
     })
 }
 

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::postgres::{PgStore, StoreError};
+use super::request::{self, RequestParts, StoredRequest};
 use super::seal::Keyring;
-use crate::delivery::subscriptions::{SecretRef, Subscription, Subscriptions};
+use crate::delivery::subscriptions::{HeaderValueSpec, SecretRef, Subscription, Subscriptions};
 
 /// What an import did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,16 +27,6 @@ pub async fn import(
     file: &Subscriptions,
     mut progress: impl FnMut(),
 ) -> Result<Imported, StoreError> {
-    let unsupported: Vec<&str> = file
-        .iter()
-        .filter(|s| {
-            !s.headers.is_empty() || s.basic_auth.is_some() || s.oauth2.is_some() || s.tls.is_some()
-        })
-        .map(|s| s.id.as_str())
-        .collect();
-    if !unsupported.is_empty() {
-        return Err(StoreError::Unsupported(unsupported.join(", ")));
-    }
     let (existing, _problems) = store.load_all().await?;
     let mut report = Imported::default();
     let mut tx = store.pool().begin().await?;
@@ -98,6 +89,21 @@ struct EntryOut {
     max_concurrent: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rate: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<String, HeaderOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    basic_auth: Option<BTreeMap<&'static str, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oauth2: Option<BTreeMap<&'static str, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<BTreeMap<&'static str, String>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum HeaderOut {
+    Static(String),
+    Secret { secret: String },
 }
 
 #[derive(Serialize)]
@@ -125,9 +131,9 @@ pub async fn export(
         let sealed: Vec<&str> = list
             .iter()
             .filter(|s| {
-                s.secrets
+                all_references(s)
                     .iter()
-                    .any(|x| matches!(x.reference, SecretRef::Sealed(_)))
+                    .any(|(_, r)| matches!(r, SecretRef::Sealed(_)))
             })
             .map(|s| s.id.as_str())
             .collect();
@@ -162,6 +168,76 @@ pub async fn export(
                 },
             });
         }
+        // A sealed secret of another purpose goes to a file of its own too.
+        let reference = |purpose: &str, r: &SecretRef| -> Result<String, ExportError> {
+            match (r, secrets_dir) {
+                (SecretRef::Sealed(sealed), Some(dir)) => {
+                    let secret =
+                        keyring
+                            .open(&sub.id, &sealed.sealed)
+                            .map_err(|e| ExportError::Unseal {
+                                id: sub.id.clone(),
+                                message: e.to_string(),
+                            })?;
+                    let name = purpose.replace([':', '.'], "-");
+                    let path = dir.join(format!("{}.{name}", sub.id));
+                    write_private(&path, &secret)?;
+                    Ok(format!("file:{}", path.display()))
+                }
+                (other, _) => Ok(other.to_string()),
+            }
+        };
+        let mut headers = BTreeMap::new();
+        for h in &sub.headers {
+            let value = match &h.value {
+                HeaderValueSpec::Static(v) => HeaderOut::Static(v.clone()),
+                HeaderValueSpec::Secret(r) => HeaderOut::Secret {
+                    secret: reference(&request::header_purpose(&h.name), r)?,
+                },
+            };
+            headers.insert(h.name.clone(), value);
+        }
+        let basic_auth = match &sub.basic_auth {
+            None => None,
+            Some(b) => Some(BTreeMap::from([
+                ("username", b.username.clone()),
+                ("password", reference(request::BASIC_PASSWORD, &b.password)?),
+            ])),
+        };
+        let oauth2 = match &sub.oauth2 {
+            None => None,
+            Some(o) => {
+                let mut t = BTreeMap::from([
+                    ("token_url", o.token_url.to_string()),
+                    ("client_id", o.client_id.clone()),
+                    (
+                        "client_secret",
+                        reference(request::OAUTH2_CLIENT_SECRET, &o.client_secret)?,
+                    ),
+                    ("auth_method", o.method.as_str().to_owned()),
+                ]);
+                if let Some(scope) = &o.scope {
+                    t.insert("scope", scope.clone());
+                }
+                if let Some(audience) = &o.audience {
+                    t.insert("audience", audience.clone());
+                }
+                Some(t)
+            }
+        };
+        let tls = match &sub.tls {
+            None => None,
+            Some(c) => {
+                let mut t = BTreeMap::from([
+                    ("cert", reference(request::TLS_CERT, &c.cert)?),
+                    ("key", reference(request::TLS_KEY, &c.key)?),
+                ]);
+                if let Some(ca) = &c.ca {
+                    t.insert("ca", reference(request::TLS_CA, ca)?);
+                }
+                Some(t)
+            }
+        };
         out.push(EntryOut {
             id: sub.id.clone(),
             tenant: sub.tenant.clone(),
@@ -175,9 +251,32 @@ pub async fn export(
             paused: sub.paused,
             max_concurrent: sub.max_concurrent,
             rate: sub.rate.map(|r| r.to_string()),
+            headers,
+            basic_auth,
+            oauth2,
+            tls,
         });
     }
     Ok(toml::to_string(&FileOut { subscription: out })?)
+}
+
+/// Every secret reference of a subscription, signing or not, with its purpose.
+fn all_references(sub: &Subscription) -> Vec<(String, SecretRef)> {
+    let mut all: Vec<(String, SecretRef)> = sub
+        .secrets
+        .iter()
+        .map(|s| (request::SIGNING.to_owned(), s.reference.clone()))
+        .collect();
+    all.extend(
+        StoredRequest::of(&RequestParts {
+            headers: sub.headers.clone(),
+            basic_auth: sub.basic_auth.clone(),
+            oauth2: sub.oauth2.clone(),
+            tls: sub.tls.clone(),
+        })
+        .1,
+    );
+    all
 }
 
 fn write_private(path: &Path, content: &[u8]) -> Result<(), ExportError> {

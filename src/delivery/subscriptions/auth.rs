@@ -11,6 +11,14 @@ pub struct BasicAuth {
     pub password: SecretRef,
 }
 
+/// A basic-auth user name, or why not.
+pub fn check_username(username: &str) -> Result<(), String> {
+    if username.is_empty() || username.contains(':') {
+        return Err("a user name is not empty and has no ':'".into());
+    }
+    Ok(())
+}
+
 /// How the client id and secret reach the token endpoint (RFC 6749 section 2.3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ClientAuthMethod {
@@ -53,6 +61,70 @@ pub struct OAuth2 {
     /// Some identity providers want the API the token is for (`audience`).
     pub audience: Option<String>,
     pub method: ClientAuthMethod,
+}
+
+impl OAuth2 {
+    /// Checked settings, or the field at fault and why.
+    pub fn build(
+        token_url: &str,
+        client_id: &str,
+        client_secret: SecretRef,
+        scope: Option<&str>,
+        audience: Option<&str>,
+        auth_method: Option<&str>,
+    ) -> Result<Self, (&'static str, String)> {
+        let token_url = super::parse::parse_url(token_url).map_err(|m| ("token_url", m))?;
+        if client_id.is_empty() {
+            return Err(("client_id", "a client id is not empty".into()));
+        }
+        let method = match auth_method {
+            None => ClientAuthMethod::default(),
+            Some(raw) => ClientAuthMethod::parse(raw).map_err(|m| ("auth_method", m))?,
+        };
+        let text = |v: Option<&str>| v.filter(|s| !s.is_empty()).map(str::to_owned);
+        Ok(Self {
+            token_url,
+            client_id: client_id.to_owned(),
+            client_secret,
+            scope: text(scope),
+            audience: text(audience),
+            method,
+        })
+    }
+}
+
+/// What a subscription's ways of authenticating cannot be together, as (field, why): two
+/// sources of `Authorization`, or a client certificate for an endpoint that is not https.
+pub fn conflicts(
+    url: &reqwest::Url,
+    authorization_header: bool,
+    basic: bool,
+    oauth2: bool,
+    tls: bool,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let sources = [
+        (authorization_header, "an \"authorization\" header"),
+        (basic, "basic_auth"),
+        (oauth2, "oauth2"),
+    ];
+    let set: Vec<&str> = sources.iter().filter(|s| s.0).map(|s| s.1).collect();
+    if set.len() > 1 {
+        out.push((
+            "basic_auth",
+            format!(
+                "{} would each set the Authorization header; keep one",
+                set.join(" and ")
+            ),
+        ));
+    }
+    if tls && url.scheme() != "https" {
+        out.push((
+            "tls",
+            "a client certificate is presented over TLS only: the url must be https://".into(),
+        ));
+    }
+    out
 }
 
 /// Mutual TLS: the client certificate (chain, PEM) and its private key (PEM) presented to the

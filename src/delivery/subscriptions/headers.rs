@@ -31,6 +31,26 @@ pub fn reserved_header(name: &str) -> Option<String> {
         .then(|| format!("{name:?} is reserved: hookrelay or the HTTP client sets it"))
 }
 
+/// A header name a subscription may set, lower-cased, or why not.
+pub fn check_header_name(name: &str) -> Result<String, String> {
+    if let Some(why) = reserved_header(name) {
+        return Err(why);
+    }
+    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(format!("{name:?} is not a header name"));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Whether `value` can be sent as a header value; the error names the header, not the value.
+pub fn check_header_value(name: &str, value: &str) -> Result<(), String> {
+    reqwest::header::HeaderValue::from_str(value)
+        .map(drop)
+        .map_err(|_| {
+            format!("the value of {name:?} is not a header value (visible ASCII and spaces)")
+        })
+}
+
 /// A request header a subscription adds to every attempt.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ExtraHeader {

@@ -199,29 +199,15 @@ pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, V
 
 /// An `[subscription.oauth2]` table, or the field and why not.
 fn parse_oauth2(o: &OAuth2Entry) -> Result<OAuth2, (&'static str, String)> {
-    let token_url = parse_url(&o.token_url).map_err(|m| ("token_url", m))?;
-    if o.client_id.is_empty() {
-        return Err(("client_id", "a client id is not empty".into()));
-    }
     let client_secret = SecretRef::parse(&o.client_secret).map_err(|m| ("client_secret", m))?;
-    let method = match &o.auth_method {
-        None => ClientAuthMethod::default(),
-        Some(raw) => ClientAuthMethod::parse(raw).map_err(|m| ("auth_method", m))?,
-    };
-    if method == ClientAuthMethod::Basic && o.client_id.contains(':') {
-        return Err((
-            "client_id",
-            "a client id sent with auth_method = \"basic\" has no ':'; use \"post\"".into(),
-        ));
-    }
-    Ok(OAuth2 {
-        token_url,
-        client_id: o.client_id.clone(),
+    OAuth2::build(
+        &o.token_url,
+        &o.client_id,
         client_secret,
-        scope: o.scope.clone().filter(|s| !s.is_empty()),
-        audience: o.audience.clone().filter(|s| !s.is_empty()),
-        method,
-    })
+        o.scope.as_deref(),
+        o.audience.as_deref(),
+        o.auth_method.as_deref(),
+    )
 }
 
 /// A `[subscription.tls]` table, or the field and why not.
