@@ -160,9 +160,19 @@ fn oauth_subscription(
     sub
 }
 
-async fn publish_burst(t: &TestLadder, from: usize, n: usize) {
+/// Publishes `n` events at once after the `from` published before, and waits until the
+/// receiver has delivered all `from + n`.
+async fn burst_delivered(t: &TestLadder, receiver: &Receiver, from: usize, n: usize) {
     t.publish_all((from..from + n).map(|i| event(&format!("evt_{i:04}"), "acme", "sub_oauth")))
         .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == from + n)
+            .await,
+        "{} of {} delivered",
+        receiver.delivered_count(),
+        from + n
+    );
 }
 
 #[tokio::test]
@@ -182,12 +192,7 @@ async fn an_oauth2_token_is_fetched_once_for_concurrent_deliveries_renewed_befor
     let worker = RunningWorker::start(&t, vec![sub]).await;
 
     // 100 deliveries at once, while the token request takes 300 ms: one request.
-    publish_burst(&t, 0, 100).await;
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 100)
-            .await
-    );
+    burst_delivered(&t, &receiver, 0, 100).await;
     assert_eq!(idp.issued.load(Ordering::SeqCst), 1);
     assert_eq!(
         receiver.request_count(),
@@ -197,12 +202,7 @@ async fn an_oauth2_token_is_fetched_once_for_concurrent_deliveries_renewed_befor
 
     // Past the token's renewal point (3 s), the next burst renews it once, before it expires.
     tokio::time::sleep(Duration::from_millis(3300)).await;
-    publish_burst(&t, 100, 100).await;
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 200)
-            .await
-    );
+    burst_delivered(&t, &receiver, 100, 100).await;
     assert_eq!(idp.issued.load(Ordering::SeqCst), 2);
     assert_eq!(
         receiver.request_count(),
@@ -213,12 +213,7 @@ async fn an_oauth2_token_is_fetched_once_for_concurrent_deliveries_renewed_befor
     // The identity provider revokes every token: the endpoint answers 401 to the deliveries in
     // flight; they are retried, and however many 401s came back, the token is fetched once.
     idp.revoke_all();
-    publish_burst(&t, 200, 50).await;
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 250)
-            .await
-    );
+    burst_delivered(&t, &receiver, 200, 50).await;
     worker.stop().await;
     let refused = receiver
         .records()

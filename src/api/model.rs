@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::store::request::{StoredBasicAuth, StoredHeader, StoredOAuth2, StoredTls};
+use crate::store::request::StoredRequest;
 
 /// A new subscription.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -246,15 +246,10 @@ pub struct SubscriptionView {
     pub disabled_reason: Option<String>,
     /// Newest first; never the secrets themselves.
     pub secrets: Vec<SecretInfo>,
-    /// Headers added to every attempt, by lower-case name; a secret one shows `secret: true`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, StoredHeader>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub basic_auth: Option<StoredBasicAuth>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oauth2: Option<StoredOAuth2>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<StoredTls>,
+    /// Headers added to every attempt (by lower-case name; a secret one shows `secret: true`)
+    /// and how it authenticates to its endpoint, without a secret value.
+    #[serde(flatten)]
+    pub request: StoredRequest,
     pub created_at: String,
     pub updated_at: String,
 }

@@ -55,12 +55,8 @@ fn request(row: &PgRow) -> Result<StoredRequest, ApiError> {
 /// A row as the API shows it, with its secrets' dates (newest first).
 fn view(row: &PgRow, secrets: Vec<SecretInfo>) -> Result<SubscriptionView, ApiError> {
     let max_concurrent: Option<i32> = column(row, "max_concurrent")?;
-    let request = request(row)?;
     Ok(SubscriptionView {
-        headers: request.headers,
-        basic_auth: request.basic_auth,
-        oauth2: request.oauth2,
-        tls: request.tls,
+        request: request(row)?,
         id: column(row, "id")?,
         tenant: column(row, "tenant")?,
         url: column(row, "url")?,

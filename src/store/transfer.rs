@@ -143,33 +143,8 @@ pub async fn export(
     }
     let mut out = Vec::with_capacity(list.len());
     for sub in &list {
-        let mut secrets = Vec::with_capacity(sub.secrets.len());
-        for (n, spec) in sub.secrets.iter().enumerate() {
-            let reference = match (&spec.reference, secrets_dir) {
-                (SecretRef::Sealed(sealed), Some(dir)) => {
-                    let secret =
-                        keyring
-                            .open(&sub.id, &sealed.sealed)
-                            .map_err(|e| ExportError::Unseal {
-                                id: sub.id.clone(),
-                                message: e.to_string(),
-                            })?;
-                    let path = dir.join(format!("{}.{n}.whsec", sub.id));
-                    write_private(&path, &secret)?;
-                    format!("file:{}", path.display())
-                }
-                (other, _) => other.to_string(),
-            };
-            secrets.push(match spec.expires {
-                None => SecretOut::Plain(reference),
-                Some(at) => SecretOut::Detailed {
-                    reference,
-                    expires: humantime::format_rfc3339_seconds(at).to_string(),
-                },
-            });
-        }
-        // A sealed secret of another purpose goes to a file of its own too.
-        let reference = |purpose: &str, r: &SecretRef| -> Result<String, ExportError> {
+        // A sealed secret goes to a file of its own, named `file`, and is referenced there.
+        let reference = |file: String, r: &SecretRef| -> Result<String, ExportError> {
             match (r, secrets_dir) {
                 (SecretRef::Sealed(sealed), Some(dir)) => {
                     let secret =
@@ -179,13 +154,29 @@ pub async fn export(
                                 id: sub.id.clone(),
                                 message: e.to_string(),
                             })?;
-                    let name = purpose.replace([':', '.'], "-");
-                    let path = dir.join(format!("{}.{name}", sub.id));
+                    let path = dir.join(file);
                     write_private(&path, &secret)?;
                     Ok(format!("file:{}", path.display()))
                 }
                 (other, _) => Ok(other.to_string()),
             }
+        };
+        let mut secrets = Vec::with_capacity(sub.secrets.len());
+        for (n, spec) in sub.secrets.iter().enumerate() {
+            let reference = reference(format!("{}.{n}.whsec", sub.id), &spec.reference)?;
+            secrets.push(match spec.expires {
+                None => SecretOut::Plain(reference),
+                Some(at) => SecretOut::Detailed {
+                    reference,
+                    expires: humantime::format_rfc3339_seconds(at).to_string(),
+                },
+            });
+        }
+        let reference = |purpose: &str, r: &SecretRef| {
+            reference(
+                format!("{}.{}", sub.id, purpose.replace([':', '.'], "-")),
+                r,
+            )
         };
         let mut headers = BTreeMap::new();
         for h in &sub.headers {
