@@ -1,5 +1,5 @@
 //! Authentication to the endpoint beyond the signature, each against a real server that
-//! enforces it: OAuth2 client credentials (a token endpoint issuing expiring tokens, an endpoint
+//! enforces it: basic auth (an endpoint that checks the credentials), OAuth2 client credentials (a token endpoint issuing expiring tokens, an endpoint
 //! that accepts only a live one) and mutual TLS (a TLS endpoint that requires a client
 //! certificate made here with rcgen).
 
@@ -438,4 +438,75 @@ async fn a_client_key_that_is_not_pem_is_not_sent_and_says_so_without_its_conten
     );
     assert!(!error.contains("kEy-MaTeRiAl"));
     assert_eq!(receiver.request_count(), 0);
+}
+
+#[tokio::test]
+async fn basic_auth_is_sent_to_an_endpoint_that_checks_it_and_a_wrong_password_is_rejected() {
+    use base64::Engine;
+    let t = TestLadder::apply("basic", &["200ms"], &["200ms"]).await;
+    let s = secret();
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("hookrelay:pw-71c0e2")
+    );
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), move |req| {
+        let given = req
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if given == Some(expected.as_str()) {
+            Reply::Status(204)
+        } else {
+            Reply::Status(401)
+        }
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let with_password = |id: &str, password: &str| {
+        let path = dir.path().join(id);
+        std::fs::write(&path, format!("{password}\n")).unwrap();
+        let mut sub = subscription(id, "acme", &receiver.url("/hook"), &s);
+        sub.basic_auth = Some(hookrelay::delivery::subscriptions::BasicAuth {
+            username: "hookrelay".into(),
+            password: SecretRef::File(path),
+        });
+        sub
+    };
+    let worker = RunningWorker::start(
+        &t,
+        vec![
+            with_password("sub_right", "pw-71c0e2"),
+            with_password("sub_wrong", "pw-guessed"),
+        ],
+    )
+    .await;
+    t.publish(&event("evt_right", "acme", "sub_right")).await;
+    t.publish(&event("evt_wrong", "acme", "sub_wrong")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    assert!(t.wait_dead(1, WAIT).await);
+    worker.stop().await;
+    assert_eq!(
+        receiver.delivered(),
+        HashMap::from([("evt_right".into(), 1)])
+    );
+    let dead = t.drain_dead().await;
+    let p = &dead[0].delivery.properties;
+    assert_eq!(
+        p.message_id().as_ref().map(|m| m.as_str()),
+        Some("evt_wrong")
+    );
+    // Without OAuth2 a 401 is the endpoint's final word: rejected, not retried.
+    assert_eq!(
+        headers::read_str_header(p, REASON_HEADER).as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(
+        headers::read_u64_header(p, headers::STATUS_HEADER),
+        Some(401)
+    );
 }

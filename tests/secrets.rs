@@ -4,7 +4,7 @@
 //! path (not https, a malformed key at reload and at an attempt, an invalid URL at reload, 4xx,
 //! 5xx, 410, unreachable, egress denied, a proxy that does not answer, a management API that
 //! refuses the password, an endpoint refusing the OAuth2 token, a client key that is not one),
-//! and everything it wrote is searched for any of them: its log, the dead
+//! and everything it wrote is searched for any of them: its log, its metrics, the dead
 //! letters' headers, the operational events and the attempt records.
 
 mod common;
@@ -398,6 +398,17 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
     assert!(refused(2).await);
     // The depth poll meets the management API's refusal of the password.
     assert!(wait_until(WAIT, async || log.text().contains("HTTP 401")).await);
+    // Everything the worker's metrics say, labels included.
+    let metrics = reqwest::get(format!(
+        "http://{}/metrics",
+        worker.vitals.expect("the test worker serves metrics")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(metrics.contains("hookrelay_"), "{metrics}");
     worker.stop().await;
 
     // Phase two: https only, through a proxy with credentials that does not answer.
@@ -465,6 +476,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         ("dead-letter headers", dead_headers),
         ("events", take_all(&t, &events).await.join("\n")),
         ("attempt records", take_all(&t, &attempts).await.join("\n")),
+        ("metrics", metrics),
         (
             "Debug of config, management, sender, key error",
             format!("{config:?} {api:?} {sender:?} {key_error:?} {key_error}"),
