@@ -331,7 +331,7 @@ impl State {
         let current = self.live.current();
         for id in ids {
             if let Some(sub) = current.get(&id) {
-                for e in self.secrets.keys_for(sub).1 {
+                for e in self.secrets.problems_of(sub) {
                     error!(subscription = %id, problem = %e, "A secret of a stored subscription does not resolve; its deliveries fail and are retried until it does");
                 }
             }

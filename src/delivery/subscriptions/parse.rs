@@ -292,6 +292,26 @@ impl Subscription {
         }
     }
 
+    /// The secret references of its headers and endpoint authentication (not its signing
+    /// secrets).
+    pub fn request_references(&self) -> Vec<&SecretRef> {
+        let mut refs: Vec<&SecretRef> = self
+            .headers
+            .iter()
+            .filter_map(|h| match &h.value {
+                HeaderValueSpec::Secret(r) => Some(r),
+                HeaderValueSpec::Static(_) => None,
+            })
+            .collect();
+        refs.extend(self.basic_auth.as_ref().map(|b| &b.password));
+        refs.extend(self.oauth2.as_ref().map(|o| &o.client_secret));
+        if let Some(tls) = &self.tls {
+            refs.extend([&tls.cert, &tls.key]);
+            refs.extend(tls.ca.as_ref());
+        }
+        refs
+    }
+
     pub fn accepts(&self, event_type: &str) -> bool {
         self.event_types
             .as_ref()

@@ -253,12 +253,24 @@ impl SecretStore {
         (keys, errors)
     }
 
+    /// Why `subscription`'s references do not resolve now: its unexpired signing secrets, and
+    /// the secrets of its headers and endpoint authentication.
+    pub fn problems_of(&self, subscription: &Subscription) -> Vec<SecretError> {
+        let mut problems = self.keys_for(subscription).1;
+        for reference in subscription.request_references() {
+            if let Err(e) = self.resolve_text(reference) {
+                problems.push(e);
+            }
+        }
+        problems
+    }
+
     /// Every reference of every subscription that does not resolve; a worker refuses to start
     /// while this is not empty.
     pub fn unresolved(&self, subscriptions: &Subscriptions) -> Vec<(String, SecretError)> {
         let mut missing = Vec::new();
         for sub in subscriptions.iter() {
-            for e in self.keys_for(sub).1 {
+            for e in self.problems_of(sub) {
                 missing.push((sub.id.clone(), e));
             }
         }
@@ -303,6 +315,35 @@ mod tests {
         );
         let subs = Subscriptions::from_list([sub]);
         assert_eq!(store.unresolved(&subs).len(), 1);
+    }
+
+    #[test]
+    fn a_header_or_auth_secret_that_does_not_resolve_is_unresolved_too() {
+        let v1 = crate::delivery::signing::generate_secret();
+        let env: HashMap<String, String> =
+            [("V1".to_string(), v1), ("PW".to_string(), "pw".to_string())].into();
+        let store = SecretStore::with_env(Duration::ZERO, Arc::new(env));
+        let mut sub = Subscription::new(
+            "s",
+            "t",
+            "https://x.example".parse().unwrap(),
+            SecretRef::Env("V1".into()),
+        );
+        sub.basic_auth = Some(BasicAuth {
+            username: "u".into(),
+            password: SecretRef::Env("PW".into()),
+        });
+        assert!(store.problems_of(&sub).is_empty());
+        sub.headers.push(ExtraHeader {
+            name: "x-key".into(),
+            value: HeaderValueSpec::Secret(SecretRef::Env("MISSING".into())),
+        });
+        let unresolved = store.unresolved(&Subscriptions::from_list([sub]));
+        assert_eq!(unresolved.len(), 1);
+        assert_eq!(
+            unresolved[0].1.to_string(),
+            "secret env:MISSING: environment variable is not set"
+        );
     }
 
     #[test]
