@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{RunningWorker, Secret, TestLadder, event, secret, subscription};
+use common::{Counters, RunningWorker, Secret, TestLadder, event, secret, subscription};
 use hookrelay::contract::headers::{self, LAST_ERROR_HEADER, REASON_HEADER};
 use hookrelay::delivery::subscriptions::{ClientAuthMethod, ClientTls, OAuth2, SecretRef};
 use hookrelay_tools::receiver::{Receiver, Reply, rustls};
@@ -214,7 +214,12 @@ async fn an_oauth2_token_is_fetched_once_for_concurrent_deliveries_renewed_befor
     // flight; they are retried, and however many 401s came back, the token is fetched once.
     idp.revoke_all();
     burst_delivered(&t, &receiver, 200, 50).await;
+    let issued = worker.metrics.count(
+        "hookrelay_oauth_token_requests_total",
+        &[("result", "issued")],
+    );
     worker.stop().await;
+    assert_eq!(issued, 3, "the worker counts the token requests it made");
     let refused = receiver
         .records()
         .iter()
@@ -246,7 +251,12 @@ async fn a_refused_client_secret_is_retried_then_dead_lettered_as_exhausted_with
     let worker = RunningWorker::start(&t, vec![sub]).await;
     t.publish(&event("evt_refused", "acme", "sub_oauth")).await;
     assert!(t.wait_dead(1, WAIT).await);
+    let failed = worker.metrics.count(
+        "hookrelay_oauth_token_requests_total",
+        &[("result", "failed")],
+    );
     worker.stop().await;
+    assert_eq!(failed, 3);
     let dead = t.drain_dead().await;
     let p = &dead[0].delivery.properties;
     assert_eq!(

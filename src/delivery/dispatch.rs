@@ -104,7 +104,7 @@ impl Dispatcher {
             subscriptions,
             secrets,
             http,
-            tokens: Default::default(),
+            tokens: crate::delivery::oauth::Tokens::counted(metrics.oauth_tokens.clone()),
             publisher,
             notices,
             metrics,

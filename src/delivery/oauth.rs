@@ -168,6 +168,8 @@ struct Entry {
 #[derive(Default)]
 pub struct Tokens {
     entries: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Token requests by result (`issued`, `failed`), when counted.
+    requests: Option<prometheus::IntCounterVec>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -177,6 +179,20 @@ impl std::fmt::Debug for Tokens {
 }
 
 impl Tokens {
+    /// Tokens whose requests are counted in `requests` by result.
+    pub fn counted(requests: prometheus::IntCounterVec) -> Self {
+        Self {
+            entries: Mutex::default(),
+            requests: Some(requests),
+        }
+    }
+
+    fn count(&self, result: &str) {
+        if let Some(requests) = &self.requests {
+            requests.with_label_values(&[result]).inc();
+        }
+    }
+
     fn entry(&self, subscription: &str, spec: &OAuth2) -> Arc<Entry> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         match entries.get(subscription) {
@@ -219,7 +235,9 @@ impl Tokens {
         {
             return Err(why.clone());
         }
-        match fetch(spec, secrets, http).await {
+        let fetched = fetch(spec, secrets, http).await;
+        self.count(if fetched.is_ok() { "issued" } else { "failed" });
+        match fetched {
             Ok(fetched) => {
                 let generation = {
                     let mut g = entry.generation.lock().unwrap_or_else(|p| p.into_inner());

@@ -23,6 +23,8 @@ pub struct Metrics {
     pub cancellations: IntCounterVec,
     /// Attempts not made (breaker open, concurrency cap full, recovery limit reached), by reason.
     pub deferrals: IntCounterVec,
+    /// OAuth2 token requests made for endpoints, by result (`issued`, `failed`).
+    pub oauth_tokens: IntCounterVec,
     /// HTTP attempt latency by lane.
     pub attempt_seconds: HistogramVec,
     /// Deliveries being worked on, by lane.
@@ -121,7 +123,7 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 29] = [
+    let collectors: [&dyn Collector; 30] = [
         &m.subscription_store_up,
         &m.subscription_store_synced,
         &m.subscription_store_changes,
@@ -134,6 +136,7 @@ pub fn metric_names() -> Vec<String> {
         &m.rejections,
         &m.cancellations,
         &m.deferrals,
+        &m.oauth_tokens,
         &m.attempt_seconds,
         &m.in_flight,
         &m.oldest_ready_age,
@@ -200,6 +203,12 @@ impl Metrics {
                 "hookrelay_deferrals_total",
                 "Attempts not made because the endpoint's breaker was open, its cap full or its recovery limit reached, by reason",
                 &["reason"],
+            ),
+            oauth_tokens: counters(
+                &r,
+                "hookrelay_oauth_token_requests_total",
+                "OAuth2 token requests made for endpoints that authenticate with one, by result (issued, failed)",
+                &["result"],
             ),
             attempt_seconds: register(
                 &r,
