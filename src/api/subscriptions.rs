@@ -186,7 +186,8 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     response
 }
 
-/// Creates a subscription and its signing secret, which this answer shows once.
+/// Creates a subscription and its signing secret (`v1`: shown this once) or key (`v1a`: its
+/// public key shown), with its own headers and endpoint authentication if given.
 ///
 /// With an `Idempotency-Key`, a repeated request (same key, same body, within 24 hours) gets
 /// the first answer again, secret included; the same key with another body is refused (422).
@@ -315,7 +316,8 @@ pub async fn list(
     repo::list(&mut conn, &scope, &query).await.map(axum::Json)
 }
 
-/// Changes a subscription: URL, event types, enabled, max concurrency, rate, description.
+/// Changes a subscription: URL, event types, enabled, max concurrency, rate, description;
+/// headers, basic auth, OAuth2 and the client certificate each replaced whole (`null` removes).
 #[utoipa::path(
     patch, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path)),
@@ -457,8 +459,9 @@ pub async fn resume(
     }))
 }
 
-/// Rotates the signing secret: a new one, generated here and shown this once, signs from now
-/// on; the current ones keep signing beside it until the time given (24 hours by default).
+/// Rotates the signing secret: a new one per scheme (those signing now, or `signatures`),
+/// generated here and shown this once (a `v1a` key as its public key), signs from now on; the
+/// current ones keep signing beside it until the time given (24 hours by default).
 #[utoipa::path(
     post, path = "/v1/subscriptions/{id}/secrets/rotate", tag = "subscriptions",
     params(("id" = String, Path)),
