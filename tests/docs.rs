@@ -33,6 +33,13 @@ fn the_example_subscriptions_parse() {
     let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
         .unwrap();
     assert_eq!(subs.len(), 1);
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/subscriptions-auth.toml");
+    let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
+        .unwrap();
+    let erp = subs.get("sub_erp").unwrap();
+    assert!(erp.oauth2.is_some() && erp.headers.len() == 2);
+    let bank = subs.get("sub_bank").unwrap();
+    assert!(bank.basic_auth.is_some() && bank.tls.as_ref().is_some_and(|t| t.ca.is_some()));
 }
 
 #[test]
