@@ -10,8 +10,8 @@
 //! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
 //!   refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,
-//!   endpoint limits and each worker's share of them in a fleet, the HTTP edge, subscriptions
-//!   and the parking of paused ones.
+//!   endpoint limits and each worker's share of them in a fleet, OAuth2 tokens for endpoints,
+//!   the HTTP edge, subscriptions and the parking of paused ones.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, reading the streams, progress.
