@@ -33,7 +33,10 @@ fn the_example_subscriptions_parse() {
     let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
         .unwrap();
     assert_eq!(subs.len(), 1);
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/subscriptions-auth.toml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/subscriptions-auth.toml"
+    );
     let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
         .unwrap();
     let erp = subs.get("sub_erp").unwrap();
