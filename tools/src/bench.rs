@@ -67,6 +67,8 @@ pub enum BenchError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Store(#[from] hookrelay::store::StoreError),
+    #[error("cluster: {0}")]
+    Node(#[from] crate::node::NodeError),
     #[error("subscription store: {0}")]
     Sql(#[from] sqlx::Error),
     #[error("{0}")]

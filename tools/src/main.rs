@@ -128,6 +128,11 @@ struct BenchArgs {
     /// Worker processes on the one ladder, for --shards (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "N", default_value = "1")]
     workers: Vec<u16>,
+    /// Run --shards (or --fleet-cap) on a three-node RabbitMQ cluster of the bench's own,
+    /// started beside the configured broker on free ports and stopped after (about a minute
+    /// each way): consumers connect to the nodes in turn, lane leaders are spread `balanced`.
+    #[arg(long)]
+    cluster: bool,
     /// Tenants the events of --shards and --fleet-cap are spread over.
     #[arg(long, default_value_t = 64)]
     tenants: usize,
@@ -306,6 +311,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     cap: args.cap,
                     cap_events: args.cap_events,
                     cap_delay: Duration::from_millis(args.cap_delay_ms),
+                    cluster: args.cluster,
                 };
                 let report = bench::shards::run(&config, &options, &binaries).await?;
                 if args.json {

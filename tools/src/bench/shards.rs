@@ -13,6 +13,12 @@
 //!   Endpoint caps are lifted (as in the failure path) so the budget, not the sink's cap of
 //!   64, bounds what is in flight. CPU of the broker (beam.smp), the consumers (raw loops or workers) and the bench process (sink and
 //!   publisher) is read from `/proc/<pid>/stat` over each measured window, in % of one core.
+//! - **On a cluster** (`--cluster`): the same matrix on three RabbitMQ nodes of the bench's own,
+//!   started beside the machine's broker on free ports and stopped after. The i-th raw loop and
+//!   the i-th worker connect to node i mod 3; the sharded ladder's policy places lane leaders
+//!   `balanced`, and the ceiling's queues are declared with `x-queue-leader-locator = balanced`
+//!   so both spread alike; broker CPU is the three nodes' together. The run reports on how many
+//!   nodes the first-attempt lanes' leaders landed.
 //! - **Fleet-wide cap**: two worker processes on one ladder, one subscription with
 //!   `max_concurrent = 10` to an endpoint that answers 204 after `--cap-delay-ms`; the endpoint
 //!   counts the requests it is answering at once. The workers start first and the run waits
@@ -24,20 +30,22 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
-use lapin::options::QueueDeleteOptions;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::AMQPValue;
 use serde::Serialize;
 
-use hookrelay::config::Config;
+use hookrelay::broker::management::Management;
+use hookrelay::config::{Config, SecretUrl};
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::delivery::signing::generate_secret;
 
 use super::{
-    BenchError, BenchSession, Binaries, Sink, WorkerProcess, body, declare_raw_queue, machine,
-    publish_many, raw_loop_command, say, start_sink, start_worker, to_ingress, uncapped,
-    wait_count,
+    BenchError, BenchSession, Binaries, Sink, WorkerProcess, body, machine, publish_many,
+    queue_args, raw_loop_command, say, start_sink, start_worker, to_ingress, uncapped, wait_count,
 };
 use crate::kit::{file_secret, spread, subscription_toml, wait_until};
+use crate::node::{self, Node};
 
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
@@ -53,6 +61,73 @@ pub struct ShardOptions {
     pub cap: u32,
     pub cap_events: usize,
     pub cap_delay: Duration,
+    /// Run on a three-node cluster of the bench's own instead of the configured broker.
+    pub cluster: bool,
+}
+
+/// Where the runs happen: the configured broker, or a three-node cluster of the bench's own.
+struct Place {
+    /// AMQP URLs the i-th consumer process connects to (i mod their number); none: the
+    /// configured broker.
+    nodes: Vec<String>,
+    /// The broker processes whose CPU is counted.
+    broker_pids: Vec<u32>,
+    /// The cluster's nodes, stopped when the place is closed.
+    cluster: Vec<Node>,
+}
+
+impl Place {
+    fn local() -> Self {
+        Self {
+            nodes: Vec::new(),
+            broker_pids: beam_pid().into_iter().collect(),
+            cluster: Vec::new(),
+        }
+    }
+
+    /// Three nodes joined in a cluster, and `config` pointed at the first.
+    async fn cluster(config: &Config) -> Result<(Self, Config), BenchError> {
+        say("starting a three-node RabbitMQ cluster on free ports (about a minute)");
+        let nodes = tokio::task::spawn_blocking(|| node::cluster("bench"))
+            .await
+            .map_err(|e| BenchError::Other(e.to_string()))??;
+        let mut config = config.clone();
+        let url = |s: String| SecretUrl::parse(&s).map_err(|e| BenchError::Other(e.to_string()));
+        config.amqp.url = url(nodes[0].amqp_url())?;
+        config.management.url = url(nodes[0].mgmt_url())?;
+        say(&format!(
+            "cluster up: {}",
+            nodes
+                .iter()
+                .map(|n| format!("{} (AMQP {})", n.name, n.amqp_port))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        let place = Self {
+            nodes: nodes.iter().map(Node::amqp_url).collect(),
+            broker_pids: nodes.iter().filter_map(Node::pid).collect(),
+            cluster: nodes,
+        };
+        Ok((place, config))
+    }
+
+    /// The node the i-th consumer process connects to, as an environment override.
+    fn env(&self, i: usize) -> Option<(&'static str, String)> {
+        (!self.nodes.is_empty()).then(|| {
+            (
+                "HOOKRELAY_AMQP_URL",
+                self.nodes[i % self.nodes.len()].clone(),
+            )
+        })
+    }
+
+    async fn close(self) {
+        if !self.cluster.is_empty() {
+            say("stopping the cluster");
+            let nodes = self.cluster;
+            let _ = tokio::task::spawn_blocking(move || drop(nodes)).await;
+        }
+    }
 }
 
 /// CPU time used over a window, in % of one core.
@@ -73,6 +148,8 @@ pub struct ShardRun {
     pub ratio: f64,
     pub ceiling_cpu: Cpu,
     pub hookrelay_cpu: Cpu,
+    /// Nodes leading the ladder's first-attempt lanes.
+    pub leader_nodes: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -95,6 +172,8 @@ pub struct ShardReport {
     pub runs: Vec<ShardRun>,
     pub cap_runs: Vec<CapRun>,
     pub cap_delay_ms: u64,
+    /// Nodes the runs were made on (1: the configured broker).
+    pub nodes: usize,
 }
 
 /// utime + stime of a process, in clock ticks (100 per second on Linux).
@@ -130,25 +209,25 @@ fn beam_pid() -> Option<u32> {
 }
 
 struct CpuWindow {
-    broker: Option<u32>,
+    broker: Vec<u32>,
     consumers: Vec<u32>,
     start: (u64, u64, u64),
     at: Instant,
 }
 
 impl CpuWindow {
-    fn ticks(broker: Option<u32>, consumers: &[u32]) -> (u64, u64, u64) {
+    fn ticks(broker: &[u32], consumers: &[u32]) -> (u64, u64, u64) {
         (
-            broker.map_or(0, cpu_ticks),
+            broker.iter().map(|&p| cpu_ticks(p)).sum(),
             consumers.iter().map(|&p| cpu_ticks(p)).sum(),
             cpu_ticks(std::process::id()),
         )
     }
 
-    fn start(consumers: Vec<u32>) -> Self {
-        let broker = beam_pid();
+    fn start(broker: &[u32], consumers: Vec<u32>) -> Self {
+        let broker = broker.to_vec();
         Self {
-            start: Self::ticks(broker, &consumers),
+            start: Self::ticks(&broker, &consumers),
             broker,
             consumers,
             at: Instant::now(),
@@ -156,7 +235,7 @@ impl CpuWindow {
     }
 
     fn end(&self) -> Cpu {
-        let (b, c, s) = Self::ticks(self.broker, &self.consumers);
+        let (b, c, s) = Self::ticks(&self.broker, &self.consumers);
         let secs = self.at.elapsed().as_secs_f64().max(1e-9);
         let pct = |now: u64, then: u64| now.saturating_sub(then) as f64 / 100.0 / secs * 100.0;
         Cpu {
@@ -176,6 +255,22 @@ pub async fn run(
     options: &ShardOptions,
     binaries: &Binaries,
 ) -> Result<ShardReport, BenchError> {
+    let (place, config) = if options.cluster {
+        Place::cluster(config).await?
+    } else {
+        (Place::local(), config.clone())
+    };
+    let result = run_at(&config, options, binaries, &place).await;
+    place.close().await;
+    result
+}
+
+async fn run_at(
+    config: &Config,
+    options: &ShardOptions,
+    binaries: &Binaries,
+    place: &Place,
+) -> Result<ShardReport, BenchError> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("hookrelay-bench-{run_id}");
     let session = BenchSession::open(config, &prefix).await?;
@@ -186,12 +281,31 @@ pub async fn run(
         prefetch: options.prefetch,
         tenants: options.tenants,
         cap_delay_ms: options.cap_delay.as_millis() as u64,
+        nodes: place.nodes.len().max(1),
         ..ShardReport::default()
     };
     let result = if options.fleet_cap {
-        fleet_cap(config, options, binaries, &session, &prefix, &mut report).await
+        fleet_cap(
+            config,
+            options,
+            binaries,
+            place,
+            &session,
+            &prefix,
+            &mut report,
+        )
+        .await
     } else {
-        matrix(config, options, binaries, &session, &prefix, &mut report).await
+        matrix(
+            config,
+            options,
+            binaries,
+            place,
+            &session,
+            &prefix,
+            &mut report,
+        )
+        .await
     };
     session.publisher.close().await;
     let _ = session.conn.close(200, "bench done".into()).await;
@@ -203,6 +317,7 @@ async fn matrix(
     config: &Config,
     options: &ShardOptions,
     binaries: &Binaries,
+    place: &Place,
     session: &BenchSession,
     prefix: &str,
     report: &mut ShardReport,
@@ -214,18 +329,28 @@ async fn matrix(
             for &workers in &options.workers {
                 let tag = format!("{prefix}-s{shards}w{workers}r{run}");
                 let (ceiling_per_s, ceiling_cpu) = ceiling(
-                    options, binaries, session, &sink, sink_addr, &tag, shards, workers,
+                    options, binaries, place, session, &sink, sink_addr, &tag, shards, workers,
                 )
                 .await?;
                 let ladder =
                     Ladder::build(&tag, options.queue_type, &["1s", "10s"], &["1s", "10s"])?
                         .with_shards(shards)?;
-                ladder.objects().apply(&session.channel).await?;
+                // Policies first, as `topology apply` sets them: a sharded ladder's places its
+                // lanes' leaders, which the broker reads when it creates them.
+                let api = management(config)?;
+                let objects = ladder.objects();
+                objects
+                    .apply_policies(&api)
+                    .await
+                    .map_err(|e| BenchError::Other(e.to_string()))?;
+                objects.apply(&session.channel).await?;
+                let leader_nodes = leader_nodes(&api, &ladder).await;
                 let ours = hookrelay(
-                    config, options, binaries, session, &ladder, &sink, sink_addr, workers,
+                    config, options, binaries, place, session, &ladder, &sink, sink_addr, workers,
                 )
                 .await;
-                let _ = ladder.objects().delete(&session.channel).await;
+                let _ = objects.delete(&session.channel).await;
+                let _ = objects.delete_policies(&api).await;
                 let (hookrelay_per_s, hookrelay_cpu) = ours?;
                 let row = ShardRun {
                     shards,
@@ -236,6 +361,7 @@ async fn matrix(
                     ratio: hookrelay_per_s / ceiling_per_s.max(1e-9),
                     ceiling_cpu,
                     hookrelay_cpu,
+                    leader_nodes,
                 };
                 say(&format!(
                     "shards {shards} workers {workers} run {run}: ceiling {:.0}/s, hookrelay \
@@ -254,6 +380,7 @@ async fn matrix(
 async fn ceiling(
     options: &ShardOptions,
     binaries: &Binaries,
+    place: &Place,
     session: &BenchSession,
     sink: &Arc<Sink>,
     sink_addr: std::net::SocketAddr,
@@ -262,8 +389,26 @@ async fn ceiling(
     workers: u16,
 ) -> Result<(f64, Cpu), BenchError> {
     let queues: Vec<String> = (0..shards).map(|i| format!("{tag}.ceiling-{i}")).collect();
+    let mut args = queue_args(options.queue_type);
+    if !place.nodes.is_empty() {
+        // Spread as the sharded ladder's policy spreads its lanes.
+        args.insert(
+            "x-queue-leader-locator".into(),
+            AMQPValue::LongString("balanced".into()),
+        );
+    }
     for queue in &queues {
-        declare_raw_queue(&session.channel, queue, options.queue_type).await?;
+        session
+            .channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args.clone(),
+            )
+            .await?;
     }
     say(&format!(
         "{tag}: {} messages over {shards} raw queue(s)",
@@ -282,13 +427,16 @@ async fn ceiling(
     let per_queue = (options.prefetch / shards).max(1);
     let url = format!("http://{sink_addr}/ceiling");
     let mut children = Vec::new();
-    for _ in 0..workers {
-        let child = raw_loop_command(binaries, &queues.join(","), per_queue, Some(&url), None)
-            .stdout(std::process::Stdio::null())
-            .spawn()?;
-        children.push(child);
+    for i in 0..usize::from(workers) {
+        let mut command =
+            raw_loop_command(binaries, &queues.join(","), per_queue, Some(&url), None);
+        command.envs(place.env(i));
+        children.push(command.stdout(std::process::Stdio::null()).spawn()?);
     }
-    let window = CpuWindow::start(children.iter().filter_map(|c| c.id()).collect());
+    let window = CpuWindow::start(
+        &place.broker_pids,
+        children.iter().filter_map(|c| c.id()).collect(),
+    );
     let waited = wait_count(sink, options.events as u64, Duration::from_secs(600)).await;
     let cpu = window.end();
     for child in &mut children {
@@ -320,9 +468,11 @@ fn subscriptions(tenants: usize, url: &str, secret: &std::path::Path, extra: &st
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn start_workers(
     config: &Config,
     binaries: &Binaries,
+    place: &Place,
     ladder: &Ladder,
     prefetch: Option<u16>,
     subscriptions: &str,
@@ -330,7 +480,9 @@ async fn start_workers(
     workers: u16,
 ) -> Result<Vec<WorkerProcess>, BenchError> {
     let mut started = Vec::new();
-    for _ in 0..workers {
+    for i in 0..usize::from(workers) {
+        let mut env = env.to_vec();
+        env.extend(place.env(i));
         started.push(
             start_worker(
                 &binaries.worker,
@@ -338,7 +490,7 @@ async fn start_workers(
                 ladder,
                 prefetch,
                 subscriptions,
-                env,
+                &env,
             )
             .await?,
         );
@@ -351,6 +503,7 @@ async fn hookrelay(
     config: &Config,
     options: &ShardOptions,
     binaries: &Binaries,
+    place: &Place,
     session: &BenchSession,
     ladder: &Ladder,
     sink: &Arc<Sink>,
@@ -393,6 +546,7 @@ async fn hookrelay(
     let mut started = start_workers(
         config,
         binaries,
+        place,
         ladder,
         Some(options.prefetch),
         &subs,
@@ -400,7 +554,10 @@ async fn hookrelay(
         workers,
     )
     .await?;
-    let window = CpuWindow::start(started.iter().filter_map(|w| w.child.id()).collect());
+    let window = CpuWindow::start(
+        &place.broker_pids,
+        started.iter().filter_map(|w| w.child.id()).collect(),
+    );
     let waited = wait_count(sink, options.events as u64, Duration::from_secs(600)).await;
     let cpu = window.end();
     for worker in &mut started {
@@ -409,6 +566,34 @@ async fn hookrelay(
     waited?;
     let (n, secs) = sink.window();
     Ok((n as f64 / secs.max(1e-9), cpu))
+}
+
+/// On how many nodes the ladder's first-attempt lanes have their leaders (0: unknown). Each
+/// lane is read on its own: a listing of every queue leaves out a new queue's leader until its
+/// first statistics.
+fn management(config: &Config) -> Result<Management, BenchError> {
+    Management::new(
+        &config.management.url,
+        &Management::vhost_of(&config.amqp.url),
+    )
+    .map_err(|e| BenchError::Other(e.to_string()))
+}
+
+async fn leader_nodes(api: &Management, ladder: &Ladder) -> usize {
+    let lanes: Vec<String> = if ladder.shards > 1 {
+        (0..ladder.shards).map(|i| ladder.first_shard(i)).collect()
+    } else {
+        vec![ladder.first_lane()]
+    };
+    let mut leaders = Vec::new();
+    for lane in lanes {
+        if let Ok(Some(q)) = api.queue(&lane).await {
+            leaders.extend(q.leader);
+        }
+    }
+    leaders.sort_unstable();
+    leaders.dedup();
+    leaders.len()
 }
 
 async fn consumers(channel: &lapin::Channel, queue: &str) -> u32 {
@@ -421,6 +606,7 @@ async fn fleet_cap(
     config: &Config,
     options: &ShardOptions,
     binaries: &Binaries,
+    place: &Place,
     session: &BenchSession,
     prefix: &str,
     report: &mut ShardReport,
@@ -437,7 +623,7 @@ async fn fleet_cap(
         )?;
         ladder.objects().apply(&session.channel).await?;
         let result = cap_run(
-            config, options, binaries, session, &ladder, &sink, sink_addr, workers,
+            config, options, binaries, place, session, &ladder, &sink, sink_addr, workers,
         )
         .await;
         let _ = ladder.objects().delete(&session.channel).await;
@@ -464,6 +650,7 @@ async fn cap_run(
     config: &Config,
     options: &ShardOptions,
     binaries: &Binaries,
+    place: &Place,
     session: &BenchSession,
     ladder: &Ladder,
     sink: &Arc<Sink>,
@@ -489,6 +676,7 @@ async fn cap_run(
     let mut started = start_workers(
         config,
         binaries,
+        place,
         ladder,
         Some(options.prefetch),
         &subs,
@@ -576,21 +764,31 @@ impl ShardReport {
             )
         } else {
             format!(
-                "hookrelay bench, shards ({}; {}, {} events, prefetch {}, {} tenants)\n",
-                self.machine, self.broker, self.events, self.prefetch, self.tenants
+                "hookrelay bench, shards ({}; {}{}, {} events, prefetch {}, {} tenants)\n",
+                self.machine,
+                self.broker,
+                if self.nodes > 1 {
+                    format!(", a cluster of {} nodes on this machine", self.nodes)
+                } else {
+                    String::new()
+                },
+                self.events,
+                self.prefetch,
+                self.tenants
             )
         };
         if !self.runs.is_empty() {
-            out += "\nshards workers run   ceiling/s  hookrelay/s  ratio   CPU% ceiling: broker loops bench   CPU% hookrelay: broker workers bench\n";
+            out += "\nshards workers run   ceiling/s  hookrelay/s  ratio  leaders   CPU% ceiling: broker loops bench   CPU% hookrelay: broker workers bench\n";
             for r in &self.runs {
                 out += &format!(
-                    "{:>6} {:>7} {:>3} {:>11.0} {:>12.0} {:>6.2}   {:>20.0} {:>5.0} {:>5.0}   {:>22.0} {:>7.0} {:>5.0}\n",
+                    "{:>6} {:>7} {:>3} {:>11.0} {:>12.0} {:>6.2} {:>8}   {:>20.0} {:>5.0} {:>5.0}   {:>22.0} {:>7.0} {:>5.0}\n",
                     r.shards,
                     r.workers,
                     r.run,
                     r.ceiling_per_s,
                     r.hookrelay_per_s,
                     r.ratio,
+                    r.leader_nodes,
                     r.ceiling_cpu.broker,
                     r.ceiling_cpu.consumers,
                     r.ceiling_cpu.bench,

@@ -1,0 +1,277 @@
+//! A RabbitMQ node of its own, beside the machine's broker: its own node name, AMQP,
+//! management and distribution ports and data directory under a temporary directory,
+//! configured from the project's `rabbitmq/` files. Stopped and removed on drop.
+//! [`cluster`] joins three. The fault suite stops, restarts, cuts and alarms such nodes; the
+//! bench's `--cluster` runs the sharded matrix on three.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const CONF: &str = include_str!("../../rabbitmq/rabbitmq.conf");
+const ADVANCED: &str = include_str!("../../rabbitmq/advanced.config");
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(
+        "could not run {program}: {source} (is RabbitMQ installed? rabbitmq/up installs it on Debian)"
+    )]
+    Run {
+        program: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("rabbitmqctl {args} on {node} failed: {output}")]
+    Ctl {
+        node: String,
+        args: String,
+        output: String,
+    },
+    #[error("{node} did not {what} within {after:?}{detail}")]
+    NotReady {
+        node: String,
+        what: &'static str,
+        after: Duration,
+        detail: String,
+    },
+}
+
+/// A free loopback port (bound, then let go).
+pub fn free_port() -> Result<u16, std::io::Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Calls `done` every `poll` until it says yes or `timeout` has passed.
+fn wait_until(timeout: Duration, poll: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub name: String,
+    pub amqp_port: u16,
+    pub mgmt_port: u16,
+    dist_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// Starts a node and waits until it serves AMQP and the management API.
+    pub fn start(tag: &str) -> Result<Node, NodeError> {
+        let dir = tempfile::tempdir()?;
+        // The server may run as the rabbitmq user.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))?;
+        let amqp_port = free_port()?;
+        let mgmt_port = free_port()?;
+        let dist_port = free_port()?;
+        let conf = CONF
+            .replace(
+                "listeners.tcp.default = 5672",
+                &format!("listeners.tcp.default = {amqp_port}"),
+            )
+            .replace(
+                "management.tcp.port = 15672",
+                &format!("management.tcp.port = {mgmt_port}"),
+            );
+        std::fs::write(dir.path().join("rabbitmq.conf"), conf)?;
+        std::fs::write(dir.path().join("advanced.config"), ADVANCED)?;
+        // Management and the consistent-hash exchange (sharded ladders), not prometheus: the
+        // shared broker's prometheus plugin holds its default port.
+        std::fs::write(
+            dir.path().join("enabled_plugins"),
+            "[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n",
+        )?;
+        let name = format!(
+            "hrt-{tag}-{}@localhost",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        let node = Node {
+            name,
+            amqp_port,
+            mgmt_port,
+            dist_port,
+            dir,
+        };
+        node.boot()?;
+        Ok(node)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let path = |file: &str| self.path(file).display().to_string();
+        vec![
+            ("RABBITMQ_NODENAME", self.name.clone()),
+            ("RABBITMQ_NODE_PORT", self.amqp_port.to_string()),
+            ("RABBITMQ_DIST_PORT", self.dist_port.to_string()),
+            ("RABBITMQ_MNESIA_BASE", path("mnesia")),
+            ("RABBITMQ_LOG_BASE", path("log")),
+            ("RABBITMQ_PID_FILE", path("pid")),
+            ("RABBITMQ_CONFIG_FILE", path("rabbitmq.conf")),
+            ("RABBITMQ_ADVANCED_CONFIG_FILE", path("advanced.config")),
+            ("RABBITMQ_ENABLED_PLUGINS_FILE", path("enabled_plugins")),
+        ]
+    }
+
+    /// Starts the node process (again, after [`Node::stop`]) and waits for it.
+    pub fn boot(&self) -> Result<(), NodeError> {
+        let status = Command::new("rabbitmq-server")
+            .arg("-detached")
+            .envs(self.env())
+            .status()
+            .map_err(|source| NodeError::Run {
+                program: "rabbitmq-server",
+                source,
+            })?;
+        if !status.success() {
+            return Err(NodeError::NotReady {
+                node: self.name.clone(),
+                what: "start (rabbitmq-server -detached failed)",
+                after: Duration::ZERO,
+                detail: String::new(),
+            });
+        }
+        // `await_startup` needs the node to be reachable; right after `-detached` it may not be.
+        let mut detail = String::new();
+        let limit = Duration::from_secs(120);
+        let started = wait_until(limit, Duration::from_millis(500), || {
+            match self.ctl(&["await_startup", "--timeout", "60"]) {
+                Ok(out) => {
+                    detail = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+                    out.status.success()
+                }
+                Err(e) => {
+                    detail = e.to_string();
+                    false
+                }
+            }
+        });
+        if !started {
+            return Err(NodeError::NotReady {
+                node: self.name.clone(),
+                what: "start",
+                after: limit,
+                detail: format!(": {detail}"),
+            });
+        }
+        self.wait_management()
+    }
+
+    fn wait_management(&self) -> Result<(), NodeError> {
+        let limit = Duration::from_secs(60);
+        let overview = format!("{}/api/overview", self.mgmt_url());
+        let answers = wait_until(limit, Duration::from_millis(200), || {
+            Command::new("curl")
+                .args(["-fsS", "-o", "/dev/null", &overview])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if answers {
+            Ok(())
+        } else {
+            Err(NodeError::NotReady {
+                node: self.name.clone(),
+                what: "answer on its management API",
+                after: limit,
+                detail: String::new(),
+            })
+        }
+    }
+
+    /// `rabbitmqctl -n <node> <args>`.
+    pub fn ctl(&self, args: &[&str]) -> Result<Output, NodeError> {
+        Command::new("rabbitmqctl")
+            .arg("-n")
+            .arg(&self.name)
+            .args(args)
+            .output()
+            .map_err(|source| NodeError::Run {
+                program: "rabbitmqctl",
+                source,
+            })
+    }
+
+    /// Runs `rabbitmqctl` and insists it succeeds.
+    pub fn ctl_ok(&self, args: &[&str]) -> Result<(), NodeError> {
+        let out = self.ctl(args)?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(NodeError::Ctl {
+            node: self.name.clone(),
+            args: args.join(" "),
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        })
+    }
+
+    /// Stops the whole node (the Erlang VM); [`Node::boot`] brings it back with its data.
+    pub fn stop(&self) {
+        let _ = self.ctl(&["stop"]);
+    }
+
+    /// Kills the node's VM without letting it shut down.
+    pub fn kill(&self) {
+        if let Ok(pid) = std::fs::read_to_string(self.path("pid")) {
+            let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        }
+    }
+
+    /// The node VM's process id, once it has written its pid file.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.path("pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    pub fn amqp_url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
+    pub fn mgmt_url(&self) -> String {
+        format!("http://guest:guest@127.0.0.1:{}", self.mgmt_port)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if !self.ctl(&["stop"]).is_ok_and(|out| out.status.success()) {
+            self.kill();
+        }
+    }
+}
+
+/// Three nodes joined in one cluster; the first is the seed.
+pub fn cluster(tag: &str) -> Result<Vec<Node>, NodeError> {
+    let nodes = (0..3)
+        .map(|i| Node::start(&format!("{tag}{i}")))
+        .collect::<Result<Vec<Node>, NodeError>>()?;
+    for node in &nodes[1..] {
+        node.ctl_ok(&["stop_app"])?;
+        node.ctl_ok(&["reset"])?;
+        node.ctl_ok(&["join_cluster", &nodes[0].name])?;
+        node.ctl_ok(&["start_app"])?;
+        node.ctl_ok(&["await_startup", "--timeout", "120"])?;
+    }
+    Ok(nodes)
+}
