@@ -510,6 +510,13 @@ pub struct EndpointConfig {
     /// `""`: no limit.
     #[serde(serialize_with = "write_optional", deserialize_with = "read_rate")]
     pub rate: Option<Rate>,
+    /// How long a delivery may wait for a slot of an endpoint at its cap when that endpoint
+    /// answers fast: its attempts take no longer than this and it made progress within it.
+    /// At most one delivery waits per slot; any other delivery over a cap is deferred at once.
+    /// Bounded so short that the lane slot it holds meanwhile costs other tenants no more than
+    /// an attempt to a fast endpoint does. `0s`: never wait.
+    #[serde(with = "humantime_serde")]
+    pub busy_wait: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -524,6 +531,7 @@ impl Default for EndpointConfig {
             disable_after: Duration::from_secs(5 * 24 * 3600),
             recovery_start: 2,
             rate: None,
+            busy_wait: Duration::from_millis(20),
         }
     }
 }
@@ -780,6 +788,13 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if self.endpoints.busy_wait > Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "endpoints.busy_wait",
+                "must be at most 1s: the waiting delivery holds a slot of its lane, which other \
+                 tenants share; a slower endpoint's deliveries belong in the deferral queues",
+            ));
+        }
         if self.worker.in_flight < 2 {
             return Err(ConfigError::invalid(
                 "worker.in_flight",
@@ -872,13 +887,15 @@ impl Config {
     }
 
     /// The longest one delivery can be held before its outcome is first published, and that
-    /// publish: an OAuth2 token's fetch (for subscriptions with one), the HTTP attempt and one
-    /// publish ([`Config::publish_budget`]). Nothing else
-    /// waits while holding the delivery: an endpoint at its cap or with its breaker open defers
-    /// at once, unpaced (a deferral is one confirmed publish, like a retry). A publish that
-    /// fails is tried again within [`Config::lease`], not within this.
+    /// publish: a wait for a fast endpoint's slot (`endpoints.busy_wait`), an OAuth2 token's
+    /// fetch (for subscriptions with one), the HTTP attempt and one publish
+    /// ([`Config::publish_budget`]). Nothing else waits while holding the delivery: an endpoint
+    /// that is slow, stuck or down defers at once, unpaced (a deferral is one confirmed
+    /// publish, like a retry). A publish that fails is tried again within [`Config::lease`],
+    /// not within this.
     pub fn attempt_budget(&self) -> Duration {
-        self.http.token_timeout
+        self.endpoints.busy_wait
+            + self.http.token_timeout
             + self.lookup_budget()
             + self.http.connect_timeout
             + self.http.request_timeout
@@ -1129,11 +1146,10 @@ mod tests {
     #[test]
     fn the_lease_rule_counts_every_wait_a_delivery_can_make() {
         let defaults = Config::default();
-        // An OAuth2 token 5s, the attempt (3s + 15s), one publish under one deadline 5s, then
-        // 30s slack. No wait for an endpoint slot and no deferral pacing: both would hold a lane
-        // slot.
-        assert_eq!(defaults.attempt_budget(), Duration::from_secs(28));
-        assert_eq!(defaults.lease_window(), Duration::from_secs(58));
+        // A fast endpoint's slot 20ms, an OAuth2 token 5s, the attempt (3s + 15s), one publish
+        // under one deadline 5s, then 30s slack. No deferral pacing: it would hold a lane slot.
+        assert_eq!(defaults.attempt_budget(), Duration::from_millis(28_020));
+        assert_eq!(defaults.lease_window(), Duration::from_millis(58_020));
         assert!(defaults.validate().is_ok());
         assert_eq!(defaults.lease(), Duration::from_secs(270));
         let mut slow = Config::default();
@@ -1150,8 +1166,8 @@ mod tests {
             &env(&[("HOOKRELAY_EGRESS_PROXY", "http://proxy.internal:3128")]),
         )
         .unwrap();
-        // token 5 + lookup 3 + connect 3 + request 15 + confirm 5
-        assert_eq!(proxied.attempt_budget(), Duration::from_secs(31));
+        // slot 0.02 + token 5 + lookup 3 + connect 3 + request 15 + confirm 5
+        assert_eq!(proxied.attempt_budget(), Duration::from_millis(31_020));
         // The drain must have room for an attempt and its publish.
         let mut short_grace = Config::default();
         short_grace.worker.shutdown_grace = Duration::from_secs(15);

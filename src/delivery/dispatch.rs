@@ -461,7 +461,10 @@ impl Dispatcher {
                 return (AttemptResult::NotSent(reason), None);
             }
         };
-        let admitted = self.endpoints.admit(&sub.url, sub.max_concurrent, sub.rate);
+        let admitted = self
+            .endpoints
+            .admit_or_wait(&sub.url, sub.max_concurrent, sub.rate)
+            .await;
         self.announce_health();
         let slot = match admitted {
             Ok(slot) => slot,

@@ -26,6 +26,15 @@
 //! `endpoints.rate`), enforced with a [`Gcra`]: a delivery over it is deferred as busy at once,
 //! like one over the cap, and never waits in the lane.
 //!
+//! One exception to deferring at once: an endpoint that answers fast (its attempts take at
+//! most `endpoints.busy_wait`, 20 ms by default, and it made progress within that) is busy only
+//! for a moment, so a delivery that finds its cap full may wait up to `busy_wait` for a slot
+//! ([`Endpoints::admit_or_wait`]) when its turn should come within that (the deliveries already
+//! waiting, the endpoint's latency and its cap tell). Deferring those would cost a
+//! confirmed publish, an ack and a quarter of a second each, which for a fast endpoint fed by
+//! a deep lane is most of the work; the wait holds a lane slot no longer than an attempt to
+//! that endpoint does. [`may_wait`] decides.
+//!
 //! A busy deferral waits in a deferral queue of a fraction of a second, unless the endpoint is
 //! stuck (its slots held by attempts that do not answer), which is told by when it last made
 //! progress and how long its attempts take ([`DeferCause::Busy`]); the choice is
@@ -261,6 +270,8 @@ struct Health {
     progress: Option<Instant>,
     /// How long its attempts take: a moving average of the last ones (zero before the first).
     latency: Duration,
+    /// Deliveries waiting for one of its slots now ([`Endpoints::admit_or_wait`]).
+    waiting: u32,
 }
 
 impl Health {
@@ -271,6 +282,7 @@ impl Health {
             in_flight: 0,
             progress: None,
             latency: Duration::ZERO,
+            waiting: 0,
         }
     }
 
@@ -333,6 +345,45 @@ impl Health {
             _ => RampChange::Unchanged,
         };
         (recovered, change)
+    }
+}
+
+/// Whether a delivery that found its endpoint's cap full may wait up to `busy_wait` for a slot
+/// instead of being deferred: the endpoint answers fast (its attempts' moving average is known
+/// and at most `busy_wait`) and made progress within `busy_wait`, so a slot is due to free up
+/// within about one of its attempts. A stuck endpoint, a slow one, or one not yet heard from
+/// never holds a lane slot this way.
+pub fn may_wait(busy_wait: Duration, busy: DeferCause) -> bool {
+    match busy {
+        DeferCause::Busy { quiet_for, latency } => {
+            !busy_wait.is_zero()
+                && !latency.is_zero()
+                && latency <= busy_wait
+                && quiet_for <= busy_wait
+        }
+        _ => false,
+    }
+}
+
+/// Whether one more delivery waiting for an endpoint's slot can expect one within
+/// `busy_wait`: with `waiting` ahead of it and `slots` attempts at once, each taking about
+/// `latency`, its turn comes after about `(waiting + 1) / slots` attempts. One that would wait
+/// longer is deferred at once rather than hold its lane slot for a turn that will not come.
+pub fn wait_is_short(busy_wait: Duration, latency: Duration, waiting: u32, slots: u32) -> bool {
+    latency.saturating_mul(waiting.saturating_add(1)) / slots.max(1) <= busy_wait
+}
+
+/// Counts a delivery waiting for an endpoint's slot while it waits, cancelled or not.
+struct Waiting<'a> {
+    endpoints: &'a EndpointsInner,
+    key: &'a EndpointKey,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(health) = self.endpoints.lock_health().get_mut(self.key) {
+            health.waiting = health.waiting.saturating_sub(1);
+        }
     }
 }
 
@@ -437,6 +488,16 @@ impl EndpointsInner {
 
     fn lock_health(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointKey, Health>> {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The semaphore of `key`'s cap of `cap` permits.
+    fn limit(&self, key: &EndpointKey, cap: u32) -> Arc<Semaphore> {
+        let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            limits
+                .entry((key.clone(), cap))
+                .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
+        )
     }
 }
 
@@ -623,6 +684,63 @@ impl Endpoints {
         cap: Option<u32>,
         rate: Option<Rate>,
     ) -> Result<Slot, Deferral> {
+        self.admit_holding(url, cap, rate, None)
+    }
+
+    /// [`Endpoints::admit`], except that a delivery finding the endpoint's own cap full waits
+    /// up to `endpoints.busy_wait` for a slot when [`may_wait`] says the endpoint answers fast
+    /// and [`wait_is_short`] says its turn should come within that. The breaker, the ramp, the
+    /// host's cap and the rate are checked again after the wait.
+    pub async fn admit_or_wait(
+        &self,
+        url: &reqwest::Url,
+        cap: Option<u32>,
+        rate: Option<Rate>,
+    ) -> Result<Slot, Deferral> {
+        let deferral = match self.admit(url, cap, rate) {
+            Err(deferral @ Deferral::OverCap { .. }) => deferral,
+            other => return other,
+        };
+        let busy_wait = self.0.config.busy_wait;
+        if !may_wait(busy_wait, deferral.cause()) {
+            return Err(deferral);
+        }
+        let key = EndpointKey::of(url);
+        let cap = cap.unwrap_or(self.0.config.max_concurrent).max(1);
+        let fleet = &self.0.fleet;
+        {
+            let mut all = self.0.lock_health();
+            let Some(health) = all.get_mut(&key) else {
+                return Err(deferral);
+            };
+            if !wait_is_short(busy_wait, health.latency, health.waiting, fleet.share(cap)) {
+                return Err(deferral);
+            }
+            health.waiting += 1;
+        }
+        let waiting = Waiting {
+            endpoints: &self.0,
+            key: &key,
+        };
+        let semaphore = self.0.limit(&key, cap);
+        let acquired =
+            tokio::time::timeout(busy_wait, semaphore.acquire_many_owned(fleet.weight(cap))).await;
+        drop(waiting);
+        match acquired {
+            Ok(Ok(permit)) => self.admit_holding(url, Some(cap), rate, Some(permit)),
+            _ => Err(deferral),
+        }
+    }
+
+    /// The admission of [`Endpoints::admit`]; with `held`, a permit of the endpoint's cap
+    /// already taken.
+    fn admit_holding(
+        &self,
+        url: &reqwest::Url,
+        cap: Option<u32>,
+        rate: Option<Rate>,
+        held: Option<OwnedSemaphorePermit>,
+    ) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
         let fleet = &self.0.fleet;
@@ -687,14 +805,6 @@ impl Endpoints {
             });
         }
         let host_cap = config.max_concurrent_per_host.max(1);
-        let semaphore = {
-            let mut limits = self.0.limits.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(
-                limits
-                    .entry((key.clone(), cap))
-                    .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
-            )
-        };
         let host_semaphore = {
             let mut hosts = self.0.host_limits.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(
@@ -705,7 +815,14 @@ impl Endpoints {
         };
         // The endpoint's slot first: an endpoint at its own cap takes no host slot that its
         // neighbours could use. The rate last: a request it counts is one that goes out.
-        let acquired = match semaphore.try_acquire_many_owned(fleet.weight(cap)) {
+        let permit = match held {
+            Some(permit) => Ok(permit),
+            None => self
+                .0
+                .limit(&key, cap)
+                .try_acquire_many_owned(fleet.weight(cap)),
+        };
+        let acquired = match permit {
             Ok(permit) => match host_semaphore.try_acquire_many_owned(fleet.weight(host_cap)) {
                 Ok(host_permit) => self.pace(&key, rate, now).map(|()| (permit, host_permit)),
                 Err(_) => Err(Deferral::HostOverCap {
@@ -1145,5 +1262,98 @@ mod tests {
             assert_eq!(endpoints.recovering(), 0);
             assert_eq!(fill(&endpoints, &url).0.len(), cap as usize);
         }
+    }
+
+    #[test]
+    fn a_delivery_waits_only_when_its_turn_should_come_within_the_wait() {
+        let wait = Duration::from_millis(20);
+        let ms = Duration::from_millis;
+        // 64 slots of 2 ms: about 640 may wait.
+        assert!(wait_is_short(wait, ms(2), 0, 64));
+        assert!(wait_is_short(wait, ms(2), 639, 64));
+        assert!(!wait_is_short(wait, ms(2), 640, 64));
+        // One slot of 10 ms: the first two.
+        assert!(wait_is_short(wait, ms(10), 1, 1));
+        assert!(!wait_is_short(wait, ms(10), 2, 1));
+        // No slot share is taken as one.
+        assert!(wait_is_short(wait, ms(10), 0, 0));
+    }
+
+    #[test]
+    fn only_an_endpoint_that_answers_fast_and_made_progress_lately_is_waited_for() {
+        let wait = Duration::from_millis(20);
+        let busy = |quiet_ms: u64, latency_ms: u64| DeferCause::Busy {
+            quiet_for: Duration::from_millis(quiet_ms),
+            latency: Duration::from_millis(latency_ms),
+        };
+        assert!(may_wait(wait, busy(1, 2)));
+        assert!(may_wait(wait, busy(20, 20)));
+        // Slow: its deliveries belong in the deferral queues.
+        assert!(!may_wait(wait, busy(1, 21)));
+        // No progress for longer than the wait: stuck, or slower than it looks.
+        assert!(!may_wait(wait, busy(21, 2)));
+        // Not heard from yet.
+        assert!(!may_wait(wait, busy(0, 0)));
+        // Turned off.
+        assert!(!may_wait(Duration::ZERO, busy(1, 2)));
+        assert!(!may_wait(wait, DeferCause::BUSY));
+        assert!(!may_wait(
+            wait,
+            DeferCause::Outage {
+                probe_in: Duration::from_secs(1)
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_fast_endpoints_full_cap_is_waited_for_briefly_by_those_whose_turn_comes_within_the_wait()
+     {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 1,
+            busy_wait: Duration::from_millis(200),
+            ..EndpointConfig::default()
+        });
+        let url = reqwest::Url::parse("https://fast.example/hook").unwrap();
+        let ok = AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        };
+        // Before any answer the endpoint's latency is unknown: a full cap defers at once.
+        let first = endpoints.admit(&url, None, None).unwrap();
+        let deferred = endpoints.admit_or_wait(&url, None, None).await;
+        assert_eq!(deferred.err().unwrap().kind(), "concurrency");
+        first.finish(&ok);
+        // Now it has answered fast. One delivery holds the slot; the next waits and gets it
+        // when the slot is given back. Its answers took about 150 ms here, so a third, whose
+        // turn would come after about 300 ms, more than the wait allows, is deferred at once.
+        endpoints
+            .0
+            .lock_health()
+            .get_mut(&EndpointKey::of(&url))
+            .unwrap()
+            .latency = Duration::from_millis(150);
+        let held = endpoints.admit(&url, None, None).unwrap();
+        let waiter = {
+            let endpoints = endpoints.clone();
+            let url = url.clone();
+            tokio::spawn(async move { endpoints.admit_or_wait(&url, None, None).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let third = endpoints.admit_or_wait(&url, None, None).await;
+        assert_eq!(third.err().unwrap().kind(), "concurrency");
+        held.finish(&ok);
+        let slot = waiter
+            .await
+            .unwrap()
+            .expect("the waiter gets the slot given back");
+        // Nobody gives it back this time: the wait ends at busy_wait with a deferral.
+        let at = Instant::now();
+        let timed_out = endpoints.admit_or_wait(&url, None, None).await;
+        assert_eq!(timed_out.err().unwrap().kind(), "concurrency");
+        assert!(at.elapsed() >= Duration::from_millis(200));
+        slot.finish(&ok);
+        // The waits are over: nothing is counted as waiting any more.
+        let key = EndpointKey::of(&url);
+        assert_eq!(endpoints.0.lock_health()[&key].waiting, 0);
     }
 }
