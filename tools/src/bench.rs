@@ -94,6 +94,20 @@ pub struct BenchOptions {
     pub keep_attempt_log: bool,
     /// Also measure the failure path (every attempt answered 503).
     pub failure_path: bool,
+    /// The ladders of the throughput and failure-path runs without their streams (archive
+    /// and attempt log), so hookrelay publishes no more per delivery than the raw loops do.
+    pub streams_off: bool,
+}
+
+impl BenchOptions {
+    /// `ladder`, without its streams if the options say so.
+    fn streams(&self, mut ladder: Ladder) -> Ladder {
+        if self.streams_off {
+            ladder.archive = None;
+            ladder.attempts = None;
+        }
+        ladder
+    }
 }
 
 impl Default for BenchOptions {
@@ -111,6 +125,7 @@ impl Default for BenchOptions {
             throughput_only: false,
             keep_attempt_log: false,
             failure_path: false,
+            streams_off: false,
         }
     }
 }
@@ -147,6 +162,8 @@ pub struct BenchReport {
     pub isolation_ratio_p99: f64,
     /// Whether a queue kept the attempt log during the runs.
     pub attempt_log_kept: bool,
+    /// Whether the ladders had no streams (`--streams-off`).
+    pub streams_off: bool,
     /// Only throughput was measured.
     pub throughput_only: bool,
     /// Every attempt answered 503: messages into their next queue per second, the raw loop's
@@ -469,6 +486,7 @@ pub async fn run(
         promotion_rate_per_s: options.precision_rate,
         isolation_backlog: options.isolation_backlog,
         attempt_log_kept: options.keep_attempt_log,
+        streams_off: options.streams_off,
         throughput_only: options.throughput_only,
         ..BenchReport::default()
     };
@@ -508,7 +526,12 @@ pub async fn run(
         .await?;
 
     // 2. hookrelay on the real topology.
-    let ladder = Ladder::build(&prefix, options.queue_type, &["1s", "10s"], &["1s", "10s"])?;
+    let ladder = options.streams(Ladder::build(
+        &prefix,
+        options.queue_type,
+        &["1s", "10s"],
+        &["1s", "10s"],
+    )?);
     let topology = ladder.objects();
     topology.apply(&channel).await?;
     let history = format!("{prefix}.history");
@@ -1018,12 +1041,12 @@ async fn failure_path(
     report.failure_ceiling = Some(raw?);
 
     // Tiers long enough that nothing comes back during the run.
-    let ladder = Ladder::build(
+    let ladder = options.streams(Ladder::build(
         &format!("{prefix}-failing"),
         options.queue_type,
         &["10m"],
         &["10m", "10m"],
-    )?;
+    )?);
     ladder.objects().apply(channel).await?;
     let result = failure_path_hookrelay(
         config, options, binaries, &ladder, publisher, channel, &sink, sink_addr,
@@ -1385,6 +1408,8 @@ impl BenchReport {
             ev = self.events,
             log = if self.attempt_log_kept {
                 "; a queue keeps the attempt log"
+            } else if self.streams_off {
+                "; ladders without streams (no archive, no attempt log)"
             } else {
                 ""
             },

@@ -97,6 +97,10 @@ struct BenchArgs {
     /// Bind a queue to the attempt log during the runs (as when an operator keeps history).
     #[arg(long)]
     keep_attempt_log: bool,
+    /// Ladders without their streams (archive and attempt log) in the throughput and
+    /// failure-path runs: hookrelay then publishes no more per delivery than the raw loops.
+    #[arg(long, conflicts_with = "keep_attempt_log")]
+    streams_off: bool,
     /// Measure throughput only (skips latency, promotion precision and isolation).
     #[arg(long)]
     throughput_only: bool,
@@ -275,6 +279,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 throughput_only: args.throughput_only,
                 precision_rate: args.precision_rate,
                 keep_attempt_log: args.keep_attempt_log,
+                streams_off: args.streams_off,
                 failure_path: args.failure_path,
                 ..Default::default()
             };
