@@ -260,7 +260,14 @@ pub async fn run(
     } else {
         (Place::local(), config.clone())
     };
-    let result = run_at(&config, options, binaries, &place).await;
+    // Interrupted, the nodes of a cluster are stopped all the same (the workers and loops,
+    // killed on drop, go with the run).
+    let result = tokio::select! {
+        result = run_at(&config, options, binaries, &place) => result,
+        _ = tokio::signal::ctrl_c(), if !place.cluster.is_empty() => {
+            Err(BenchError::Other("interrupted".into()))
+        }
+    };
     place.close().await;
     result
 }
