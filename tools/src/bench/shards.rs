@@ -67,19 +67,16 @@ pub struct ShardOptions {
 
 /// Where the runs happen: the configured broker, or a three-node cluster of the bench's own.
 struct Place {
-    /// AMQP URLs the i-th consumer process connects to (i mod their number); none: the
-    /// configured broker.
-    nodes: Vec<String>,
     /// The broker processes whose CPU is counted.
     broker_pids: Vec<u32>,
-    /// The cluster's nodes, stopped when the place is closed.
+    /// The cluster's nodes (none: the configured broker); the i-th consumer process connects
+    /// to node i mod their number. Stopped when the place is closed.
     cluster: Vec<Node>,
 }
 
 impl Place {
     fn local() -> Self {
         Self {
-            nodes: Vec::new(),
             broker_pids: beam_pid().into_iter().collect(),
             cluster: Vec::new(),
         }
@@ -104,7 +101,6 @@ impl Place {
                 .join(", ")
         ));
         let place = Self {
-            nodes: nodes.iter().map(Node::amqp_url).collect(),
             broker_pids: nodes.iter().filter_map(Node::pid).collect(),
             cluster: nodes,
         };
@@ -113,10 +109,10 @@ impl Place {
 
     /// The node the i-th consumer process connects to, as an environment override.
     fn env(&self, i: usize) -> Option<(&'static str, String)> {
-        (!self.nodes.is_empty()).then(|| {
+        (!self.cluster.is_empty()).then(|| {
             (
                 "HOOKRELAY_AMQP_URL",
-                self.nodes[i % self.nodes.len()].clone(),
+                self.cluster[i % self.cluster.len()].amqp_url(),
             )
         })
     }
@@ -288,7 +284,7 @@ async fn run_at(
         prefetch: options.prefetch,
         tenants: options.tenants,
         cap_delay_ms: options.cap_delay.as_millis() as u64,
-        nodes: place.nodes.len().max(1),
+        nodes: place.cluster.len().max(1),
         ..ShardReport::default()
     };
     let result = if options.fleet_cap {
@@ -397,7 +393,7 @@ async fn ceiling(
 ) -> Result<(f64, Cpu), BenchError> {
     let queues: Vec<String> = (0..shards).map(|i| format!("{tag}.ceiling-{i}")).collect();
     let mut args = queue_args(options.queue_type);
-    if !place.nodes.is_empty() {
+    if !place.cluster.is_empty() {
         // Spread as the sharded ladder's policy spreads its lanes.
         args.insert(
             "x-queue-leader-locator".into(),
