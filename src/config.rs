@@ -485,9 +485,10 @@ pub struct EndpointConfig {
     /// How long an open breaker refuses attempts before it lets one probe through.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
-    /// The delivery horizon: how long after its first try an envelope that is being deferred
-    /// is dead-lettered `horizon_expired`. Deferrals are not attempts, so without it an endpoint down
-    /// for good would keep envelopes forever. `0s`: the schedule's span (the ladder's waits
+    /// The delivery horizon: how long after its first try an envelope deferred for an open
+    /// breaker is dead-lettered `horizon_expired`. Deferrals are not attempts, so without it an
+    /// endpoint down for good would keep envelopes forever. Waiting a busy endpoint's turn is
+    /// not trying and never expires an envelope. `0s`: the schedule's span (the ladder's waits
     /// added up).
     #[serde(with = "humantime_serde")]
     pub horizon: Duration,

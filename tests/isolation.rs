@@ -724,6 +724,45 @@ async fn deferrals_are_not_attempts_and_the_horizon_ends_them() {
     }
 }
 
+#[tokio::test]
+async fn waiting_for_a_busy_endpoints_turn_never_runs_out_the_horizon() {
+    // A short ladder, so a short horizon: 1 s. A healthy endpoint at its cap of 2, each answer
+    // taking 100 ms, gets 60 envelopes at once: draining them takes 3 s of its time and
+    // several busy deferrals in a row for many (escalating to defer-5s), far past the horizon.
+    // Waiting one's turn is not trying: every envelope is delivered, none expires.
+    let t = TestLadder::apply("busyhorizon", &["200ms"], &["200ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
+        Reply::Slow(Duration::from_millis(100), 200)
+    })
+    .await
+    .unwrap();
+    let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    capped.max_concurrent = Some(2);
+    let mut config = t.config.clone();
+    config.endpoints.horizon = Duration::from_secs(1);
+    let worker = RunningWorker::start_with(&t, config, vec![capped]).await;
+    let published = std::time::Instant::now();
+    t.publish_all((0..60).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
+        .await;
+    let delivered = receiver
+        .wait_until(Duration::from_secs(90), |r| r.delivered_count() == 60)
+        .await;
+    eprintln!("60 delivered in {:?}", published.elapsed());
+    let m = worker.metrics.clone();
+    worker.stop().await;
+    let dead = t.depth(&t.ladder.dead()).await;
+    assert!(
+        delivered,
+        "{} of 60 delivered, {dead} dead-lettered",
+        receiver.delivered_count()
+    );
+    assert_eq!(dead, 0);
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "concurrency")]) > 0);
+    assert_eq!(receiver.max_in_flight(), 2);
+    assert_eq!(receiver.duplicates(), 0);
+}
+
 /// The operational events published on the events exchange whose key matches `pattern`, from
 /// the moment the queue is bound.
 async fn events_queue(t: &TestLadder, pattern: &str) -> String {

@@ -131,6 +131,7 @@ fn results() -> impl Strategy<Value = AttemptResult> {
                     1 => DeferCause::Busy {
                         quiet_for: Duration::from_millis(wait),
                         latency: Duration::from_millis(wait / 3),
+                        turn_in: Duration::from_millis(wait / 2),
                     },
                     _ => DeferCause::OverRate,
                 },

@@ -392,17 +392,20 @@ pub fn retry_properties(
 }
 
 /// Adds the deferral accounting to a retry's or a dead letter's properties: the deferrals so
-/// far, when the envelope first went to a tier (its horizon's start), and its busy deferrals
-/// in a row (the header is left out at 0).
+/// far, when the envelope was first tried (its horizon's start; none while it has only
+/// waited for busy endpoints), and its busy deferrals in a row (the header is left out at 0).
 pub fn with_deferrals(
     properties: BasicProperties,
     deferrals: u32,
-    first_try_ms: u64,
+    first_try_ms: Option<u64>,
     busy_deferrals: u32,
 ) -> BasicProperties {
     let mut headers = properties.headers().clone().unwrap_or_default();
     put_u64(&mut headers, DEFERRALS_HEADER, deferrals.into());
-    put_u64(&mut headers, FIRST_TRY_HEADER, first_try_ms);
+    match first_try_ms {
+        Some(ms) => put_u64(&mut headers, FIRST_TRY_HEADER, ms),
+        None => remove(&mut headers, FIRST_TRY_HEADER),
+    }
     if busy_deferrals > 0 {
         put_u64(&mut headers, BUSY_DEFERRALS_HEADER, busy_deferrals.into());
     } else {

@@ -449,6 +449,20 @@ impl Ladder {
         self.deferral_at(step)
     }
 
+    /// The longest deferral queue's delay (zero without deferral queues).
+    pub fn longest_deferral(&self) -> Duration {
+        self.deferrals.last().map_or(Duration::ZERO, |t| t.delay)
+    }
+
+    /// Where a delivery waits whose turn at a busy endpoint comes in `turn_in`: the longest
+    /// deferral queue that brings it back by then, the shortest if none does. Back early, it
+    /// is booked again; back late, the endpoint's slot may have gone unused. `None` when the
+    /// ladder has no deferral queues.
+    pub fn deferral_within(&self, turn_in: Duration) -> Option<TierId> {
+        let within = self.deferrals.iter().rposition(|t| t.delay <= turn_in);
+        self.deferral_at(within.unwrap_or(0))
+    }
+
     /// Whether `id` is a deferral queue rather than a tier of the schedule.
     pub fn is_deferral(&self, id: TierId) -> bool {
         id.0 >= self.tiers.len()
@@ -862,6 +876,28 @@ mod tests {
                 "defer-5s"
             ]
         );
+        // A booked turn: the longest queue back by then, the shortest when none is.
+        let within: Vec<_> = [0, 249, 250, 999, 1000, 4999, 5000, 60_000]
+            .iter()
+            .map(|&ms| {
+                let id = ladder.deferral_within(Duration::from_millis(ms)).unwrap();
+                ladder.tier(id).name.as_str()
+            })
+            .collect();
+        assert_eq!(
+            within,
+            [
+                "defer-250ms",
+                "defer-250ms",
+                "defer-250ms",
+                "defer-500ms",
+                "defer-1s",
+                "defer-1s",
+                "defer-5s",
+                "defer-5s"
+            ]
+        );
+        assert_eq!(ladder.longest_deferral(), Duration::from_secs(5));
         // Found by name, by delay (a tier first), and by the name of their queues.
         assert_eq!(ladder.find_tier("defer-1s"), ladder.deferral_at(2));
         assert_eq!(
@@ -883,6 +919,7 @@ mod tests {
         // None at all: a busy endpoint's delivery has nowhere but the tiers.
         let none = Ladder::parse("tiers = [\"1s\"]\nschedule = []\ndefer = []\n").unwrap();
         assert_eq!(none.deferral_after(0), None);
+        assert_eq!(none.deferral_within(Duration::from_secs(1)), None);
         assert_eq!(none.tier_ids().count(), 1);
         let err = ladder.with_deferrals(&["1s", "1000ms"]).unwrap_err();
         assert_eq!(

@@ -94,7 +94,8 @@ impl Dispatcher {
         metrics: Metrics,
     ) -> Self {
         Self {
-            endpoints: Endpoints::new(config.endpoints.clone()),
+            endpoints: Endpoints::new(config.endpoints.clone())
+                .with_turns_ahead(ladder.longest_deferral()),
             parking: crate::delivery::parking::Parking::new(
                 config.amqp.url.clone(),
                 &ladder.prefix,

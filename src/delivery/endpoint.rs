@@ -57,6 +57,10 @@ use crate::delivery::fleet::{Fleet, Gcra};
 use crate::delivery::route::{AttemptResult, DeferCause};
 use crate::units::Rate;
 
+/// How far ahead busy deferrals' turns are booked unless the ladder says
+/// ([`Endpoints::with_turns_ahead`]): the default ladder's longest deferral queue.
+const DEFAULT_TURNS_AHEAD: Duration = Duration::from_secs(5);
+
 /// What the breaker lets through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
@@ -272,6 +276,9 @@ struct Health {
     latency: Duration,
     /// Deliveries waiting for one of its slots now ([`Endpoints::admit_or_wait`]).
     waiting: u32,
+    /// The last turn booked for a delivery deferred from its full cap
+    /// ([`EndpointsInner::book_turn`]).
+    turns_until: Option<Instant>,
 }
 
 impl Health {
@@ -283,6 +290,7 @@ impl Health {
             progress: None,
             latency: Duration::ZERO,
             waiting: 0,
+            turns_until: None,
         }
     }
 
@@ -308,6 +316,7 @@ impl Health {
                 .progress
                 .map_or(Duration::ZERO, |p| now.saturating_duration_since(p)),
             latency: self.latency,
+            turn_in: Duration::ZERO,
         }
     }
 
@@ -355,7 +364,9 @@ impl Health {
 /// never holds a lane slot this way.
 pub fn may_wait(busy_wait: Duration, busy: DeferCause) -> bool {
     match busy {
-        DeferCause::Busy { quiet_for, latency } => {
+        DeferCause::Busy {
+            quiet_for, latency, ..
+        } => {
             !busy_wait.is_zero()
                 && !latency.is_zero()
                 && latency <= busy_wait
@@ -476,9 +487,32 @@ struct EndpointsInner {
     signals: Mutex<Vec<HealthSignal>>,
     /// Endpoints ramping up now ([`Endpoints::recovering`]).
     recovering: AtomicUsize,
+    /// How far ahead turns are booked: the longest deferral queue's delay.
+    turns_ahead: Duration,
 }
 
 impl EndpointsInner {
+    /// Books a delivery deferred from a busy endpoint's full cap a turn after those booked
+    /// before it, one attempt's time per slot later, and says how long until that turn. Its
+    /// deferral queue is chosen by it, so a backlog far above the cap comes back spread over
+    /// the endpoint's pace, not all at once (when all but a cap's worth would be deferred
+    /// again, a deferral queue's delay later). Bounded by `turns_ahead`: a delivery back
+    /// before its turn books again, and bookings must not run away from the endpoint's pace.
+    /// Zero (not booked) while no attempt has finished to tell the pace.
+    fn book_turn(&self, key: &EndpointKey, slots: u32, now: Instant) -> Duration {
+        let mut all = self.lock_health();
+        let Some(health) = all.get_mut(key) else {
+            return Duration::ZERO;
+        };
+        if health.latency.is_zero() {
+            return Duration::ZERO;
+        }
+        let from = health.turns_until.filter(|t| *t > now).unwrap_or(now);
+        let turn = (from + health.latency / slots.max(1)).min(now + self.turns_ahead);
+        health.turns_until = Some(turn);
+        turn.saturating_duration_since(now)
+    }
+
     fn signal(&self, signal: HealthSignal) {
         self.signals
             .lock()
@@ -655,7 +689,16 @@ impl Endpoints {
             signals: Mutex::new(Vec::new()),
             health: Mutex::new(HashMap::new()),
             recovering: AtomicUsize::new(0),
+            turns_ahead: DEFAULT_TURNS_AHEAD,
         }))
+    }
+
+    /// Books busy deferrals' turns at most `most` ahead: the ladder's longest deferral queue.
+    pub fn with_turns_ahead(mut self, most: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.turns_ahead = most.max(Duration::from_millis(1));
+        }
+        self
     }
 
     /// The live worker count this worker's shares follow; the management poll updates it.
@@ -691,7 +734,37 @@ impl Endpoints {
     /// up to `endpoints.busy_wait` for a slot when [`may_wait`] says the endpoint answers fast
     /// and [`wait_is_short`] says its turn should come within that. The breaker, the ramp, the
     /// host's cap and the rate are checked again after the wait.
+    /// A delivery deferred from the endpoint's full cap gets a turn booked at its pace.
     pub async fn admit_or_wait(
+        &self,
+        url: &reqwest::Url,
+        cap: Option<u32>,
+        rate: Option<Rate>,
+    ) -> Result<Slot, Deferral> {
+        match self.admit_or_wait_unbooked(url, cap, rate).await {
+            Err(Deferral::OverCap {
+                endpoint,
+                cap: slots,
+                busy:
+                    DeferCause::Busy {
+                        quiet_for, latency, ..
+                    },
+            }) => Err(Deferral::OverCap {
+                endpoint,
+                cap: slots,
+                busy: DeferCause::Busy {
+                    quiet_for,
+                    latency,
+                    turn_in: self
+                        .0
+                        .book_turn(&EndpointKey::of(url), slots, Instant::now()),
+                },
+            }),
+            other => other,
+        }
+    }
+
+    async fn admit_or_wait_unbooked(
         &self,
         url: &reqwest::Url,
         cap: Option<u32>,
@@ -1285,6 +1358,7 @@ mod tests {
         let busy = |quiet_ms: u64, latency_ms: u64| DeferCause::Busy {
             quiet_for: Duration::from_millis(quiet_ms),
             latency: Duration::from_millis(latency_ms),
+            turn_in: Duration::ZERO,
         };
         assert!(may_wait(wait, busy(1, 2)));
         assert!(may_wait(wait, busy(20, 20)));
@@ -1355,5 +1429,62 @@ mod tests {
         // The waits are over: nothing is counted as waiting any more.
         let key = EndpointKey::of(&url);
         assert_eq!(endpoints.0.lock_health()[&key].waiting, 0);
+    }
+
+    #[tokio::test]
+    async fn deferrals_from_a_full_cap_are_booked_turns_at_the_endpoints_pace() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 2,
+            busy_wait: Duration::ZERO,
+            ..EndpointConfig::default()
+        })
+        .with_turns_ahead(Duration::from_millis(500));
+        let url = reqwest::Url::parse("https://slow.example/hook").unwrap();
+        let turn_in = |deferral: Deferral| match deferral.cause() {
+            DeferCause::Busy { turn_in, .. } => turn_in,
+            other => panic!("{other:?}"),
+        };
+        let ok = AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        };
+        // No answer yet, so no pace to book by.
+        let a = endpoints.admit(&url, None, None).unwrap();
+        let b = endpoints.admit(&url, None, None).unwrap();
+        let unbooked = endpoints
+            .admit_or_wait(&url, None, None)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(turn_in(unbooked), Duration::ZERO);
+        a.finish(&ok);
+        b.finish(&ok);
+        // Answers take 100 ms and two go at once: a turn every 50 ms, each deferral the next,
+        // up to the bound (a delivery back before its turn books again).
+        endpoints
+            .0
+            .lock_health()
+            .get_mut(&EndpointKey::of(&url))
+            .unwrap()
+            .latency = Duration::from_millis(100);
+        let _a = endpoints.admit(&url, None, None).unwrap();
+        let _b = endpoints.admit(&url, None, None).unwrap();
+        let mut turns = Vec::new();
+        for _ in 0..12 {
+            let deferral = endpoints
+                .admit_or_wait(&url, None, None)
+                .await
+                .err()
+                .unwrap();
+            turns.push(turn_in(deferral).as_millis());
+        }
+        for (i, pair) in turns.windows(2).enumerate() {
+            assert!(pair[1] >= pair[0], "turns only move on: {turns:?}");
+            if pair[1] < 450 {
+                assert!((40..=60).contains(&(pair[1] - pair[0])), "{i}: {turns:?}");
+            }
+        }
+        assert!((40..=50).contains(&turns[0]), "{turns:?}");
+        assert_eq!(*turns.last().unwrap(), 500, "bounded: {turns:?}");
     }
 }

@@ -54,9 +54,12 @@ pub enum DeferCause {
     /// `quiet_for`: how long since it last showed progress (an attempt to it finished, or one
     /// started while none was out); `latency`: how long its attempts take (a moving average;
     /// zero while none has finished). Both zero where not known (a host or a rate).
+    /// `turn_in`: how long until the turn booked for it at its endpoint's pace
+    /// ([`crate::delivery::endpoint::Endpoints::admit_or_wait`]); zero where not booked.
     Busy {
         quiet_for: Duration,
         latency: Duration,
+        turn_in: Duration,
     },
     /// Its rate limit allowed no request now. Never escalated: the limiter admits no burst, so
     /// deferrals that come back together get about one request each time they come back, and a
@@ -69,6 +72,7 @@ impl DeferCause {
     pub const BUSY: DeferCause = DeferCause::Busy {
         quiet_for: Duration::ZERO,
         latency: Duration::ZERO,
+        turn_in: Duration::ZERO,
     };
 }
 
@@ -444,17 +448,23 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 ///   shortest after the first, the next after the second, up to the longest), so a long outage
 ///   does not cycle it every few seconds; never shorter than the wait until the breaker's next
 ///   probe.
-/// - A busy endpoint (up, at a limit) that is making progress: the deferral queue its busy
-///   deferrals in a row call for ([`Ladder::deferral_after`]), so a healthy endpoint's burst
-///   costs it a fraction of a second, not the shortest tier's wait.
+/// - A busy endpoint (up, at a limit) that is making progress: with a turn booked at its
+///   pace, the longest deferral queue that brings it back by then
+///   ([`Ladder::deferral_within`]), so a backlog far above the cap returns spread over the
+///   time the endpoint needs for it rather than all at once; else the deferral queue its busy
+///   deferrals in a row call for ([`Ladder::deferral_after`]). Either way a healthy
+///   endpoint's burst costs it a fraction of a second, not the shortest tier's wait.
 /// - A rate limit: the shortest deferral queue, however often it was deferred.
 /// - A busy endpoint that is stuck ([`is_stuck`]: its slots are held by attempts that do not
 ///   answer, as when it hangs) or a ladder without deferral queues: the shortest tier, as
 ///   before deferral queues existed; a stuck endpoint's backlog is not worth cycling through
 ///   the broker every fraction of a second.
 ///
-/// Deferrals alone would never exhaust the budget, so the delivery horizon ends it: `horizon`
-/// after its first try (`now_ms` if this is its first), it is dead-lettered `horizon_expired`.
+/// Deferrals alone would never exhaust the budget, so the delivery horizon ends an outage's:
+/// `horizon` after its first try (`now_ms` if this is its first), an envelope deferred for an
+/// open breaker is dead-lettered `horizon_expired`. A deferral for a busy endpoint or a rate
+/// limit is waiting one's turn, as in a lane, not trying: it never expires the envelope (its
+/// endpoint is finishing attempts, or is stuck and soon opens its breaker).
 pub fn defer(
     ladder: &Ladder,
     envelope: &Envelope,
@@ -466,7 +476,7 @@ pub fn defer(
     let deferrals = envelope.deferrals.saturating_add(1);
     let since = envelope.first_try_ms.unwrap_or(now_ms);
     let age = Duration::from_millis(now_ms.saturating_sub(since));
-    if age >= horizon {
+    if age >= horizon && matches!(cause, DeferCause::Outage { .. }) {
         return Outcome::Dead {
             reason: DeadReason::Expired,
             status: None,
@@ -492,8 +502,17 @@ pub fn defer(
             Some(queue) => (queue, envelope.busy_deferrals.saturating_add(1)),
             None => (shortest, 0),
         },
-        DeferCause::Busy { quiet_for, latency } => {
-            match ladder.deferral_after(envelope.busy_deferrals) {
+        DeferCause::Busy {
+            quiet_for,
+            latency,
+            turn_in,
+        } => {
+            let queue = if turn_in.is_zero() {
+                ladder.deferral_after(envelope.busy_deferrals)
+            } else {
+                ladder.deferral_within(turn_in)
+            };
+            match queue {
                 Some(queue) if !is_stuck(ladder, quiet_for, latency) => {
                     (queue, envelope.busy_deferrals.saturating_add(1))
                 }
@@ -742,14 +761,17 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        // A busy endpoint's deferral ends there too.
-        assert!(matches!(
-            defer(&l, &e, "deferred: x", BUSY, horizon, late),
-            Outcome::Dead {
-                reason: DeadReason::Expired,
-                ..
-            }
-        ));
+        // Waiting a busy endpoint's turn, or its rate's, is not trying: past the horizon,
+        // such a deferral is still a deferral.
+        for cause in [BUSY, DeferCause::OverRate] {
+            assert!(
+                matches!(
+                    defer(&l, &e, "deferred: x", cause, horizon, late),
+                    Outcome::Retry { deferred: true, .. }
+                ),
+                "{cause:?}"
+            );
+        }
     }
 
     #[test]
@@ -775,6 +797,7 @@ mod tests {
         let busy = |quiet_ms, latency_ms| DeferCause::Busy {
             quiet_for: Duration::from_millis(quiet_ms),
             latency: Duration::from_millis(latency_ms),
+            turn_in: Duration::ZERO,
         };
         assert_eq!(
             waits_in(&defer(&l, &e, "deferred: x", busy(250, 0), horizon, now)),

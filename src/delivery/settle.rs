@@ -105,7 +105,12 @@ pub fn replacement(
                     properties: headers::with_deferrals(
                         properties,
                         envelope.deferrals + u32::from(*deferred),
-                        envelope.first_try_ms.unwrap_or(now_ms),
+                        // Waiting a busy endpoint's turn does not start the horizon.
+                        if *deferred && *busy_deferrals > 0 {
+                            envelope.first_try_ms
+                        } else {
+                            Some(envelope.first_try_ms.unwrap_or(now_ms))
+                        },
                         *busy_deferrals,
                     ),
                 }],
@@ -133,7 +138,7 @@ pub fn replacement(
                 properties = headers::with_deferrals(
                     properties,
                     deferrals,
-                    e.first_try_ms.unwrap_or(now_ms),
+                    Some(e.first_try_ms.unwrap_or(now_ms)),
                     0,
                 );
             }
