@@ -14,6 +14,7 @@ use common::{
 };
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
+use hookrelay::delivery::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -188,6 +189,23 @@ async fn a_dedicated_tenant_has_lanes_of_its_own_and_can_leave_them_without_loss
     }
 }
 
+/// A healthy endpoint answering 2xx in 100 ms, and tenant acme's subscription `sub_a` to it with
+/// a cap of `cap`. Faster than the shortest deferral queue: an endpoint none of whose attempts
+/// has answered within that delay counts as stuck (see `route::is_stuck`), which is not what
+/// its tests are about.
+/// The secret's file lives as long as the third value.
+async fn slow_capped_endpoint(cap: u32) -> (Receiver, Subscription, common::Secret) {
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
+        Reply::Slow(Duration::from_millis(100), 200)
+    })
+    .await
+    .unwrap();
+    let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
+    capped.max_concurrent = Some(cap);
+    (receiver, capped, s)
+}
+
 #[tokio::test]
 async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full() {
     // One long tier: a deferral that waited there would hold its envelope for 30 s. The
@@ -202,16 +220,7 @@ async fn the_per_endpoint_cap_bounds_concurrency_and_defers_what_finds_it_full()
     .with_deferrals(&["200ms", "700ms"])
     .unwrap();
     let t = TestLadder::apply_ladder(common::config(), ladder).await;
-    let s = secret();
-    // Faster than the shortest deferral queue: an endpoint none of whose attempts has answered
-    // within that delay counts as stuck (see `route::is_stuck`), which is not this test.
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
-        Reply::Slow(Duration::from_millis(100), 200)
-    })
-    .await
-    .unwrap();
-    let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
-    capped.max_concurrent = Some(3);
+    let (receiver, capped, _secret) = slow_capped_endpoint(3).await;
     let worker = RunningWorker::start_with(&t, t.config.clone(), vec![capped]).await;
     let published = std::time::Instant::now();
     t.publish_all((0..30).map(|i| event(&format!("evt_{i:02}"), "acme", "sub_a")))
@@ -731,14 +740,7 @@ async fn waiting_for_a_busy_endpoints_turn_never_runs_out_the_horizon() {
     // several busy deferrals in a row for many (escalating to defer-5s), far past the horizon.
     // Waiting one's turn is not trying: every envelope is delivered, none expires.
     let t = TestLadder::apply("busyhorizon", &["200ms"], &["200ms"]).await;
-    let s = secret();
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| {
-        Reply::Slow(Duration::from_millis(100), 200)
-    })
-    .await
-    .unwrap();
-    let mut capped = subscription("sub_a", "acme", &receiver.url("/"), &s);
-    capped.max_concurrent = Some(2);
+    let (receiver, capped, _secret) = slow_capped_endpoint(2).await;
     let mut config = t.config.clone();
     config.endpoints.horizon = Duration::from_secs(1);
     let worker = RunningWorker::start_with(&t, config, vec![capped]).await;

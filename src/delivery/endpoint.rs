@@ -1379,6 +1379,16 @@ mod tests {
         ));
     }
 
+    /// Sets the moving average of `url`'s attempts, as if they had taken `ms` each.
+    fn set_latency(endpoints: &Endpoints, url: &reqwest::Url, ms: u64) {
+        endpoints
+            .0
+            .lock_health()
+            .get_mut(&EndpointKey::of(url))
+            .unwrap()
+            .latency = Duration::from_millis(ms);
+    }
+
     #[tokio::test]
     async fn a_fast_endpoints_full_cap_is_waited_for_briefly_by_those_whose_turn_comes_within_the_wait()
      {
@@ -1400,12 +1410,7 @@ mod tests {
         // Now it has answered fast. One delivery holds the slot; the next waits and gets it
         // when the slot is given back. Its answers took about 150 ms here, so a third, whose
         // turn would come after about 300 ms, more than the wait allows, is deferred at once.
-        endpoints
-            .0
-            .lock_health()
-            .get_mut(&EndpointKey::of(&url))
-            .unwrap()
-            .latency = Duration::from_millis(150);
+        set_latency(&endpoints, &url, 150);
         let held = endpoints.admit(&url, None, None).unwrap();
         let waiter = {
             let endpoints = endpoints.clone();
@@ -1461,12 +1466,7 @@ mod tests {
         b.finish(&ok);
         // Answers take 100 ms and two go at once: a turn every 50 ms, each deferral the next,
         // up to the bound (a delivery back before its turn books again).
-        endpoints
-            .0
-            .lock_health()
-            .get_mut(&EndpointKey::of(&url))
-            .unwrap()
-            .latency = Duration::from_millis(100);
+        set_latency(&endpoints, &url, 100);
         let _a = endpoints.admit(&url, None, None).unwrap();
         let _b = endpoints.admit(&url, None, None).unwrap();
         let mut turns = Vec::new();
