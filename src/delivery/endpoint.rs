@@ -734,6 +734,7 @@ impl Endpoints {
     /// up to `endpoints.busy_wait` for a slot when [`may_wait`] says the endpoint answers fast
     /// and [`wait_is_short`] says its turn should come within that. The breaker, the ramp, the
     /// host's cap and the rate are checked again after the wait.
+    ///
     /// A delivery deferred from the endpoint's full cap gets a turn booked at its pace.
     pub async fn admit_or_wait(
         &self,
@@ -741,27 +742,18 @@ impl Endpoints {
         cap: Option<u32>,
         rate: Option<Rate>,
     ) -> Result<Slot, Deferral> {
-        match self.admit_or_wait_unbooked(url, cap, rate).await {
-            Err(Deferral::OverCap {
-                endpoint,
-                cap: slots,
-                busy:
-                    DeferCause::Busy {
-                        quiet_for, latency, ..
-                    },
-            }) => Err(Deferral::OverCap {
-                endpoint,
-                cap: slots,
-                busy: DeferCause::Busy {
-                    quiet_for,
-                    latency,
-                    turn_in: self
-                        .0
-                        .book_turn(&EndpointKey::of(url), slots, Instant::now()),
-                },
-            }),
-            other => other,
+        let mut admitted = self.admit_or_wait_unbooked(url, cap, rate).await;
+        if let Err(Deferral::OverCap {
+            cap: slots,
+            busy: DeferCause::Busy { turn_in, .. },
+            ..
+        }) = &mut admitted
+        {
+            *turn_in = self
+                .0
+                .book_turn(&EndpointKey::of(url), *slots, Instant::now());
         }
+        admitted
     }
 
     async fn admit_or_wait_unbooked(
