@@ -353,6 +353,31 @@ async fn wait_count(sink: &Sink, n: u64, timeout: Duration) -> Result<(), BenchE
     )))
 }
 
+/// The ladder's queues that hold messages ready for consumers (streams left out), as
+/// `name=depth`: where deliveries that never arrived are when a run gives up waiting.
+async fn ladder_depths(channel: &lapin::Channel, ladder: &Ladder) -> String {
+    let mut held = Vec::new();
+    for queue in ladder.objects().queues {
+        let stream = matches!(
+            queue.arguments.get("x-queue-type"),
+            Some(hookrelay::broker::topology::Arg::Str(t)) if t == "stream"
+        );
+        if stream {
+            continue;
+        }
+        match hookrelay::ops::mover::depth(channel, &queue.name).await {
+            Ok(0) => {}
+            Ok(n) => held.push(format!("{}={n}", queue.name)),
+            Err(e) => held.push(format!("{}: {e}", queue.name)),
+        }
+    }
+    if held.is_empty() {
+        "none ready (any left are unacked by the worker)".to_owned()
+    } else {
+        held.join(", ")
+    }
+}
+
 fn say(line: &str) {
     eprintln!("bench: {line}");
 }
@@ -927,7 +952,12 @@ async fn run_hookrelay(
     )
     .await?;
     let pid = worker.child.id();
-    wait_count(sink, options.events as u64, Duration::from_secs(600)).await?;
+    if let Err(e) = wait_count(sink, options.events as u64, Duration::from_secs(600)).await {
+        return Err(BenchError::Other(format!(
+            "{e}; what the ladder's queues hold: {}",
+            ladder_depths(channel, ladder).await
+        )));
+    }
     let (n, secs) = sink.window();
     report.hookrelay = Throughput {
         deliveries: n,
