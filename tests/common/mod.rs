@@ -408,6 +408,9 @@ impl Drop for TestLadder {
         );
         let url = self.config.amqp.url.clone();
         let api = management(&self.config);
+        // Queues the ladder does not list but hookrelay made under its prefix (a paused
+        // subscription's parking queue, declared by the worker).
+        let ours = format!("{}.", self.ladder.prefix);
         // Async cleanup from a destructor: a thread with its own runtime.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -421,7 +424,9 @@ impl Drop for TestLadder {
                 {
                     let _ = topology.delete(&ch).await;
                     let _ = topology.delete_policies(&api).await;
-                    for queue in extra {
+                    let made = api.queues().await.unwrap_or_default().into_iter();
+                    let made = made.map(|q| q.name).filter(|name| name.starts_with(&ours));
+                    for queue in extra.into_iter().chain(made) {
                         let _ = ch
                             .queue_delete(queue.as_str().into(), Default::default())
                             .await;
