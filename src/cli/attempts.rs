@@ -26,15 +26,26 @@ pub(super) async fn run(cmd: AttemptsCommand, config: &Config) -> anyhow::Result
         outcome.as_deref(),
         tenant.as_deref(),
         |body| {
-            if json {
-                println!("{}", String::from_utf8_lossy(body));
-            } else {
-                match serde_json::from_slice::<crate::observe::events::AttemptRecord>(body) {
-                    Ok(r) => println!("{}", crate::ops::tail::format_record(&r)),
-                    Err(_) => println!("{}", String::from_utf8_lossy(body)),
+            // One line a record, also for a message that carries several.
+            match crate::observe::events::AttemptRecord::read_message(body) {
+                Ok(records) => {
+                    for r in records {
+                        if count.is_some_and(|c| seen >= c) {
+                            break;
+                        }
+                        if json {
+                            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                        } else {
+                            println!("{}", crate::ops::tail::format_record(&r));
+                        }
+                        seen += 1;
+                    }
+                }
+                Err(_) => {
+                    println!("{}", String::from_utf8_lossy(body));
+                    seen += 1;
                 }
             }
-            seen += 1;
             count.is_none_or(|c| seen < c)
         },
     );

@@ -428,10 +428,12 @@ fn add(kind: StreamKind, batch: &mut Batch, offset: u64, delivery: &lapin::messa
             }
         }
         StreamKind::Attempts => match AttemptRow::read(offset, &delivery.data) {
-            Ok(row) => {
-                batch.add_time(row.at);
-                row.copy_line(&mut batch.text);
-                batch.rows += 1;
+            Ok(rows) => {
+                for row in rows {
+                    batch.add_time(row.at);
+                    row.copy_line(&mut batch.text);
+                    batch.rows += 1;
+                }
             }
             Err(reason) => {
                 warn!(offset, %reason, "Passed over a message of the attempt log");

@@ -89,13 +89,19 @@ pub struct AttemptRow {
 }
 
 impl AttemptRow {
-    /// The row of an attempt-log message; the error says why a body is not a record.
-    pub fn read(offset: u64, body: &[u8]) -> Result<Self, String> {
-        let record: AttemptRecord =
-            serde_json::from_slice(body).map_err(|e| format!("not an attempt record: {e}"))?;
-        let at = humantime::parse_rfc3339_weak(&record.at)
-            .map_err(|e| format!("attempt record time {:?}: {e}", record.at))?;
-        Ok(Self { record, at, offset })
+    /// The rows of an attempt-log message (one record, or a batch of them at one offset); the
+    /// error says why a body is not records.
+    pub fn read(offset: u64, body: &[u8]) -> Result<Vec<Self>, String> {
+        let records =
+            AttemptRecord::read_message(body).map_err(|e| format!("not an attempt record: {e}"))?;
+        records
+            .into_iter()
+            .map(|record| {
+                let at = humantime::parse_rfc3339_weak(&record.at)
+                    .map_err(|e| format!("attempt record time {:?}: {e}", record.at))?;
+                Ok(Self { record, at, offset })
+            })
+            .collect()
     }
 
     pub fn copy_line(&self, out: &mut String) {
@@ -223,7 +229,9 @@ mod tests {
         let body = br#"{"envelope":"evt_1","tenant":"acme","subscription":"sub_a","attempt":2,
             "status":503,"error":"HTTP 503","latency_ms":48,"outcome":"retried","tier":"retry-10s",
             "lane":"hookrelay.ready","redrives":1,"at":"2026-12-04T10:00:00.120Z"}"#;
-        let row = AttemptRow::read(41, body).unwrap();
+        let rows = AttemptRow::read(41, body).unwrap();
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
         assert_eq!(row.record.redrives, 1);
         let mut line = String::new();
         row.copy_line(&mut line);
@@ -237,6 +245,31 @@ mod tests {
         );
         assert!(
             AttemptRow::read(1, b"not json")
+                .unwrap_err()
+                .contains("not an attempt record")
+        );
+    }
+
+    #[test]
+    fn a_message_carrying_several_records_becomes_their_rows_in_order_at_its_offset() {
+        let one = |id: &str| {
+            format!(
+                r#"{{"envelope":"{id}","tenant":"acme","subscription":"sub_a","attempt":1,
+                "status":503,"error":null,"latency_ms":2,"outcome":"retried","tier":"retry-10s",
+                "lane":"hookrelay.ready","at":"2026-12-04T10:00:00Z"}}"#
+            )
+        };
+        let body = format!(" [{},{}]", one("evt_1"), one("evt_2"));
+        let rows = AttemptRow::read(7, body.as_bytes()).unwrap();
+        let ids: Vec<_> = rows
+            .iter()
+            .map(|r| (r.record.envelope.as_deref(), r.offset))
+            .collect();
+        assert_eq!(ids, [(Some("evt_1"), 7), (Some("evt_2"), 7)]);
+        // One broken record spoils its message, which is passed over whole and said why.
+        let broken = format!("[{},{{\"envelope\":1}}]", one("evt_3"));
+        assert!(
+            AttemptRow::read(8, broken.as_bytes())
                 .unwrap_err()
                 .contains("not an attempt record")
         );

@@ -27,7 +27,7 @@ pub async fn story(
         let stream = ladder.stream(StreamKind::Attempts);
         if let Some(end) = end_of(conn, &stream, None).await? {
             read_window::<StreamReadError>(conn, &stream, since, end, None, async |d| {
-                if let Ok(row) = AttemptRow::read(0, &d.data) {
+                for row in AttemptRow::read(0, &d.data).unwrap_or_default() {
                     let r = row.record;
                     if r.envelope.as_deref() == Some(id) || r.event.as_deref() == Some(id) {
                         attempts.push(Attempt {

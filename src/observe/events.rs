@@ -4,7 +4,9 @@
 //! attempt log on `<prefix>.attempts` (one record per settled delivery, routing key
 //! `<outcome>.<tenant>`) for operators to keep in a queue or stream. Publishing them never blocks
 //! or fails a delivery: they pass through a bounded buffer, and what does not fit is counted as
-//! dropped.
+//! dropped. Under load, attempt records that share a routing key travel together, one JSON array
+//! per message ([`AttemptRecord::read_message`] reads both forms): a message into a stream costs
+//! the broker far more than the bytes of one more record in it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,14 @@ pub const BUFFER: usize = 10_000;
 /// thousand deliveries a second and the buffer overflowed (records dropped); this bound keeps
 /// the attempt log at broker speed.
 const IN_FLIGHT: usize = 4096;
+/// Attempt-log messages awaiting their confirm at once. While this many are out, records gather
+/// by routing key and leave together when one is confirmed: one record a message when the log
+/// is quiet, as many as arrived in a confirm's round trip when it is busy.
+const BATCHES_IN_FLIGHT: usize = 4;
+/// The most records one attempt-log message carries.
+const MAX_BATCH_RECORDS: usize = 128;
+/// The most body bytes one attempt-log message carries (a record alone may be larger).
+const MAX_BATCH_BYTES: usize = 128 * 1024;
 
 /// One operational event, as published.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -119,6 +129,20 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl AttemptRecord {
+    /// The records one attempt-log message holds: a single record (a JSON object), or several
+    /// that share the message's routing key (a JSON array of them, in the order they settled).
+    pub fn read_message(body: &[u8]) -> Result<Vec<AttemptRecord>, serde_json::Error> {
+        let array = body
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b == b'[');
+        if array {
+            serde_json::from_slice(body)
+        } else {
+            serde_json::from_slice(body).map(|record| vec![record])
+        }
+    }
+
     /// `<outcome>.<tenant>`; tenants never contain dots, so the key splits cleanly.
     pub fn routing_key(&self) -> String {
         routing_key(&self.outcome, self.tenant.as_deref())
@@ -133,13 +157,16 @@ pub fn routing_key(outcome: &str, tenant: Option<&str>) -> String {
 /// One exchange notices go to, and the routing keys it recently had no queue for.
 struct Route {
     exchange: String,
+    /// Whether notices with one routing key may share a message (the attempt log's records).
+    batched: bool,
     unrouted: Mutex<HashMap<String, Instant>>,
 }
 
 impl Route {
-    fn new(exchange: String) -> Arc<Self> {
+    fn new(exchange: String, batched: bool) -> Arc<Self> {
         Arc::new(Self {
             exchange,
+            batched,
             unrouted: Mutex::new(HashMap::new()),
         })
     }
@@ -196,8 +223,8 @@ impl Notices {
         metrics: Metrics,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let events = Route::new(events_exchange);
-        let attempts = Route::new(attempts_exchange);
+        let events = Route::new(events_exchange, false);
+        let attempts = Route::new(attempts_exchange, true);
         let routes = vec![Arc::clone(&events), Arc::clone(&attempts)];
         let task = tokio::spawn(drain(Arc::clone(&publisher), rx, routes, metrics.clone()));
         (
@@ -284,34 +311,119 @@ const UNROUTED_PAUSE: Duration = Duration::from_secs(1);
 /// How often unroutable notices are said in the log.
 const UNROUTED_SAID_EVERY: Duration = Duration::from_secs(60);
 
+/// Notices of one route and routing key waiting to leave in one message.
+struct Batch {
+    route: Arc<Route>,
+    routing_key: String,
+    bodies: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Batch {
+    fn full(&self) -> bool {
+        self.bodies.len() >= MAX_BATCH_RECORDS || self.bytes >= MAX_BATCH_BYTES
+    }
+
+    /// One body alone as it is; several as a JSON array of them.
+    fn body(mut self) -> Vec<u8> {
+        if self.bodies.len() == 1 {
+            return self.bodies.pop().unwrap_or_default();
+        }
+        let mut out = Vec::with_capacity(self.bytes + self.bodies.len() + 1);
+        out.push(b'[');
+        for (i, body) in self.bodies.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(body);
+        }
+        out.push(b']');
+        out
+    }
+}
+
+/// Batches waiting for a publish slot, oldest first; a batch that is full is closed and the
+/// next notice with its key starts another.
+#[derive(Default)]
+struct Gathering {
+    order: std::collections::VecDeque<Batch>,
+    /// Routing key → index in `order` of its open (not full) batch, offset by `taken`.
+    open: HashMap<String, usize>,
+    /// Batches taken from the front so far, so indexes in `open` stay valid.
+    taken: usize,
+    notices: usize,
+}
+
+impl Gathering {
+    fn add(&mut self, notice: Notice) {
+        self.notices += 1;
+        let len = notice.body.len();
+        if let Some(&at) = self.open.get(&notice.routing_key)
+            && let Some(batch) = self.order.get_mut(at - self.taken)
+        {
+            batch.bodies.push(notice.body);
+            batch.bytes += len;
+            if batch.full() {
+                self.open.remove(&notice.routing_key);
+            }
+            return;
+        }
+        let batch = Batch {
+            route: notice.route,
+            routing_key: notice.routing_key.clone(),
+            bodies: vec![notice.body],
+            bytes: len,
+        };
+        if !batch.full() {
+            self.open
+                .insert(notice.routing_key, self.taken + self.order.len());
+        }
+        self.order.push_back(batch);
+    }
+
+    fn take(&mut self) -> Option<Batch> {
+        let batch = self.order.pop_front()?;
+        if self.open.get(&batch.routing_key) == Some(&self.taken) {
+            self.open.remove(&batch.routing_key);
+        }
+        self.taken += 1;
+        self.notices -= batch.bodies.len();
+        Some(batch)
+    }
+}
+
 /// Publishes notices, pipelining confirms. A notice the broker returns as unroutable (no queue is
 /// bound for its routing key) would have been dropped by the broker anyway; for a second after
 /// that, notices with the same key are not made or sent at all, which saves a publish per
 /// delivery when nobody keeps the attempt log. A binding made in that second misses at most that
 /// second. The key skipped is the returned message's own (a return may arrive with another
-/// notice's confirm).
+/// notice's confirm). Attempt records gather by routing key while [`BATCHES_IN_FLIGHT`] of
+/// their messages await confirms.
 async fn drain(
     publisher: Arc<Publisher>,
     mut rx: mpsc::Receiver<Notice>,
     routes: Vec<Arc<Route>>,
     metrics: Metrics,
 ) {
+    // Each publish's confirm, with how many notices it carries and whether it was a batch.
     let mut pending = FuturesUnordered::new();
+    let mut batches_out = 0usize;
+    let mut gathering = Gathering::default();
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
     let mut said: Option<Instant> = None;
     let mut unsaid: u64 = 0;
-    let mut settle = |result: Result<(), PublishError>| match result {
+    let mut settle = |result: Result<(), PublishError>, notices: usize| match result {
         Ok(()) => {}
         Err(PublishError::Unroutable {
             exchange,
             routing_key,
             ..
         }) => {
-            metrics.notices_unroutable.inc();
+            metrics.notices_unroutable.inc_by(notices as u64);
             // Said at most once a minute, without the record: the count is in the metric.
-            unsaid += 1;
+            unsaid += notices as u64;
             if said.is_none_or(|at| at.elapsed() >= UNROUTED_SAID_EVERY) {
                 warn!(
                     %exchange,
@@ -329,30 +441,183 @@ async fn drain(
             }
         }
         Err(e) => {
-            metrics.notices_failed.inc();
+            metrics.notices_failed.inc_by(notices as u64);
             warn!(error = %e, "Notice not confirmed by the broker");
         }
     };
-    loop {
+    let mut open = true;
+    while open || !pending.is_empty() || gathering.notices > 0 {
+        while batches_out < BATCHES_IN_FLIGHT
+            && let Some(batch) = gathering.take()
+        {
+            let notices = batch.bodies.len();
+            let (exchange, key) = (batch.route.exchange.clone(), batch.routing_key.clone());
+            match publisher
+                .send(&exchange, &key, &batch.body(), props.clone(), true)
+                .await
+            {
+                Ok(confirm) => {
+                    batches_out += 1;
+                    pending.push(tagged(confirm, notices, true));
+                }
+                Err(e) => {
+                    metrics.notices_failed.inc_by(notices as u64);
+                    warn!(error = %e, "Notice not published");
+                }
+            }
+        }
         tokio::select! {
-            Some(done) = pending.next(), if !pending.is_empty() => settle(done),
-            notice = rx.recv(), if pending.len() < IN_FLIGHT => {
-                let Some(Notice { route, routing_key, body }) = notice else { break };
-                if !route.routed(&routing_key) {
+            Some((done, notices, batch)) = pending.next(), if !pending.is_empty() => {
+                if batch {
+                    batches_out -= 1;
+                }
+                settle(done, notices);
+            }
+            notice = rx.recv(), if open && pending.len() < IN_FLIGHT && gathering.notices < BUFFER => {
+                let Some(notice) = notice else {
+                    open = false;
+                    continue;
+                };
+                if !notice.route.routed(&notice.routing_key) {
                     continue;
                 }
+                if notice.route.batched {
+                    gathering.add(notice);
+                    continue;
+                }
+                let Notice { route, routing_key, body } = notice;
                 match publisher.send(&route.exchange, &routing_key, &body, props.clone(), true).await {
-                    Ok(confirm) => pending.push(confirm),
+                    Ok(confirm) => pending.push(tagged(confirm, 1, false)),
                     Err(e) => {
                         metrics.notices_failed.inc();
                         warn!(error = %e, "Notice not published");
                     }
                 }
             }
+            else => {}
         }
     }
-    while let Some(done) = pending.next().await {
-        settle(done);
-    }
     publisher.close().await;
+}
+
+/// A publish's confirm with how many notices it carries and whether it was an attempt-log batch.
+async fn tagged<F: std::future::Future>(
+    confirm: F,
+    notices: usize,
+    batch: bool,
+) -> (F::Output, usize, bool) {
+    (confirm.await, notices, batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(route: &Arc<Route>, key: &str, body: &str) -> Notice {
+        Notice {
+            route: Arc::clone(route),
+            routing_key: key.to_owned(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn taken(g: &mut Gathering) -> Vec<(String, String)> {
+        std::iter::from_fn(|| g.take())
+            .map(|b| {
+                let key = b.routing_key.clone();
+                (key, String::from_utf8(b.body()).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_gather_by_routing_key_in_arrival_order_and_a_lone_record_stays_an_object() {
+        let route = Route::new("x.attempts".into(), true);
+        let mut g = Gathering::default();
+        g.add(notice(&route, "retried.a", r#"{"n":1}"#));
+        g.add(notice(&route, "delivered.b", r#"{"n":2}"#));
+        g.add(notice(&route, "retried.a", r#"{"n":3}"#));
+        assert_eq!(g.notices, 3);
+        assert_eq!(
+            taken(&mut g),
+            [
+                ("retried.a".to_owned(), r#"[{"n":1},{"n":3}]"#.to_owned()),
+                ("delivered.b".to_owned(), r#"{"n":2}"#.to_owned()),
+            ]
+        );
+        assert_eq!(g.notices, 0);
+        // A key taken out starts a new batch, behind what was already waiting.
+        g.add(notice(&route, "delivered.b", r#"{"n":4}"#));
+        g.add(notice(&route, "retried.a", r#"{"n":5}"#));
+        g.add(notice(&route, "delivered.b", r#"{"n":6}"#));
+        let first = g.take().unwrap();
+        assert_eq!(first.bodies.len(), 2);
+        g.add(notice(&route, "delivered.b", r#"{"n":7}"#));
+        assert_eq!(
+            taken(&mut g),
+            [
+                ("retried.a".to_owned(), r#"{"n":5}"#.to_owned()),
+                ("delivered.b".to_owned(), r#"{"n":7}"#.to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_full_batch_is_closed_and_the_next_record_starts_another() {
+        let route = Route::new("x.attempts".into(), true);
+        let mut g = Gathering::default();
+        for i in 0..MAX_BATCH_RECORDS + 1 {
+            g.add(notice(&route, "retried.a", &format!("{i}")));
+        }
+        let sizes: Vec<usize> = std::iter::from_fn(|| g.take())
+            .map(|b| b.bodies.len())
+            .collect();
+        assert_eq!(sizes, [MAX_BATCH_RECORDS, 1]);
+        let big = "x".repeat(MAX_BATCH_BYTES);
+        g.add(notice(&route, "retried.a", &big));
+        g.add(notice(&route, "retried.a", "1"));
+        let sizes: Vec<usize> = std::iter::from_fn(|| g.take())
+            .map(|b| b.bodies.len())
+            .collect();
+        assert_eq!(sizes, [1, 1]);
+    }
+
+    #[test]
+    fn a_message_reads_back_as_the_records_it_carries() {
+        let record = AttemptRecord {
+            envelope: Some("evt_1".into()),
+            event: None,
+            tenant: Some("acme".into()),
+            subscription: Some("sub_a".into()),
+            attempt: 1,
+            status: Some(204),
+            error: None,
+            latency_ms: Some(3),
+            outcome: "delivered".into(),
+            tier: None,
+            lane: "x.ready.first".into(),
+            redrives: 0,
+            replay: None,
+            at: "2026-12-05T10:00:00Z".into(),
+        };
+        let mut second = record.clone();
+        second.envelope = Some("evt_2".into());
+        let route = Route::new("x.attempts".into(), true);
+        let mut g = Gathering::default();
+        for r in [&record, &second] {
+            g.add(Notice {
+                route: Arc::clone(&route),
+                routing_key: r.routing_key(),
+                body: serde_json::to_vec(r).unwrap(),
+            });
+        }
+        let body = g.take().unwrap().body();
+        assert_eq!(
+            AttemptRecord::read_message(&body).unwrap(),
+            [record.clone(), second]
+        );
+        let alone = serde_json::to_vec(&record).unwrap();
+        assert_eq!(AttemptRecord::read_message(&alone).unwrap(), [record]);
+        assert!(AttemptRecord::read_message(b"[1]").is_err());
+    }
 }

@@ -230,7 +230,7 @@ async fn delivered_since(
         return Ok(index);
     };
     read_window::<ReplayError>(conn, &stream, from, end, None, async |d| {
-        if let Ok(record) = serde_json::from_slice::<AttemptRecord>(&d.data) {
+        for record in AttemptRecord::read_message(&d.data).unwrap_or_default() {
             index.add(&record);
         }
         Ok(())

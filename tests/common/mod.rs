@@ -306,7 +306,7 @@ impl TestLadder {
                 None,
                 Some(&of_tenant),
                 |body| {
-                    records.push(serde_json::from_slice(body).unwrap());
+                    records.extend(AttemptRecord::read_message(body).unwrap());
                     records.len() < n
                 },
             )

@@ -149,17 +149,19 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
             .await
             .unwrap()
         {
-            let r: hookrelay::observe::events::AttemptRecord =
-                serde_json::from_slice(&msg.delivery.data).unwrap();
-            // A deferral (the endpoint's cap was full) made no request and is no attempt: its
-            // record says attempt 0.
-            if r.attempt == 0 {
-                continue;
+            for r in
+                hookrelay::observe::events::AttemptRecord::read_message(&msg.delivery.data).unwrap()
+            {
+                // A deferral (the endpoint's cap was full) made no request and is no attempt: its
+                // record says attempt 0.
+                if r.attempt == 0 {
+                    continue;
+                }
+                attempts
+                    .entry(r.envelope.unwrap())
+                    .or_default()
+                    .push(r.outcome);
             }
-            attempts
-                .entry(r.envelope.unwrap())
-                .or_default()
-                .push(r.outcome);
         }
     };
     // A dead letter whose confirm came late was also returned to its lane and is attempted

@@ -168,9 +168,11 @@ async fn account(
             .await
             .unwrap()
         {
-            let r: hookrelay::observe::events::AttemptRecord =
-                serde_json::from_slice(&m.delivery.data).unwrap();
-            cancelled.insert(r.envelope.unwrap());
+            for r in
+                hookrelay::observe::events::AttemptRecord::read_message(&m.delivery.data).unwrap()
+            {
+                cancelled.insert(r.envelope.unwrap());
+            }
         }
         let delivered = receiver.delivered();
         let open = published
