@@ -20,15 +20,16 @@ const WAIT: Duration = Duration::from_secs(20);
 /// How long a read waits for messages beyond those expected.
 const EXTRA: Duration = Duration::from_secs(2);
 
-/// Everything `stream` holds from its start, read until `n` messages or `wait`: (message id or
-/// record body, routing key, `type`, `x-subscription`) of each. What is published with a confirm
-/// is in the stream already, so a short `wait` past the expected count sees any extra.
-async fn read(
+/// What `each` makes of the messages of `stream` from its start, read until it has made `n` or
+/// `wait` ends. What is published with a confirm is in the stream already, so a short `wait`
+/// past the expected count sees any extra.
+async fn read_with<T>(
     t: &TestLadder,
     stream: &str,
     n: usize,
     wait: Duration,
-) -> Vec<(String, String, String, String)> {
+    mut each: impl FnMut(&lapin::message::Delivery) -> Vec<T>,
+) -> Vec<T> {
     let mut reader = StreamReader::open(&t.conn, stream, StreamStart::First, 100)
         .await
         .unwrap();
@@ -38,32 +39,46 @@ async fn read(
             let Some(Ok(m)) = reader.next().await else {
                 break;
             };
-            let p = &m.delivery.properties;
-            let id = p
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| String::from_utf8_lossy(&m.delivery.data).into_owned());
-            let subscription = p
-                .headers()
-                .as_ref()
-                .and_then(|h| h.inner().get("x-subscription").cloned())
-                .map(|v| match v {
-                    lapin::types::AMQPValue::LongString(s) => s.to_string(),
-                    other => format!("{other:?}"),
-                })
-                .unwrap_or_default();
-            out.push((
-                id,
-                m.delivery.routing_key.to_string(),
-                p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
-                subscription,
-            ));
+            out.extend(each(&m.delivery));
         }
     })
     .await;
     reader.close().await;
     out
+}
+
+/// (message id or body, routing key, `type`, `x-subscription`) of each of `stream`'s first `n`
+/// messages, or of what arrived within `wait`.
+async fn read(
+    t: &TestLadder,
+    stream: &str,
+    n: usize,
+    wait: Duration,
+) -> Vec<(String, String, String, String)> {
+    read_with(t, stream, n, wait, |d| {
+        let p = &d.properties;
+        let id = p
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| String::from_utf8_lossy(&d.data).into_owned());
+        let subscription = p
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-subscription").cloned())
+            .map(|v| match v {
+                lapin::types::AMQPValue::LongString(s) => s.to_string(),
+                other => format!("{other:?}"),
+            })
+            .unwrap_or_default();
+        vec![(
+            id,
+            d.routing_key.to_string(),
+            p.kind().as_ref().map(|s| s.to_string()).unwrap_or_default(),
+            subscription,
+        )]
+    })
+    .await
 }
 
 /// At least `n` attempt records from the start of `stream` (a message may carry several), each
@@ -74,23 +89,14 @@ async fn read_records(
     n: usize,
     wait: Duration,
 ) -> Vec<(AttemptRecord, String)> {
-    let mut reader = StreamReader::open(&t.conn, stream, StreamStart::First, 100)
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(wait, async {
-        while out.len() < n {
-            let Some(Ok(m)) = reader.next().await else {
-                break;
-            };
-            for r in AttemptRecord::read_message(&m.delivery.data).unwrap() {
-                out.push((r, m.delivery.routing_key.to_string()));
-            }
-        }
+    read_with(t, stream, n, wait, |d| {
+        AttemptRecord::read_message(&d.data)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r, d.routing_key.to_string()))
+            .collect()
     })
-    .await;
-    reader.close().await;
-    out
+    .await
 }
 
 #[tokio::test]
