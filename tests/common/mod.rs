@@ -420,9 +420,21 @@ impl Drop for TestLadder {
             rt.block_on(async move {
                 if let Ok(conn) =
                     Connection::connect(url.expose(), ConnectionProperties::default()).await
-                    && let Ok(ch) = conn.create_channel().await
+                    && let Ok(mut ch) = conn.create_channel().await
                 {
-                    let _ = topology.delete(&ch).await;
+                    // A deletion the broker fails (a quorum queue's Raft process can exit
+                    // `wal_down` under create/delete churn on 3.10) closes the channel and
+                    // stops the pass; deleting again is harmless, so try again on a new one.
+                    for _ in 0..3 {
+                        if topology.delete(&ch).await.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        match conn.create_channel().await {
+                            Ok(fresh) => ch = fresh,
+                            Err(_) => break,
+                        }
+                    }
                     let _ = topology.delete_policies(&api).await;
                     let made = api.queues().await.unwrap_or_default().into_iter();
                     let made = made.map(|q| q.name).filter(|name| name.starts_with(&ours));
