@@ -518,6 +518,12 @@ pub struct EndpointConfig {
     /// an attempt to a fast endpoint does. `0s`: never wait.
     #[serde(with = "humantime_serde")]
     pub busy_wait: Duration,
+    /// The most of a shared lane's prefetch one endpoint's attempts may hold at once, as a
+    /// fraction (0 to 1; `1`: no limit but the caps). A delivery beyond it is deferred as busy.
+    /// An attempt holds its lane slot until it ends, so an endpoint that hangs holds as many
+    /// slots as it has attempts out: this keeps the rest of the lane (a shard's, whose prefetch
+    /// is a fraction of the budget) moving the deliveries of the tenants behind it.
+    pub lane_share: f64,
 }
 
 impl Default for EndpointConfig {
@@ -533,6 +539,7 @@ impl Default for EndpointConfig {
             recovery_start: 2,
             rate: None,
             busy_wait: Duration::from_millis(20),
+            lane_share: 0.25,
         }
     }
 }
@@ -787,6 +794,13 @@ impl Config {
             return Err(ConfigError::invalid(
                 "endpoints.max_concurrent/max_concurrent_per_host/breaker_failures",
                 "must be at least 1",
+            ));
+        }
+        if !(self.endpoints.lane_share > 0.0 && self.endpoints.lane_share <= 1.0) {
+            return Err(ConfigError::invalid(
+                "endpoints.lane_share",
+                "must be above 0 and at most 1 (a fraction of a lane's prefetch; 1 for no limit \
+                 but the caps)",
             ));
         }
         if self.endpoints.busy_wait > Duration::from_secs(1) {
@@ -1280,6 +1294,24 @@ mod tests {
                 "{bad}: {shown}"
             );
             assert!(!shown.contains("guest:guest"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_lane_share_is_a_fraction_above_zero() {
+        for bad in ["0", "1.5", "-0.25", "NaN"] {
+            let err = Config::load(None, &env(&[("HOOKRELAY_ENDPOINTS_LANE_SHARE", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("invalid setting endpoints.lane_share"),
+                "{bad}: {err}"
+            );
+        }
+        for good in ["0.1", "1"] {
+            let config =
+                Config::load(None, &env(&[("HOOKRELAY_ENDPOINTS_LANE_SHARE", good)])).unwrap();
+            assert_eq!(config.endpoints.lane_share.to_string(), good);
         }
     }
 

@@ -56,6 +56,8 @@ async fn a_deep_retry_backlog_gets_only_its_share_and_new_events_flow() {
     publish_retries(&t, 120, "sub_slow").await;
     let mut config = t.config.clone();
     config.worker.in_flight = 20; // 14 first-attempt, 6 retry
+    // The retry lane's prefetch is the bound here, not one endpoint's share of it.
+    config.endpoints.lane_share = 1.0;
     let worker = RunningWorker::start_with(
         &t,
         config,
@@ -675,6 +677,50 @@ async fn a_delivery_over_its_endpoints_cap_leaves_the_lane_at_once() {
         into("defer-250ms")
     );
     assert_eq!(into("defer-5s"), 0, "no escalation while stuck");
+    drop(hang);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_hanging_endpoint_holds_at_most_its_share_of_the_lane() {
+    let t = TestLadder::apply("share", &["1s"], &["1s"; 4]).await;
+    let s = secret();
+    let hang = Hang::start().await;
+    let healthy = common::ok_receiver(&s).await;
+    let mut config = t.config.clone();
+    config.http.request_timeout = Duration::from_secs(60);
+    config.worker.shutdown_grace = Duration::from_secs(90);
+    // 16 first-attempt slots and 4 retry slots; A's cap (64) is far above both.
+    config.worker.in_flight = 20;
+    config.worker.retry_share = 0.2;
+    config.endpoints.lane_share = 0.25;
+    let worker = RunningWorker::start_with(
+        &t,
+        config,
+        vec![
+            subscription("sub_a", "acme", &hang.url, &s),
+            subscription("sub_b", "bravo", &healthy.url("/"), &s),
+        ],
+    )
+    .await;
+    // A's backlog first: 4 attempts (a quarter of 16) hang; the rest leave the lane at once.
+    t.publish_all((0..30).map(|i| event(&format!("evt_a_{i:02}"), "acme", "sub_a")))
+        .await;
+    t.publish_all((0..5).map(|i| event(&format!("evt_b_{i}"), "bravo", "sub_b")))
+        .await;
+    assert!(
+        healthy.wait_until(WAIT, |r| r.delivered_count() == 5).await,
+        "B's events were delivered while A's attempts hang: {} of A's accepted",
+        hang.accepted.load(Ordering::SeqCst)
+    );
+    let m = worker.metrics.clone();
+    assert!(m.count("hookrelay_deferrals_total", &[("reason", "lane_share")]) >= 1);
+    // A's deferrals come back through the retry lane, whose quarter of 4 is 1.
+    let accepted = hang.accepted.load(Ordering::SeqCst);
+    assert!(
+        (4..=5).contains(&accepted),
+        "A's endpoint took {accepted} attempts at once: 4 from the first-attempt lane, at most 1 from the retry lane"
+    );
     drop(hang);
     worker.stop().await;
 }

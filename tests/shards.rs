@@ -183,6 +183,8 @@ async fn shards_share_one_budget_and_a_lone_busy_shard_gets_more_than_its_even_s
     let mut config = config();
     config.worker.in_flight = 10;
     config.worker.retry_share = 0.2; // 8 for first attempts (4 per shard's prefetch), 2 retries
+    // The tenants share one endpoint, which would otherwise hold one slot of a shard's 4.
+    config.endpoints.lane_share = 1.0;
     let t = sharded("budget", 4, config.clone()).await;
     let tenants = one_tenant_per_shard(&t).await;
     // A fifth tenant, in the first one's shard, for the lone busy shard.

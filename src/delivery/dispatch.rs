@@ -464,7 +464,7 @@ impl Dispatcher {
         };
         let admitted = self
             .endpoints
-            .admit_or_wait(&sub.url, sub.max_concurrent, sub.rate)
+            .admit_or_wait(&sub.url, sub.max_concurrent, sub.rate, lane.quota())
             .await;
         self.announce_health();
         let slot = match admitted {

@@ -15,6 +15,11 @@
 //! moves to a tier without an HTTP request; a deferral is not an attempt, and the delivery
 //! horizon ends an envelope that is deferred for too long.
 //!
+//! An attempt holds its lane slot until it ends, so on a shared lane one endpoint's attempts
+//! may hold at most `endpoints.lane_share` of that lane's prefetch ([`LaneQuota`]): an endpoint
+//! that hangs at its cap would otherwise leave a shard (whose prefetch is a fraction of the
+//! budget) little to move the tenants behind it. Beyond it a delivery is deferred as busy.
+//!
 //! When a breaker closes, the envelopes held back during the outage (in the tiers, or parked)
 //! come back together. Rather than meet them with its whole cap, the endpoint gets a [`Ramp`]:
 //! a limit that starts at `endpoints.recovery_start`, grows by one with each success and halves
@@ -421,6 +426,8 @@ pub struct Slot {
     cap: u32,
     _permit: OwnedSemaphorePermit,
     _host_permit: OwnedSemaphorePermit,
+    /// Its place in the endpoint's share of the lane it came from, if that lane limits it.
+    _lane_permit: Option<OwnedSemaphorePermit>,
     endpoints: Arc<EndpointsInner>,
     finished: bool,
     /// When it was admitted: its attempt's latency is measured from here.
@@ -477,6 +484,8 @@ struct EndpointsInner {
     limits: Mutex<HashMap<(EndpointKey, u32), Arc<Semaphore>>>,
     /// The per-host caps, by `host:port`.
     host_limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Each endpoint's share of each shared lane ([`LaneQuota`]), by lane, endpoint and size.
+    lane_limits: Mutex<HashMap<(String, EndpointKey, u32), Arc<Semaphore>>>,
     /// The rate limiters, by endpoint and rate (the bits of its events per second): as with
     /// caps, a subscription's own rate is its own budget.
     rates: Mutex<HashMap<(EndpointKey, u64), Gcra>>,
@@ -524,6 +533,28 @@ impl EndpointsInner {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A place in `key`'s share of the lane `quota` names (none without a quota), or the size
+    /// of that share when it is full.
+    fn lane_permit(
+        &self,
+        key: &EndpointKey,
+        quota: Option<LaneQuota<'_>>,
+    ) -> Result<Option<OwnedSemaphorePermit>, u32> {
+        let Some(LaneQuota { lane, most }) = quota else {
+            return Ok(None);
+        };
+        let most = most.max(1);
+        let semaphore = {
+            let mut limits = self.lane_limits.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                limits
+                    .entry((lane.to_owned(), key.clone(), most))
+                    .or_insert_with(|| Arc::new(Semaphore::new(most as usize))),
+            )
+        };
+        semaphore.try_acquire_owned().map(Some).map_err(|_| most)
+    }
+
     /// The semaphore of `key`'s cap of `cap` permits.
     fn limit(&self, key: &EndpointKey, cap: u32) -> Arc<Semaphore> {
         let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
@@ -533,6 +564,18 @@ impl EndpointsInner {
                 .or_insert_with(|| Arc::new(Semaphore::new(cap as usize))),
         )
     }
+}
+
+/// A shared lane's limit on the attempts one endpoint may have out from it at once
+/// (`endpoints.lane_share` of its prefetch): an attempt holds its lane slot while it is made, so
+/// without it an endpoint that hangs could hold as much of a shard as its cap, and the tenants
+/// behind it in that shard would be moved out of the way by what is left.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneQuota<'a> {
+    /// The lane's queue.
+    pub lane: &'a str,
+    /// The most attempts at once from it per endpoint.
+    pub most: u32,
 }
 
 /// Every endpoint's cap, breaker and ramp, shared by all deliveries.
@@ -561,6 +604,14 @@ pub enum Deferral {
         cap: u32,
         busy: DeferCause,
     },
+    /// The endpoint had its share of the shared lane the delivery came from out (`most`
+    /// attempts from `lane`). `busy`: what is known of its progress.
+    OverLaneShare {
+        endpoint: String,
+        lane: String,
+        most: u32,
+        busy: DeferCause,
+    },
     /// The cap of the host the endpoint shares with others was full (this worker's share).
     HostOverCap { host: String, cap: u32 },
     /// The endpoint's rate limit (`rate`, shared by `workers`) allowed no request now.
@@ -582,6 +633,7 @@ impl Deferral {
         match self {
             Deferral::BreakerOpen { .. } => "breaker_open",
             Deferral::OverCap { .. } => "concurrency",
+            Deferral::OverLaneShare { .. } => "lane_share",
             Deferral::HostOverCap { .. } => "host_concurrency",
             Deferral::Recovering { .. } => "recovery",
             Deferral::OverRate { .. } => "rate",
@@ -599,7 +651,9 @@ impl Deferral {
             Deferral::BreakerOpen { retry_in, .. } => DeferCause::Outage {
                 probe_in: *retry_in,
             },
-            Deferral::OverCap { busy, .. } | Deferral::Recovering { busy, .. } => *busy,
+            Deferral::OverCap { busy, .. }
+            | Deferral::OverLaneShare { busy, .. }
+            | Deferral::Recovering { busy, .. } => *busy,
             Deferral::HostOverCap { .. } => DeferCause::BUSY,
             Deferral::OverRate { .. } => DeferCause::OverRate,
         }
@@ -617,6 +671,15 @@ impl std::fmt::Display for Deferral {
             Deferral::OverCap { endpoint, cap, .. } => {
                 write!(f, "deferred: {endpoint} had {cap} attempts in flight")
             }
+            Deferral::OverLaneShare {
+                endpoint,
+                lane,
+                most,
+                ..
+            } => write!(
+                f,
+                "deferred: {endpoint} had {most} attempts in flight from {lane}, its share of that lane"
+            ),
             Deferral::HostOverCap { host, cap } => {
                 write!(f, "deferred: host {host} had {cap} attempts in flight")
             }
@@ -684,6 +747,7 @@ impl Endpoints {
             config,
             limits: Mutex::new(HashMap::new()),
             host_limits: Mutex::new(HashMap::new()),
+            lane_limits: Mutex::new(HashMap::new()),
             rates: Mutex::new(HashMap::new()),
             fleet: Fleet::default(),
             signals: Mutex::new(Vec::new()),
@@ -727,7 +791,7 @@ impl Endpoints {
         cap: Option<u32>,
         rate: Option<Rate>,
     ) -> Result<Slot, Deferral> {
-        self.admit_holding(url, cap, rate, None)
+        self.admit_holding(url, cap, rate, None, None)
     }
 
     /// [`Endpoints::admit`], except that a delivery finding the endpoint's own cap full waits
@@ -735,14 +799,16 @@ impl Endpoints {
     /// and [`wait_is_short`] says its turn should come within that. The breaker, the ramp, the
     /// host's cap and the rate are checked again after the wait.
     ///
-    /// A delivery deferred from the endpoint's full cap gets a turn booked at its pace.
+    /// A delivery deferred from the endpoint's full cap gets a turn booked at its pace. With a
+    /// `quota`, the endpoint's share of the delivery's lane is a limit too (never waited for).
     pub async fn admit_or_wait(
         &self,
         url: &reqwest::Url,
         cap: Option<u32>,
         rate: Option<Rate>,
+        quota: Option<LaneQuota<'_>>,
     ) -> Result<Slot, Deferral> {
-        let mut admitted = self.admit_or_wait_unbooked(url, cap, rate).await;
+        let mut admitted = self.admit_or_wait_unbooked(url, cap, rate, quota).await;
         if let Err(Deferral::OverCap {
             cap: slots,
             busy: DeferCause::Busy { turn_in, .. },
@@ -761,8 +827,9 @@ impl Endpoints {
         url: &reqwest::Url,
         cap: Option<u32>,
         rate: Option<Rate>,
+        quota: Option<LaneQuota<'_>>,
     ) -> Result<Slot, Deferral> {
-        let deferral = match self.admit(url, cap, rate) {
+        let deferral = match self.admit_holding(url, cap, rate, quota, None) {
             Err(deferral @ Deferral::OverCap { .. }) => deferral,
             other => return other,
         };
@@ -792,18 +859,19 @@ impl Endpoints {
             tokio::time::timeout(busy_wait, semaphore.acquire_many_owned(fleet.weight(cap))).await;
         drop(waiting);
         match acquired {
-            Ok(Ok(permit)) => self.admit_holding(url, Some(cap), rate, Some(permit)),
+            Ok(Ok(permit)) => self.admit_holding(url, Some(cap), rate, quota, Some(permit)),
             _ => Err(deferral),
         }
     }
 
-    /// The admission of [`Endpoints::admit`]; with `held`, a permit of the endpoint's cap
-    /// already taken.
+    /// The admission of [`Endpoints::admit`], within `quota` if given; with `held`, a permit of
+    /// the endpoint's cap already taken.
     fn admit_holding(
         &self,
         url: &reqwest::Url,
         cap: Option<u32>,
         rate: Option<Rate>,
+        quota: Option<LaneQuota<'_>>,
         held: Option<OwnedSemaphorePermit>,
     ) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
@@ -878,8 +946,9 @@ impl Endpoints {
                     .or_insert_with(|| Arc::new(Semaphore::new(host_cap as usize))),
             )
         };
-        // The endpoint's slot first: an endpoint at its own cap takes no host slot that its
-        // neighbours could use. The rate last: a request it counts is one that goes out.
+        // The endpoint's slot first: an endpoint at its own cap takes no place in its lane's
+        // share or host slot that its neighbours could use. The rate last: a request it counts
+        // is one that goes out.
         let permit = match held {
             Some(permit) => Ok(permit),
             None => self
@@ -887,26 +956,38 @@ impl Endpoints {
                 .limit(&key, cap)
                 .try_acquire_many_owned(fleet.weight(cap)),
         };
-        let acquired = match permit {
-            Ok(permit) => match host_semaphore.try_acquire_many_owned(fleet.weight(host_cap)) {
-                Ok(host_permit) => self.pace(&key, rate, now).map(|()| (permit, host_permit)),
-                Err(_) => Err(Deferral::HostOverCap {
-                    host: key.host.clone(),
-                    cap: fleet.share(host_cap),
-                }),
-            },
-            Err(_) => Err(Deferral::OverCap {
+        let acquired = permit
+            .map_err(|_| Deferral::OverCap {
                 endpoint: key.label(),
                 cap: fleet.share(cap),
                 busy,
-            }),
-        };
+            })
+            .and_then(|permit| {
+                let lane_permit =
+                    self.0
+                        .lane_permit(&key, quota)
+                        .map_err(|most| Deferral::OverLaneShare {
+                            endpoint: key.label(),
+                            lane: quota.map(|q| q.lane.to_owned()).unwrap_or_default(),
+                            most,
+                            busy,
+                        })?;
+                let host_permit = host_semaphore
+                    .try_acquire_many_owned(fleet.weight(host_cap))
+                    .map_err(|_| Deferral::HostOverCap {
+                        host: key.host.clone(),
+                        cap: fleet.share(host_cap),
+                    })?;
+                self.pace(&key, rate, now)?;
+                Ok((permit, lane_permit, host_permit))
+            });
         match acquired {
-            Ok((permit, host_permit)) => Ok(Slot {
+            Ok((permit, lane_permit, host_permit)) => Ok(Slot {
                 key,
                 cap,
                 _permit: permit,
                 _host_permit: host_permit,
+                _lane_permit: lane_permit,
                 endpoints: Arc::clone(&self.0),
                 finished: false,
                 started: now,
@@ -1102,6 +1183,90 @@ mod tests {
         let _c = endpoints.admit(&url, None, None).unwrap();
         let answered = endpoints.admit(&url, None, None).err().unwrap();
         assert!(quiet(&answered) < pause, "{answered:?}");
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_holds_at_most_its_share_of_a_lane_and_other_lanes_keep_theirs() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 10,
+            ..EndpointConfig::default()
+        });
+        let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
+        let other = reqwest::Url::parse("https://hooks.example/b").unwrap();
+        let shard = |most| {
+            Some(LaneQuota {
+                lane: "hookrelay.ready.first-s0",
+                most,
+            })
+        };
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(
+                endpoints
+                    .admit_or_wait(&url, None, None, shard(3))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let over = endpoints
+            .admit_or_wait(&url, None, None, shard(3))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(over.kind(), "lane_share");
+        assert!(matches!(over.cause(), DeferCause::Busy { .. }), "{over:?}");
+        assert!(
+            over.to_string().ends_with(
+                " had 3 attempts in flight from hookrelay.ready.first-s0, its share of that lane"
+            ),
+            "{over}"
+        );
+        // Another endpoint of the same lane, and the same endpoint in another lane or a lane
+        // without a limit, each have their own room; the endpoint's cap still counts them all.
+        let _b = endpoints
+            .admit_or_wait(&other, None, None, shard(3))
+            .await
+            .unwrap();
+        let another_lane = Some(LaneQuota {
+            lane: "hookrelay.ready.retry-s0",
+            most: 3,
+        });
+        held.push(
+            endpoints
+                .admit_or_wait(&url, None, None, another_lane)
+                .await
+                .unwrap(),
+        );
+        for _ in 0..6 {
+            held.push(
+                endpoints
+                    .admit_or_wait(&url, None, None, None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let capped = endpoints.admit(&url, None, None).err().unwrap();
+        assert_eq!(
+            capped.kind(),
+            "concurrency",
+            "the cap is still the endpoint's"
+        );
+        // An attempt that ends gives its place in the lane's share back, once the cap has room.
+        held.remove(0).finish(&AttemptResult::Timeout);
+        let _again = endpoints
+            .admit_or_wait(&url, None, None, shard(3))
+            .await
+            .unwrap();
+        assert_eq!(
+            endpoints
+                .admit_or_wait(&url, Some(20), None, shard(3))
+                .await
+                .err()
+                .unwrap()
+                .kind(),
+            "lane_share",
+            "a subscription's own cap does not lift the lane's share"
+        );
     }
 
     #[test]
@@ -1396,7 +1561,7 @@ mod tests {
         };
         // Before any answer the endpoint's latency is unknown: a full cap defers at once.
         let first = endpoints.admit(&url, None, None).unwrap();
-        let deferred = endpoints.admit_or_wait(&url, None, None).await;
+        let deferred = endpoints.admit_or_wait(&url, None, None, None).await;
         assert_eq!(deferred.err().unwrap().kind(), "concurrency");
         first.finish(&ok);
         // Now it has answered fast. One delivery holds the slot; the next waits and gets it
@@ -1407,10 +1572,10 @@ mod tests {
         let waiter = {
             let endpoints = endpoints.clone();
             let url = url.clone();
-            tokio::spawn(async move { endpoints.admit_or_wait(&url, None, None).await })
+            tokio::spawn(async move { endpoints.admit_or_wait(&url, None, None, None).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let third = endpoints.admit_or_wait(&url, None, None).await;
+        let third = endpoints.admit_or_wait(&url, None, None, None).await;
         assert_eq!(third.err().unwrap().kind(), "concurrency");
         held.finish(&ok);
         let slot = waiter
@@ -1419,7 +1584,7 @@ mod tests {
             .expect("the waiter gets the slot given back");
         // Nobody gives it back this time: the wait ends at busy_wait with a deferral.
         let at = Instant::now();
-        let timed_out = endpoints.admit_or_wait(&url, None, None).await;
+        let timed_out = endpoints.admit_or_wait(&url, None, None, None).await;
         assert_eq!(timed_out.err().unwrap().kind(), "concurrency");
         assert!(at.elapsed() >= Duration::from_millis(200));
         slot.finish(&ok);
@@ -1449,7 +1614,7 @@ mod tests {
         let a = endpoints.admit(&url, None, None).unwrap();
         let b = endpoints.admit(&url, None, None).unwrap();
         let unbooked = endpoints
-            .admit_or_wait(&url, None, None)
+            .admit_or_wait(&url, None, None, None)
             .await
             .err()
             .unwrap();
@@ -1464,7 +1629,7 @@ mod tests {
         let mut turns = Vec::new();
         for _ in 0..12 {
             let deferral = endpoints
-                .admit_or_wait(&url, None, None)
+                .admit_or_wait(&url, None, None, None)
                 .await
                 .err()
                 .unwrap();

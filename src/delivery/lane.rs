@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::delivery::endpoint::LaneQuota;
 use crate::observe::metrics::Metrics;
 
 /// Which kind of lane a delivery came from.
@@ -32,6 +33,9 @@ pub struct LaneSpec {
     /// Whether its deliveries take a permit of the worker-wide budget of their kind before
     /// they are processed (the shards of a sharded ladder, whose prefetches add up to more).
     pub shares_budget: bool,
+    /// The most attempts one endpoint may have out from it at once (`endpoints.lane_share` of
+    /// its prefetch), on a shared lane; a dedicated tenant's lanes have none.
+    pub endpoint_most: Option<u32>,
 }
 
 /// The worker-wide bound on deliveries processed at once from the shards of a sharded ladder:
@@ -73,6 +77,7 @@ impl Lanes {
         Arc::clone(lanes.entry(spec.queue.clone()).or_insert_with(|| {
             let mut lane = Lane::new(spec.kind, spec.queue.clone(), spec.prefetch, metrics);
             lane.shard = spec.shard;
+            lane.endpoint_most = spec.endpoint_most;
             lane.permits = spec.shares_budget.then(|| match spec.kind {
                 LaneKind::First => Arc::clone(&self.budget.first),
                 LaneKind::Retry => Arc::clone(&self.budget.retry),
@@ -107,6 +112,8 @@ pub struct Lane {
     pub shard: Option<u16>,
     /// The worker-wide budget its deliveries take a permit of, if it shares one.
     permits: Option<Arc<Semaphore>>,
+    /// The most attempts one endpoint may have out from this lane at once.
+    pub endpoint_most: Option<u32>,
     pub(crate) metrics: LaneMetrics,
     /// How long the most recently delivered message had waited, in ms.
     last_age_ms: AtomicU64,
@@ -132,6 +139,7 @@ impl Lane {
             prefetch,
             shard: None,
             permits: None,
+            endpoint_most: None,
             last_age_ms: AtomicU64::new(0),
             last_delivery_ms: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -143,6 +151,14 @@ impl Lane {
     pub async fn permit(&self) -> Option<OwnedSemaphorePermit> {
         let permits = Arc::clone(self.permits.as_ref()?);
         permits.acquire_owned().await.ok()
+    }
+
+    /// The limit this lane puts on one endpoint's attempts from it, if any.
+    pub fn quota(&self) -> Option<LaneQuota<'_>> {
+        self.endpoint_most.map(|most| LaneQuota {
+            lane: &self.queue,
+            most,
+        })
     }
 
     /// The metrics label: the queue name.

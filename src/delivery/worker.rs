@@ -592,27 +592,36 @@ const RETIRED_IN_FLIGHT: u16 = 20;
 /// from a shard takes a permit of a worker-wide semaphore of that budget before it is
 /// processed. So deliveries processed at once never exceed the budget, a busy shard can use up
 /// to twice its even share while others idle, and one shard never holds all of it.
+///
+/// On a shared lane (or shard) one endpoint's attempts hold at most `endpoints.lane_share` of
+/// its prefetch ([`endpoint_most`]): an attempt holds its slot until it ends, so an endpoint
+/// that hangs would otherwise leave the tenants behind it only what its cap leaves of the
+/// lane. A dedicated tenant's lanes are its own and have no such limit.
 pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -> Vec<LaneSpec> {
     let mut specs = Vec::new();
-    let mut pair = |first: String, retry: String, budget: (u16, u16), required, shard, shares| {
-        let (first_prefetch, retry_prefetch) = budget;
-        specs.push(LaneSpec {
-            kind: LaneKind::First,
-            queue: first,
-            prefetch: first_prefetch,
-            required,
-            shard,
-            shares_budget: shares,
-        });
-        specs.push(LaneSpec {
-            kind: LaneKind::Retry,
-            queue: retry,
-            prefetch: retry_prefetch,
-            required,
-            shard,
-            shares_budget: shares,
-        });
-    };
+    let share = config.endpoints.lane_share;
+    let mut pair =
+        |first: String, retry: String, budget: (u16, u16), shared: bool, shard, shares| {
+            let (first_prefetch, retry_prefetch) = budget;
+            specs.push(LaneSpec {
+                kind: LaneKind::First,
+                queue: first,
+                prefetch: first_prefetch,
+                required: true,
+                shard,
+                shares_budget: shares,
+                endpoint_most: shared.then(|| endpoint_most(first_prefetch, share)),
+            });
+            specs.push(LaneSpec {
+                kind: LaneKind::Retry,
+                queue: retry,
+                prefetch: retry_prefetch,
+                required: true,
+                shard,
+                shares_budget: shares,
+                endpoint_most: shared.then(|| endpoint_most(retry_prefetch, share)),
+            });
+        };
     let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
     let sharded = ladder.shards > 1;
     let per_shard = (
@@ -627,7 +636,7 @@ pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -
             ladder.first_lane_of(&d.tenant),
             ladder.retry_lane_of(&d.tenant),
             config.worker.split(d.in_flight),
-            true,
+            false,
             None,
             false,
         );
@@ -653,12 +662,19 @@ pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -
                 required: false,
                 shard,
                 shares_budget: false,
+                endpoint_most: None,
             })
         })
         .collect();
     retired.sort_by(|a, b| a.queue.cmp(&b.queue));
     specs.extend(retired);
     specs
+}
+
+/// The most attempts one endpoint may have out from a shared lane of `prefetch`: `share` of it,
+/// rounded up, at least 1.
+pub fn endpoint_most(prefetch: u16, share: f64) -> u32 {
+    ((f64::from(prefetch) * share).ceil() as u32).clamp(1, u32::from(prefetch.max(1)))
 }
 
 /// A shard's prefetch: `ceil(2 × budget / shards)`, at least 1, at most `budget` (exactly the
@@ -1012,6 +1028,10 @@ mod tests {
         assert_eq!(retired[1].kind, LaneKind::Retry);
         let (first, retry) = config.worker.split(RETIRED_IN_FLIGHT);
         assert_eq!((retired[0].prefetch, retired[1].prefetch), (first, retry));
+        // An endpoint holds at most a quarter (the default share) of a shared lane; a dedicated
+        // tenant's lanes are its own.
+        let most: Vec<_> = specs.iter().map(|s| s.endpoint_most).collect();
+        assert_eq!(most, [Some(53), Some(23), None, None, None, None]);
     }
 
     #[test]
@@ -1039,6 +1059,8 @@ mod tests {
                 LaneKind::Retry => 45,  // ceil(2 × 90 / 4)
             };
             assert_eq!(s.prefetch, want, "{s:?}");
+            // A quarter of the shard, rounded up: what one endpoint's attempts may hold of it.
+            assert_eq!(s.endpoint_most, Some(u32::from(want).div_ceil(4)), "{s:?}");
         }
         let retired: Vec<_> = specs
             .iter()
@@ -1057,5 +1079,8 @@ mod tests {
         assert_eq!(shard_prefetch(8, 4), 4);
         assert_eq!(shard_prefetch(3, 64), 1);
         assert_eq!(shard_prefetch(5, 2), 5, "never more than the budget");
+        assert_eq!(endpoint_most(105, 0.25), 27);
+        assert_eq!(endpoint_most(3, 0.01), 1, "at least one");
+        assert_eq!(endpoint_most(210, 1.0), 210, "1: the whole lane");
     }
 }

@@ -884,14 +884,15 @@ fn spawn_worker(
 }
 
 /// Endpoint caps lifted: the deliveries in flight are bounded by the worker's budget, as a raw
-/// loop's by its prefetch, not by the one sink's cap of 64.
-fn uncapped() -> [(&'static str, String); 2] {
+/// loop's by its prefetch, not by the one sink's cap of 64 or its share of a lane.
+fn uncapped() -> [(&'static str, String); 3] {
     [
         ("HOOKRELAY_ENDPOINTS_MAX_CONCURRENT", "100000".to_owned()),
         (
             "HOOKRELAY_ENDPOINTS_MAX_CONCURRENT_PER_HOST",
             "100000".to_owned(),
         ),
+        ("HOOKRELAY_ENDPOINTS_LANE_SHARE", "1".to_owned()),
     ]
 }
 
@@ -1134,12 +1135,14 @@ async fn failure_path_hookrelay(
         .ok_or_else(|| BenchError::Other("the bench ladder has no tier".into()))?;
     sink.reset();
     // Every attempt is made: the breaker never opens, and no envelope waits for a slot (neither
-    // the endpoint's cap nor its host's, which would defer a few percent of them).
-    let [cap, host_cap] = uncapped();
+    // the endpoint's cap nor its host's, which would defer a few percent of them, nor its share
+    // of the lane).
+    let [cap, host_cap, lane_share] = uncapped();
     let env = [
         ("HOOKRELAY_ENDPOINTS_BREAKER_FAILURES", u32::MAX.to_string()),
         cap,
         host_cap,
+        lane_share,
     ];
     let mut worker = start_worker(
         &binaries.worker,

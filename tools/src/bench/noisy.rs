@@ -215,7 +215,9 @@ pub async fn run(
         settings: format!(
             "configuration as loaded: worker.in_flight {} (first-attempt lane prefetch {first_prefetch}, \
              retry lane {retry_prefetch}), endpoints.max_concurrent {}, \
-             endpoints.max_concurrent_per_host {}, endpoints.breaker_failures {}, \
+             endpoints.max_concurrent_per_host {}, endpoints.lane_share {} (an endpoint's \
+             attempts hold at most {} of a shard's or lane's first-attempt prefetch), \
+             endpoints.breaker_failures {}, \
              endpoints.breaker_cooldown {}, http.request_timeout {}; set for the bench: \
              egress.allow 127.0.0.0/8, metrics.listen on loopback, log.level error; ladder: the \
              tiers, schedule and deferral queues of topology/ladder.toml under {prefix}-<n>; the \
@@ -223,6 +225,15 @@ pub async fn run(
             config.worker.in_flight,
             config.endpoints.max_concurrent,
             config.endpoints.max_concurrent_per_host,
+            config.endpoints.lane_share,
+            hookrelay::delivery::worker::endpoint_most(
+                if options.shards > 1 {
+                    hookrelay::delivery::worker::shard_prefetch(first_prefetch, options.shards)
+                } else {
+                    first_prefetch
+                },
+                config.endpoints.lane_share
+            ),
             config.endpoints.breaker_failures,
             hookrelay::units::fmt_duration(config.endpoints.breaker_cooldown),
             hookrelay::units::fmt_duration(config.http.request_timeout),
