@@ -540,19 +540,27 @@ impl EndpointsInner {
         key: &EndpointKey,
         quota: Option<LaneQuota<'_>>,
     ) -> Result<Option<OwnedSemaphorePermit>, u32> {
-        let Some(LaneQuota { lane, most }) = quota else {
+        let Some(semaphore) = self.lane_limit(key, quota) else {
             return Ok(None);
         };
-        let most = most.max(1);
-        let semaphore = {
-            let mut limits = self.lane_limits.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(
-                limits
-                    .entry((lane.to_owned(), key.clone(), most))
-                    .or_insert_with(|| Arc::new(Semaphore::new(most as usize))),
-            )
-        };
+        let most = quota.map_or(1, |q| q.most.max(1));
         semaphore.try_acquire_owned().map(Some).map_err(|_| most)
+    }
+
+    /// The semaphore of `key`'s share of the lane `quota` names.
+    fn lane_limit(
+        &self,
+        key: &EndpointKey,
+        quota: Option<LaneQuota<'_>>,
+    ) -> Option<Arc<Semaphore>> {
+        let LaneQuota { lane, most } = quota?;
+        let most = most.max(1);
+        let mut limits = self.lane_limits.lock().unwrap_or_else(|p| p.into_inner());
+        Some(Arc::clone(
+            limits
+                .entry((lane.to_owned(), key.clone(), most))
+                .or_insert_with(|| Arc::new(Semaphore::new(most as usize))),
+        ))
     }
 
     /// The semaphore of `key`'s cap of `cap` permits.
@@ -576,6 +584,15 @@ pub struct LaneQuota<'a> {
     pub lane: &'a str,
     /// The most attempts at once from it per endpoint.
     pub most: u32,
+}
+
+/// Permits a delivery already holds when it is admitted after a wait.
+#[derive(Default)]
+struct Held {
+    /// Of the endpoint's cap.
+    cap: Option<OwnedSemaphorePermit>,
+    /// Of the endpoint's share of the delivery's lane.
+    lane: Option<OwnedSemaphorePermit>,
 }
 
 /// Every endpoint's cap, breaker and ramp, shared by all deliveries.
@@ -791,7 +808,7 @@ impl Endpoints {
         cap: Option<u32>,
         rate: Option<Rate>,
     ) -> Result<Slot, Deferral> {
-        self.admit_holding(url, cap, rate, None, None)
+        self.admit_holding(url, cap, rate, None, Held::default())
     }
 
     /// [`Endpoints::admit`], except that a delivery finding the endpoint's own cap full waits
@@ -799,8 +816,9 @@ impl Endpoints {
     /// and [`wait_is_short`] says its turn should come within that. The breaker, the ramp, the
     /// host's cap and the rate are checked again after the wait.
     ///
-    /// A delivery deferred from the endpoint's full cap gets a turn booked at its pace. With a
-    /// `quota`, the endpoint's share of the delivery's lane is a limit too (never waited for).
+    /// With a `quota`, the endpoint's share of the delivery's lane is a limit too, waited for
+    /// on the same terms as its cap. A delivery deferred from either gets a turn booked at the
+    /// endpoint's pace.
     pub async fn admit_or_wait(
         &self,
         url: &reqwest::Url,
@@ -809,11 +827,18 @@ impl Endpoints {
         quota: Option<LaneQuota<'_>>,
     ) -> Result<Slot, Deferral> {
         let mut admitted = self.admit_or_wait_unbooked(url, cap, rate, quota).await;
-        if let Err(Deferral::OverCap {
-            cap: slots,
-            busy: DeferCause::Busy { turn_in, .. },
-            ..
-        }) = &mut admitted
+        if let Err(
+            Deferral::OverCap {
+                cap: slots,
+                busy: DeferCause::Busy { turn_in, .. },
+                ..
+            }
+            | Deferral::OverLaneShare {
+                most: slots,
+                busy: DeferCause::Busy { turn_in, .. },
+                ..
+            },
+        ) = &mut admitted
         {
             *turn_in = self
                 .0
@@ -829,8 +854,8 @@ impl Endpoints {
         rate: Option<Rate>,
         quota: Option<LaneQuota<'_>>,
     ) -> Result<Slot, Deferral> {
-        let deferral = match self.admit_holding(url, cap, rate, quota, None) {
-            Err(deferral @ Deferral::OverCap { .. }) => deferral,
+        let deferral = match self.admit_holding(url, cap, rate, quota, Held::default()) {
+            Err(deferral @ (Deferral::OverCap { .. } | Deferral::OverLaneShare { .. })) => deferral,
             other => return other,
         };
         let busy_wait = self.0.config.busy_wait;
@@ -845,7 +870,11 @@ impl Endpoints {
             let Some(health) = all.get_mut(&key) else {
                 return Err(deferral);
             };
-            if !wait_is_short(busy_wait, health.latency, health.waiting, fleet.share(cap)) {
+            let slots = match &deferral {
+                Deferral::OverLaneShare { most, .. } => *most,
+                _ => fleet.share(cap),
+            };
+            if !wait_is_short(busy_wait, health.latency, health.waiting, slots) {
                 return Err(deferral);
             }
             health.waiting += 1;
@@ -854,25 +883,40 @@ impl Endpoints {
             endpoints: &self.0,
             key: &key,
         };
-        let semaphore = self.0.limit(&key, cap);
-        let acquired =
-            tokio::time::timeout(busy_wait, semaphore.acquire_many_owned(fleet.weight(cap))).await;
+        // Wait for what was full: the endpoint's cap, or its share of the lane.
+        let on_lane = matches!(deferral, Deferral::OverLaneShare { .. });
+        let (semaphore, weight) = match self.0.lane_limit(&key, quota) {
+            Some(lane) if on_lane => (lane, 1),
+            _ => (self.0.limit(&key, cap), fleet.weight(cap)),
+        };
+        let acquired = tokio::time::timeout(busy_wait, semaphore.acquire_many_owned(weight)).await;
         drop(waiting);
-        match acquired {
-            Ok(Ok(permit)) => self.admit_holding(url, Some(cap), rate, quota, Some(permit)),
-            _ => Err(deferral),
-        }
+        let Ok(Ok(permit)) = acquired else {
+            return Err(deferral);
+        };
+        let held = if on_lane {
+            Held {
+                cap: None,
+                lane: Some(permit),
+            }
+        } else {
+            Held {
+                cap: Some(permit),
+                lane: None,
+            }
+        };
+        self.admit_holding(url, Some(cap), rate, quota, held)
     }
 
-    /// The admission of [`Endpoints::admit`], within `quota` if given; with `held`, a permit of
-    /// the endpoint's cap already taken.
+    /// The admission of [`Endpoints::admit`], within `quota` if given; with what `held` holds
+    /// (a permit of the endpoint's cap or of its share of the lane) already taken.
     fn admit_holding(
         &self,
         url: &reqwest::Url,
         cap: Option<u32>,
         rate: Option<Rate>,
         quota: Option<LaneQuota<'_>>,
-        held: Option<OwnedSemaphorePermit>,
+        held: Held,
     ) -> Result<Slot, Deferral> {
         let key = EndpointKey::of(url);
         let config = &self.0.config;
@@ -949,7 +993,7 @@ impl Endpoints {
         // The endpoint's slot first: an endpoint at its own cap takes no place in its lane's
         // share or host slot that its neighbours could use. The rate last: a request it counts
         // is one that goes out.
-        let permit = match held {
+        let permit = match held.cap {
             Some(permit) => Ok(permit),
             None => self
                 .0
@@ -964,14 +1008,17 @@ impl Endpoints {
             })
             .and_then(|permit| {
                 let lane_permit =
-                    self.0
-                        .lane_permit(&key, quota)
-                        .map_err(|most| Deferral::OverLaneShare {
-                            endpoint: key.label(),
-                            lane: quota.map(|q| q.lane.to_owned()).unwrap_or_default(),
-                            most,
-                            busy,
-                        })?;
+                    match held.lane {
+                        Some(permit) => Some(permit),
+                        None => self.0.lane_permit(&key, quota).map_err(|most| {
+                            Deferral::OverLaneShare {
+                                endpoint: key.label(),
+                                lane: quota.map(|q| q.lane.to_owned()).unwrap_or_default(),
+                                most,
+                                busy,
+                            }
+                        })?,
+                    };
                 let host_permit = host_semaphore
                     .try_acquire_many_owned(fleet.weight(host_cap))
                     .map_err(|_| Deferral::HostOverCap {
@@ -1544,6 +1591,65 @@ mod tests {
             .get_mut(&EndpointKey::of(url))
             .unwrap()
             .latency = Duration::from_millis(ms);
+    }
+
+    #[tokio::test]
+    async fn a_fast_endpoints_full_share_of_a_lane_is_waited_for_on_the_caps_terms() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            max_concurrent: 10,
+            busy_wait: Duration::from_millis(200),
+            ..EndpointConfig::default()
+        });
+        let url = reqwest::Url::parse("https://fast.example/hook").unwrap();
+        let lane = Some(LaneQuota {
+            lane: "hookrelay.ready.first",
+            most: 1,
+        });
+        let ok = AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        };
+        // Not yet heard from: a full share defers at once, as a full cap does.
+        let first = endpoints
+            .admit_or_wait(&url, None, None, lane)
+            .await
+            .unwrap();
+        let deferred = endpoints.admit_or_wait(&url, None, None, lane).await;
+        assert_eq!(deferred.err().unwrap().kind(), "lane_share");
+        first.finish(&ok);
+        // Fast now: the next delivery waits for the place given back, well within the cap.
+        set_latency(&endpoints, &url, 50);
+        let held = endpoints
+            .admit_or_wait(&url, None, None, lane)
+            .await
+            .unwrap();
+        let waiter = {
+            let endpoints = endpoints.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let lane = Some(LaneQuota {
+                    lane: "hookrelay.ready.first",
+                    most: 1,
+                });
+                endpoints.admit_or_wait(&url, None, None, lane).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held.finish(&ok);
+        let slot = waiter
+            .await
+            .unwrap()
+            .expect("the waiter gets the place back");
+        // Nobody gives it back: deferred at busy_wait, with a turn booked at the pace.
+        let timed_out = endpoints.admit_or_wait(&url, None, None, lane).await;
+        match timed_out.err().unwrap() {
+            Deferral::OverLaneShare {
+                busy: DeferCause::Busy { turn_in, .. },
+                ..
+            } => assert!(turn_in > Duration::ZERO, "a turn is booked"),
+            other => panic!("a lane-share deferral: {other:?}"),
+        }
+        slot.finish(&ok);
     }
 
     #[tokio::test]
