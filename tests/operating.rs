@@ -306,8 +306,8 @@ async fn sigterm_with_a_republish_in_flight_exits_within_the_grace() {
     t.channel
         .queue_unbind(
             t.ladder.tier_queue(tier).as_str().into(),
-            t.ladder.delay_exchange().as_str().into(),
-            t.ladder.retries_into(tier).as_str().into(),
+            t.ladder.tier_exchange(tier).as_str().into(),
+            "".into(),
             Default::default(),
         )
         .await

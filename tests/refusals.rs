@@ -100,3 +100,35 @@ async fn a_worker_on_a_ladder_nobody_applied_says_to_apply_it() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_worker_on_a_ladder_whose_tier_has_no_exchange_of_its_own_says_to_apply_it() {
+    // As a ladder applied by an earlier version: the tier, bound to the delay exchange, but not
+    // the exchange of its own the worker publishes retries into.
+    let t = common::TestLadder::apply("oldladder", &["1s"], &["1s"]).await;
+    let tier = t.ladder.tier_at(0).unwrap();
+    let exchange = t.ladder.tier_exchange(tier);
+    t.channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let subscriptions = LiveSubscriptions::fixed(Subscriptions::from_list(vec![]));
+    let mut setup = WorkerSetup::new(t.config.clone(), t.ladder.clone(), subscriptions);
+    setup.name = common::unique("oldladder worker");
+    let worker = Worker::start(setup).await.unwrap();
+    let err = worker
+        .run(std::future::pending::<()>())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("exchange {exchange} does not exist")),
+        "{err}"
+    );
+    assert!(err.contains("run `hookrelay topology apply`"), "{err}");
+    // Applying again declares it: nothing is left missing.
+    t.ladder.objects().apply(&t.channel).await.unwrap();
+    let api = common::management(&t.config);
+    let objects = api.objects().await.unwrap();
+    assert_eq!(t.ladder.objects().diff(&objects), vec![]);
+}

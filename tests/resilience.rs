@@ -110,13 +110,13 @@ async fn ten_thousand_events_are_delivered_once_each() {
 #[tokio::test]
 async fn a_returned_retry_is_stored_again_within_the_lease_and_the_attempt_is_not_repeated() {
     let t = TestLadder::apply("returned", &["300ms"], &["300ms"]).await;
-    // The tier is not reachable from the delay exchange (as before `topology apply` adds it):
-    // every retry published there comes back as unroutable.
+    // The tier is not reachable from its exchange (as before `topology apply` adds it): every
+    // retry published there comes back as unroutable.
     let tier = t.ladder.tier_at(0).unwrap();
     let (queue, exchange, key) = (
         t.ladder.tier_queue(tier),
-        t.ladder.delay_exchange(),
-        t.ladder.retries_into(tier),
+        t.ladder.tier_exchange(tier),
+        String::new(),
     );
     t.channel
         .queue_unbind(

@@ -29,12 +29,15 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     let api = management(&t.config);
     let drift = before.objects().diff(&api.objects().await.unwrap());
     let missing: Vec<String> = drift.iter().map(ToString::to_string).collect();
-    assert_eq!(missing.len(), 2 * before.deferrals.len(), "{missing:#?}");
+    // Each: its queue, its exchange, and its bindings from that exchange and the delay exchange.
+    assert_eq!(missing.len(), 4 * before.deferrals.len(), "{missing:#?}");
     for q in before.deferrals.iter().map(|d| &d.name) {
-        assert!(
-            missing.contains(&format!("missing: queue {}.{q}", before.prefix)),
-            "{missing:#?}"
-        );
+        for object in [
+            format!("missing: queue {}.{q}", before.prefix),
+            format!("missing: exchange {}.delay.{q}", before.prefix),
+        ] {
+            assert!(missing.contains(&object), "{missing:#?}");
+        }
     }
     t.ladder = before;
     // Apply declares them; a second apply changes nothing and does not fail.
@@ -42,9 +45,10 @@ async fn apply_is_idempotent_and_plan_sees_no_drift() {
     let applied = t.ladder.objects().apply(&t.channel).await.unwrap();
     assert_eq!(
         (applied.exchanges, applied.queues, applied.bindings),
-        (7, 11, 10),
-        "2 tiers and 4 deferral queues, each bound to the delay exchange; the two streams, \
-         bound to the ingress alternate and the attempts exchange"
+        (13, 11, 16),
+        "2 tiers and 4 deferral queues, each with an exchange of its own and bound to it and to \
+         the delay exchange; the two streams, bound to the ingress alternate and the attempts \
+         exchange"
     );
     let api = management(&t.config);
     let objects = api.objects().await.unwrap();

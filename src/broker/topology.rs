@@ -202,6 +202,12 @@ impl Ladder {
                 name: self.tier_queue(i),
                 arguments: queue_args(&extra),
             });
+            exchanges.push(Exchange::new(&self.tier_exchange(i), "fanout"));
+            bindings.push(Binding::to_queue(
+                &self.tier_exchange(i),
+                &self.tier_queue(i),
+                "",
+            ));
             bindings.push(Binding::to_queue(
                 &self.delay_exchange(),
                 &self.tier_queue(i),

@@ -128,9 +128,29 @@ const TABLE_PREFIX: usize = 4;
 fn entry_len(name: &str, value: &AMQPValue) -> usize {
     // Encoding into memory fails only on a value no client could have sent; it counts as too
     // big.
-    let value =
-        gen_value(value)(Vec::new().into()).map_or(usize::MAX / 4, |c| c.into_inner().0.len());
+    let value = encoded_len(|buf| gen_value(value)(buf.into()).map(|c| c.into_inner().0))
+        .unwrap_or(usize::MAX / 4);
     1 + name.len() + value
+}
+
+thread_local! {
+    /// Where sizes are measured by encoding: every delivery and republish measures its
+    /// headers, and a buffer kept per thread spares an allocation (and its growth) each time.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The length `encode` writes into an empty buffer (which it hands back), or `None` if it
+/// fails.
+fn encoded_len<E>(encode: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, E>) -> Option<usize> {
+    let mut buf = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    buf.clear();
+    let written = encode(buf).ok()?;
+    let len = written.len();
+    // A buffer grown for an outsized table is not kept.
+    if written.capacity() <= 64 * 1024 {
+        SCRATCH.with(|s| *s.borrow_mut() = written);
+    }
+    Some(len)
 }
 
 /// The encoded size of a header table, its length included.
@@ -147,8 +167,8 @@ pub fn table_len(table: &FieldTable) -> usize {
 pub fn content_header_frame_len(properties: &BasicProperties) -> usize {
     // Frame type, channel and size; class, weight and body size; the frame-end octet.
     const FRAMING: usize = 7 + 12 + 1;
-    gen_properties(properties)(Vec::new().into())
-        .map_or(usize::MAX, |c| c.into_inner().0.len() + FRAMING)
+    encoded_len(|buf| gen_properties(properties)(buf.into()).map(|c| c.into_inner().0))
+        .map_or(usize::MAX, |len| len + FRAMING)
 }
 
 /// Checks a delivery's headers against the limits every copy of it must keep: the producer's
@@ -376,6 +396,58 @@ pub fn retry_properties(
     last_error: &str,
     endpoint: Option<&str>,
 ) -> BasicProperties {
+    let (props, headers) = retry_table(
+        original,
+        tenant,
+        attempts_made,
+        due_ms,
+        last_error,
+        endpoint,
+    );
+    props.with_headers(headers)
+}
+
+/// An envelope's deferral accounting as its next copy carries it: the deferrals so far, when
+/// it was first tried (its horizon's start; none while it has only waited for busy endpoints),
+/// and its busy deferrals in a row (the header is left out at 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferrals {
+    pub count: u32,
+    pub first_try_ms: Option<u64>,
+    pub busy: u32,
+}
+
+/// [`retry_properties`] and [`with_deferrals`] in one pass: what the worker republishes into a
+/// tier, its header table built once.
+pub fn retry_properties_deferred(
+    original: &BasicProperties,
+    tenant: &str,
+    attempts_made: u32,
+    due_ms: u64,
+    last_error: &str,
+    endpoint: Option<&str>,
+    deferrals: Deferrals,
+) -> BasicProperties {
+    let (props, mut headers) = retry_table(
+        original,
+        tenant,
+        attempts_made,
+        due_ms,
+        last_error,
+        endpoint,
+    );
+    put_deferrals(&mut headers, deferrals);
+    props.with_headers(headers)
+}
+
+fn retry_table(
+    original: &BasicProperties,
+    tenant: &str,
+    attempts_made: u32,
+    due_ms: u64,
+    last_error: &str,
+    endpoint: Option<&str>,
+) -> (BasicProperties, FieldTable) {
     let (props, mut headers) = carried(original);
     put_str(&mut headers, TENANT_HEADER, tenant);
     if let Some(endpoint) = endpoint {
@@ -388,12 +460,10 @@ pub fn retry_properties(
         LAST_ERROR_HEADER,
         cut(last_error, MAX_ERROR_LEN),
     );
-    props.with_headers(headers)
+    (props, headers)
 }
 
-/// Adds the deferral accounting to a retry's or a dead letter's properties: the deferrals so
-/// far, when the envelope was first tried (its horizon's start; none while it has only
-/// waited for busy endpoints), and its busy deferrals in a row (the header is left out at 0).
+/// Adds the deferral accounting to a retry's or a dead letter's properties.
 pub fn with_deferrals(
     properties: BasicProperties,
     deferrals: u32,
@@ -401,17 +471,28 @@ pub fn with_deferrals(
     busy_deferrals: u32,
 ) -> BasicProperties {
     let mut headers = properties.headers().clone().unwrap_or_default();
-    put_u64(&mut headers, DEFERRALS_HEADER, deferrals.into());
-    match first_try_ms {
-        Some(ms) => put_u64(&mut headers, FIRST_TRY_HEADER, ms),
-        None => remove(&mut headers, FIRST_TRY_HEADER),
-    }
-    if busy_deferrals > 0 {
-        put_u64(&mut headers, BUSY_DEFERRALS_HEADER, busy_deferrals.into());
-    } else {
-        remove(&mut headers, BUSY_DEFERRALS_HEADER);
-    }
+    put_deferrals(
+        &mut headers,
+        Deferrals {
+            count: deferrals,
+            first_try_ms,
+            busy: busy_deferrals,
+        },
+    );
     properties.with_headers(headers)
+}
+
+fn put_deferrals(headers: &mut FieldTable, deferrals: Deferrals) {
+    put_u64(headers, DEFERRALS_HEADER, deferrals.count.into());
+    match deferrals.first_try_ms {
+        Some(ms) => put_u64(headers, FIRST_TRY_HEADER, ms),
+        None => remove(headers, FIRST_TRY_HEADER),
+    }
+    if deferrals.busy > 0 {
+        put_u64(headers, BUSY_DEFERRALS_HEADER, deferrals.busy.into());
+    } else {
+        remove(headers, BUSY_DEFERRALS_HEADER);
+    }
 }
 
 /// What the dead sink records about a message beside its body and original headers.
@@ -591,6 +672,64 @@ mod tests {
     use super::*;
     use crate::contract::envelope::Envelope;
     use crate::contract::envelope::tests::event;
+
+    #[test]
+    fn a_retry_built_in_one_pass_carries_what_the_two_steps_give() {
+        let mut h = FieldTable::default();
+        put_u64(&mut h, BUSY_DEFERRALS_HEADER, 3);
+        put_u64(&mut h, FIRST_TRY_HEADER, 5);
+        put_str(&mut h, "x-producer", "kept");
+        let original = event().properties().with_headers(h);
+        for deferrals in [
+            Deferrals {
+                count: 4,
+                first_try_ms: Some(7),
+                busy: 0,
+            },
+            Deferrals {
+                count: 1,
+                first_try_ms: None,
+                busy: 2,
+            },
+        ] {
+            let two = with_deferrals(
+                retry_properties(&original, "acme", 2, 9, "HTTP 503", Some("e#1")),
+                deferrals.count,
+                deferrals.first_try_ms,
+                deferrals.busy,
+            );
+            let one = retry_properties_deferred(
+                &original,
+                "acme",
+                2,
+                9,
+                "HTTP 503",
+                Some("e#1"),
+                deferrals,
+            );
+            assert_eq!(one, two);
+        }
+    }
+
+    #[test]
+    fn sizes_measured_in_the_kept_buffer_match_a_fresh_encoding() {
+        let mut h = FieldTable::default();
+        put_str(&mut h, "x-a", &"a".repeat(300));
+        put_u64(&mut h, "x-b", 1);
+        let props = BasicProperties::default().with_headers(h.clone());
+        for _ in 0..3 {
+            let fresh = gen_properties(&props)(Vec::new().into())
+                .map(|c| c.into_inner().0.len())
+                .unwrap();
+            assert_eq!(content_header_frame_len(&props), fresh + 20);
+            for (k, v) in &h {
+                let fresh = gen_value(v)(Vec::new().into())
+                    .map(|c| c.into_inner().0.len())
+                    .unwrap();
+                assert_eq!(entry_len(k.as_str(), v), 1 + k.as_str().len() + fresh);
+            }
+        }
+    }
 
     fn died_in(queue: &str) -> BasicProperties {
         let mut death = FieldTable::default();

@@ -5,10 +5,11 @@
 //!
 //! ```text
 //! producer --(key: tenant)--> {p}.ingress --(alternate)--> {p}.ingress.unrouted --> {p}.ready.first
-//! worker --(key: retry-10s.<tenant>)--> {p}.delay --> {p}.retry-10s (TTL) --(expired)-->
-//!     {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
-//! worker --(key: defer-250ms.<tenant>)--> {p}.delay --> {p}.defer-250ms (TTL) --(expired)-->
-//!     {p}.promote, as a tier (a deferral queue: a busy endpoint's delivery waits there)
+//! worker --(key: retry-10s.<tenant>)--> {p}.delay.retry-10s (fanout) --> {p}.retry-10s (TTL)
+//!     --(expired, same key)--> {p}.promote --(alternate)--> {p}.promote.unrouted --> {p}.ready.retry
+//! worker --(key: defer-250ms.<tenant>)--> {p}.delay.defer-250ms --> {p}.defer-250ms (TTL)
+//!     --(expired)--> {p}.promote, as a tier (a deferral queue: a busy endpoint's delivery waits there)
+//! {p}.delay (topic) also routes `<tier>.<tenant>` to each tier, for tools and earlier workers
 //! worker --(default exchange)--> {p}.dead
 //!
 //! with `shards = N` (N > 1), the shared lanes become N of each, keyed by tenant:
@@ -649,10 +650,19 @@ impl Ladder {
     pub fn retry_lane_of(&self, tenant: &str) -> String {
         self.name(&format!("ready.retry.{tenant}"))
     }
-    /// The worker publishes retries here with routing key `<tier>.<tenant>`, and a paused
-    /// subscription's deliveries with `paused.<subscription>`.
+    /// A paused subscription's deliveries are published here with `paused.<subscription>`. It
+    /// also routes `<tier>.<tenant>` into each tier, for tools and for workers of earlier
+    /// versions; the worker publishes retries to [`Ladder::tier_exchange`].
     pub fn delay_exchange(&self) -> String {
         self.name("delay")
+    }
+    /// The exchange of tier `tier` alone (`<prefix>.delay.<tier>`, fanout), which the worker
+    /// publishes its retries and deferrals into, with routing key `<tier>.<tenant>`: a fanout
+    /// routes without matching a pattern, which on a topic exchange costs the broker about half
+    /// again the channel's work for a publish, and the key still travels with the message to
+    /// route its promotion.
+    pub fn tier_exchange(&self, tier: TierId) -> String {
+        self.name(&format!("delay.{}", self.tier(tier).name))
     }
     /// Tiers dead-letter here when a message's TTL runs out.
     pub fn promote_exchange(&self) -> String {

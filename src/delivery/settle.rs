@@ -53,8 +53,12 @@ impl Replacement {
     /// retry shard of the same index.
     pub fn from_shard(mut self, ladder: &Ladder, shard: Option<u16>) -> Self {
         if let Replacement::Publish { messages, .. } = &mut self {
+            // The delay exchange (parking) and every tier's own (`<delay>.<tier>`).
             let delay = ladder.delay_exchange();
-            for m in messages.iter_mut().filter(|m| m.exchange == delay) {
+            for m in messages
+                .iter_mut()
+                .filter(|m| m.exchange.starts_with(&delay))
+            {
                 m.properties = headers::with_shard(std::mem::take(&mut m.properties), shard);
             }
         }
@@ -89,29 +93,29 @@ pub fn replacement(
         } => {
             let envelope = envelope.ok_or(Unsettleable("retry without envelope"))?;
             let spec = ladder.tier(*tier);
-            let properties = headers::retry_properties(
-                properties,
-                &envelope.tenant,
-                *attempts_made,
-                now_ms + spec.delay.as_millis() as u64,
-                error,
-                endpoint,
-            );
+            let deferrals = headers::Deferrals {
+                count: envelope.deferrals + u32::from(*deferred),
+                // Waiting a busy endpoint's turn does not start the horizon.
+                first_try_ms: if *deferred && *busy_deferrals > 0 {
+                    envelope.first_try_ms
+                } else {
+                    Some(envelope.first_try_ms.unwrap_or(now_ms))
+                },
+                busy: *busy_deferrals,
+            };
             Replacement::Publish {
                 target: spec.name.clone(),
                 messages: vec![Republish {
-                    exchange: ladder.delay_exchange(),
+                    exchange: ladder.tier_exchange(*tier),
                     routing_key: ladder.tier_routing_key(*tier, &envelope.tenant),
-                    properties: headers::with_deferrals(
+                    properties: headers::retry_properties_deferred(
                         properties,
-                        envelope.deferrals + u32::from(*deferred),
-                        // Waiting a busy endpoint's turn does not start the horizon.
-                        if *deferred && *busy_deferrals > 0 {
-                            envelope.first_try_ms
-                        } else {
-                            Some(envelope.first_try_ms.unwrap_or(now_ms))
-                        },
-                        *busy_deferrals,
+                        &envelope.tenant,
+                        *attempts_made,
+                        now_ms + spec.delay.as_millis() as u64,
+                        error,
+                        endpoint,
+                        deferrals,
                     ),
                 }],
             }
@@ -608,7 +612,7 @@ mod tests {
         let [m] = messages.as_slice() else {
             panic!("{messages:?}")
         };
-        assert_eq!(m.exchange, "hookrelay.delay");
+        assert_eq!(m.exchange, "hookrelay.delay.retry-1m");
         assert_eq!(m.routing_key, "retry-1m.acme");
         assert_eq!(m.properties.message_id(), properties.message_id());
         let p = &m.properties;

@@ -542,6 +542,9 @@ impl Worker {
         first: bool,
         consumed: &mut Consumed,
     ) -> Result<(), String> {
+        if first {
+            self.tier_exchanges_exist(conn).await?;
+        }
         for spec in wanted {
             match self.consume(conn, spec, consumed).await {
                 Ok(()) => {}
@@ -555,6 +558,54 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+impl Worker {
+    /// Every tier's exchange is there, so retries have somewhere to go: a ladder applied by an
+    /// earlier version has the tiers without them, and the worker says so before consuming.
+    async fn tier_exchanges_exist(&self, conn: &Connection) -> Result<(), String> {
+        let ladder = &self.dispatcher.ladder;
+        let checked = async {
+            // A passive declare of a missing exchange closes its channel: one of its own.
+            let ch = conn.create_channel().await?;
+            for tier in ladder.tier_ids() {
+                let name = ladder.tier_exchange(tier);
+                let passive = lapin::options::ExchangeDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..Default::default()
+                };
+                if let Err(e) = ch
+                    .exchange_declare(
+                        name.as_str().into(),
+                        lapin::ExchangeKind::Fanout,
+                        passive,
+                        FieldTable::default(),
+                    )
+                    .await
+                {
+                    return Ok(Err((name, e)));
+                }
+            }
+            let _ = ch.close(200, "checked".into()).await;
+            Ok::<_, lapin::Error>(Ok(()))
+        };
+        match tokio::time::timeout(BROKER_ANSWER, checked).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err((name, e)))) => Err(match refused(&e) {
+                Some(Refusal::NotFound) => format!(
+                    "exchange {name} does not exist (a ladder applied by an earlier version has \
+                     tiers without exchanges of their own); the topology is missing: run \
+                     `hookrelay topology apply`"
+                ),
+                _ => format!("checking exchange {name}: {e}"),
+            }),
+            Ok(Err(e)) => Err(format!("checking the tiers' exchanges: {e}")),
+            Err(_) => Err(format!(
+                "checking the tiers' exchanges: no answer within {BROKER_ANSWER:?}"
+            )),
+        }
     }
 }
 

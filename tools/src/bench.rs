@@ -1255,7 +1255,6 @@ async fn promotion_precision(
         "promotion precision: {} messages through the 1s tier",
         options.precision_messages
     ));
-    let delay = ladder.delay_exchange();
     // The bench's ladder is 1s and 10s; the shortest is the 1s tier.
     let first_tier = ladder
         .tier_ids()
@@ -1305,7 +1304,7 @@ async fn promotion_precision(
         let props =
             headers::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
         (
-            delay.clone(),
+            ladder.tier_exchange(first_tier),
             ladder.tier_routing_key(first_tier, "bench"),
             e.body,
             props,
