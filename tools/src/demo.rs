@@ -145,6 +145,32 @@ pub async fn run(config: &Config, options: &DemoOptions) -> Result<DemoReport, D
     Ok(report)
 }
 
+/// The demo worker's configuration: `config` with short HTTP timeouts, a breaker its scripted
+/// failures do not open, loopback allowed and metrics on a loopback port.
+fn worker_config(config: &Config) -> Result<Config, DemoError> {
+    let mut worker_config = config.clone();
+    worker_config.http.connect_timeout = Duration::from_secs(1);
+    worker_config.http.request_timeout = Duration::from_secs(1);
+    // Just over one attempt, the least the worker takes: the demo stops it once all is settled.
+    worker_config.worker.shutdown_grace = worker_config.attempt_budget() + Duration::from_secs(1);
+    // Every scripted failure goes to one endpoint, and they land together: the 30 slow answers
+    // time out within a few milliseconds of each other, the 20 that always fail come back from
+    // each tier at once. Twenty in a row open the default breaker for 30 s, far past this
+    // ladder's 7 s span, and everything it defers then ends `horizon_expired`: the demo would
+    // show the breaker's cool-down, not the retry path it is about. The breaker has tests of
+    // its own (tests/isolation.rs).
+    worker_config.endpoints.breaker_failures = 100;
+    // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
+    worker_config.egress.allow.push(
+        "127.0.0.0/8"
+            .parse()
+            .map_err(|e| DemoError::Other(format!("loopback CIDR: {e}")))?,
+    );
+    worker_config.metrics.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    worker_config.metrics.poll_interval = Duration::from_secs(1);
+    Ok(worker_config)
+}
+
 async fn run_inside(
     config: &Config,
     options: &DemoOptions,
@@ -168,25 +194,7 @@ async fn run_inside(
         SecretRef::File(secret_file.path.clone()),
     );
     subscription.event_types = Some(vec![EventFilter::Prefix("order.".into())]);
-    let mut worker_config = config.clone();
-    worker_config.http.connect_timeout = Duration::from_secs(1);
-    worker_config.http.request_timeout = Duration::from_secs(1);
-    worker_config.worker.shutdown_grace = Duration::from_secs(10);
-    // Every scripted failure goes to one endpoint, and they land together: the 30 slow answers
-    // time out within a few milliseconds of each other, the 20 that always fail come back from
-    // each tier at once. Twenty in a row open the default breaker for 30 s, far past this
-    // ladder's 7 s span, and everything it defers then ends `horizon_expired`: the demo would
-    // show the breaker's cool-down, not the retry path it is about. The breaker has tests of
-    // its own (tests/isolation.rs).
-    worker_config.endpoints.breaker_failures = 100;
-    // The demo's endpoint is on loopback, which the egress policy blocks unless allowed.
-    worker_config.egress.allow.push(
-        "127.0.0.0/8"
-            .parse()
-            .map_err(|e| DemoError::Other(format!("loopback CIDR: {e}")))?,
-    );
-    worker_config.metrics.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    worker_config.metrics.poll_interval = Duration::from_secs(1);
+    let worker_config = worker_config(config)?;
     let mut setup = WorkerSetup::new(
         worker_config,
         ladder.clone(),
@@ -390,5 +398,16 @@ impl SecretFile {
 impl Drop for SecretFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_workers_configuration_is_one_the_worker_accepts() {
+        let config = worker_config(&Config::default()).unwrap();
+        config.validate().unwrap();
     }
 }
