@@ -35,6 +35,7 @@ async fn publish_retries(t: &TestLadder, n: usize, subscription: &str) {
             hookrelay::units::now_ms(),
             "HTTP 503",
             None,
+            None,
         );
         publisher
             .publish(&t.ladder.promote_exchange(), &key, &e.body, props)

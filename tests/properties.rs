@@ -244,6 +244,7 @@ proptest! {
                 u64::MAX,
                 &error,
                 endpoint.as_deref(),
+                None,
             ),
             headers::redrive_properties(&dead),
             headers::fanout_properties(

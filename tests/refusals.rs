@@ -86,15 +86,7 @@ async fn a_worker_on_a_ladder_nobody_applied_says_to_apply_it() {
         &["1s"],
     )
     .unwrap();
-    let subscriptions = LiveSubscriptions::fixed(Subscriptions::from_list(vec![]));
-    let mut setup = WorkerSetup::new(common::config(), ladder, subscriptions);
-    setup.name = common::unique("unapplied worker");
-    let worker = Worker::start(setup).await.unwrap();
-    let err = worker
-        .run(std::future::pending::<()>())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = worker_error(common::config(), ladder, "unapplied worker").await;
     assert!(
         err.contains("the topology is missing: run `hookrelay topology apply`"),
         "{err}"
@@ -112,15 +104,7 @@ async fn a_worker_on_a_ladder_whose_tier_has_no_exchange_of_its_own_says_to_appl
         .exchange_delete(exchange.as_str().into(), Default::default())
         .await
         .unwrap();
-    let subscriptions = LiveSubscriptions::fixed(Subscriptions::from_list(vec![]));
-    let mut setup = WorkerSetup::new(t.config.clone(), t.ladder.clone(), subscriptions);
-    setup.name = common::unique("oldladder worker");
-    let worker = Worker::start(setup).await.unwrap();
-    let err = worker
-        .run(std::future::pending::<()>())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = worker_error(t.config.clone(), t.ladder.clone(), "oldladder worker").await;
     assert!(
         err.contains(&format!("exchange {exchange} does not exist")),
         "{err}"
@@ -131,4 +115,17 @@ async fn a_worker_on_a_ladder_whose_tier_has_no_exchange_of_its_own_says_to_appl
     let api = common::management(&t.config);
     let objects = api.objects().await.unwrap();
     assert_eq!(t.ladder.objects().diff(&objects), vec![]);
+}
+
+/// Why a worker on `ladder`, with no subscriptions, stops: its session's error.
+async fn worker_error(config: hookrelay::config::Config, ladder: Ladder, name: &str) -> String {
+    let subscriptions = LiveSubscriptions::fixed(Subscriptions::from_list(vec![]));
+    let mut setup = WorkerSetup::new(config, ladder, subscriptions);
+    setup.name = common::unique(name);
+    let worker = Worker::start(setup).await.unwrap();
+    worker
+        .run(std::future::pending::<()>())
+        .await
+        .unwrap_err()
+        .to_string()
 }

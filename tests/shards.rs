@@ -93,7 +93,8 @@ async fn a_tenant_stays_in_its_shard_and_its_retries_return_to_the_same_index() 
     for (i, (tenant, shard)) in copies.iter().enumerate() {
         let tier = waits[i % waits.len()];
         let e = event(&format!("evt_retry_{tenant}"), tenant, "sub");
-        let props = headers::retry_properties(&e.properties(), tenant, 1, 0, "HTTP 503", None);
+        let props =
+            headers::retry_properties(&e.properties(), tenant, 1, 0, "HTTP 503", None, None);
         let props = headers::with_shard(props, *shard);
         publisher
             .publish(

@@ -386,27 +386,6 @@ pub fn with_publish_id(properties: BasicProperties, id: u64) -> BasicProperties 
     properties.with_headers(headers)
 }
 
-/// Properties for a republish into a tier: the original message with the attempt count, the
-/// tenant, the due time and the last error.
-pub fn retry_properties(
-    original: &BasicProperties,
-    tenant: &str,
-    attempts_made: u32,
-    due_ms: u64,
-    last_error: &str,
-    endpoint: Option<&str>,
-) -> BasicProperties {
-    let (props, headers) = retry_table(
-        original,
-        tenant,
-        attempts_made,
-        due_ms,
-        last_error,
-        endpoint,
-    );
-    props.with_headers(headers)
-}
-
 /// An envelope's deferral accounting as its next copy carries it: the deferrals so far, when
 /// it was first tried (its horizon's start; none while it has only waited for busy endpoints),
 /// and its busy deferrals in a row (the header is left out at 0).
@@ -417,37 +396,18 @@ pub struct Deferrals {
     pub busy: u32,
 }
 
-/// [`retry_properties`] and [`with_deferrals`] in one pass: what the worker republishes into a
-/// tier, its header table built once.
-pub fn retry_properties_deferred(
+/// Properties for a republish into a tier: the original message with the attempt count, the
+/// tenant, the due time and the last error, and the deferral accounting when given (the
+/// worker's retries always give it; their header table is built once).
+pub fn retry_properties(
     original: &BasicProperties,
     tenant: &str,
     attempts_made: u32,
     due_ms: u64,
     last_error: &str,
     endpoint: Option<&str>,
-    deferrals: Deferrals,
+    deferrals: Option<Deferrals>,
 ) -> BasicProperties {
-    let (props, mut headers) = retry_table(
-        original,
-        tenant,
-        attempts_made,
-        due_ms,
-        last_error,
-        endpoint,
-    );
-    put_deferrals(&mut headers, deferrals);
-    props.with_headers(headers)
-}
-
-fn retry_table(
-    original: &BasicProperties,
-    tenant: &str,
-    attempts_made: u32,
-    due_ms: u64,
-    last_error: &str,
-    endpoint: Option<&str>,
-) -> (BasicProperties, FieldTable) {
     let (props, mut headers) = carried(original);
     put_str(&mut headers, TENANT_HEADER, tenant);
     if let Some(endpoint) = endpoint {
@@ -460,7 +420,10 @@ fn retry_table(
         LAST_ERROR_HEADER,
         cut(last_error, MAX_ERROR_LEN),
     );
-    (props, headers)
+    if let Some(deferrals) = deferrals {
+        put_deferrals(&mut headers, deferrals);
+    }
+    props.with_headers(headers)
 }
 
 /// Adds the deferral accounting to a retry's or a dead letter's properties.
@@ -674,7 +637,7 @@ mod tests {
     use crate::contract::envelope::tests::event;
 
     #[test]
-    fn a_retry_built_in_one_pass_carries_what_the_two_steps_give() {
+    fn a_retry_with_its_deferrals_in_one_pass_carries_what_the_two_steps_give() {
         let mut h = FieldTable::default();
         put_u64(&mut h, BUSY_DEFERRALS_HEADER, 3);
         put_u64(&mut h, FIRST_TRY_HEADER, 5);
@@ -693,19 +656,19 @@ mod tests {
             },
         ] {
             let two = with_deferrals(
-                retry_properties(&original, "acme", 2, 9, "HTTP 503", Some("e#1")),
+                retry_properties(&original, "acme", 2, 9, "HTTP 503", Some("e#1"), None),
                 deferrals.count,
                 deferrals.first_try_ms,
                 deferrals.busy,
             );
-            let one = retry_properties_deferred(
+            let one = retry_properties(
                 &original,
                 "acme",
                 2,
                 9,
                 "HTTP 503",
                 Some("e#1"),
-                deferrals,
+                Some(deferrals),
             );
             assert_eq!(one, two);
         }
@@ -784,7 +747,7 @@ mod tests {
             )
         );
         // A valid envelope's copies keep every header.
-        let retry = retry_properties(&valid, "acme", 1, 0, "HTTP 503", None);
+        let retry = retry_properties(&valid, "acme", 1, 0, "HTTP 503", None, None);
         assert!(retry.headers().as_ref().unwrap().contains_key("x-small"));
         assert_eq!(read_str_header(&retry, HEADERS_DROPPED_HEADER), None);
     }
@@ -824,7 +787,15 @@ mod tests {
         original = original
             .with_headers(headers)
             .with_expiration("1000".into());
-        let retry = retry_properties(&original, "acme", 2, 99, "HTTP 503", Some("h#01020304"));
+        let retry = retry_properties(
+            &original,
+            "acme",
+            2,
+            99,
+            "HTTP 503",
+            Some("h#01020304"),
+            None,
+        );
         assert_eq!(retry.expiration(), &None);
         assert_eq!(retry.message_id(), original.message_id());
         let envelope = Envelope::from_delivery(&retry, "retry-10s.acme", &e.body, 1024).unwrap();

@@ -108,14 +108,14 @@ pub fn replacement(
                 messages: vec![Republish {
                     exchange: ladder.tier_exchange(*tier),
                     routing_key: ladder.tier_routing_key(*tier, &envelope.tenant),
-                    properties: headers::retry_properties_deferred(
+                    properties: headers::retry_properties(
                         properties,
                         &envelope.tenant,
                         *attempts_made,
                         now_ms + spec.delay.as_millis() as u64,
                         error,
                         endpoint,
-                        deferrals,
+                        Some(deferrals),
                     ),
                 }],
             }

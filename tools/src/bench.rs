@@ -1018,8 +1018,15 @@ async fn run_hookrelay(
         .ok_or_else(|| BenchError::Other("the bench ladder has no tier".into()))?;
     publish_many(publisher, options.isolation_backlog, |i| {
         let e = event(i, format!("backlog_{i}"), "bench_slow");
-        let props =
-            headers::retry_properties(&e.properties(), "bench", 1, now_ms(), "HTTP 503", None);
+        let props = headers::retry_properties(
+            &e.properties(),
+            "bench",
+            1,
+            now_ms(),
+            "HTTP 503",
+            None,
+            None,
+        );
         (promote.clone(), key.clone(), e.body, props)
     })
     .await?;
@@ -1302,7 +1309,7 @@ async fn promotion_precision(
         };
         // Due when the tier's TTL runs out: one second after it is stored.
         let props =
-            headers::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None);
+            headers::retry_properties(&e.properties(), "bench", 1, now_ms() + 1000, "", None, None);
         (
             ladder.tier_exchange(first_tier),
             ladder.tier_routing_key(first_tier, "bench"),
