@@ -254,3 +254,81 @@ async fn queues_that_are_requeued_get_an_explicit_delivery_limit_and_plan_checks
     assert_eq!(code, Some(0), "{out}");
     assert!(limited(&t.ladder.first_lane()).await);
 }
+
+/// RabbitMQ 3.10 answers `GET /api/queues/<vhost>` with HTTP 500 when a stream is listed in the
+/// instant between its declaration and its leader starting (`rabbit_amqqueue_process:format` on
+/// a pid of `none`). `status`, `plan` and the worker's depth metrics read that list on brokers
+/// where other clients declare and delete streams: a transient 500 must not fail them.
+#[tokio::test]
+async fn the_queue_list_is_read_while_other_clients_declare_and_delete_queues() {
+    let config = common::config();
+    let api = management(&config);
+    let vhost = common::unique("vhost");
+    api.create_vhost(&vhost).await.unwrap();
+    let mut uri: lapin::uri::AMQPUri = config.amqp.url.expose().parse().unwrap();
+    uri.vhost = vhost.clone();
+    let conn = lapin::Connection::connect_uri(uri, Default::default())
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut churners = Vec::new();
+    for c in 0..2 {
+        let channel = conn.create_channel().await.unwrap();
+        let stop = stop.clone();
+        churners.push(tokio::spawn(async move {
+            let mut cycles = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("stream-{c}-{}", cycles % 4);
+                let mut stream = FieldTable::default();
+                stream.insert(
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("stream".into()),
+                );
+                channel
+                    .queue_declare(
+                        name.as_str().into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        stream,
+                    )
+                    .await
+                    .unwrap();
+                channel
+                    .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                    .await
+                    .unwrap();
+                cycles += 1;
+                // Busier than any real neighbour: ten streams a second from each of two clients.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            cycles
+        }));
+    }
+    let scoped =
+        hookrelay::broker::management::Management::new(&config.management.url, &vhost).unwrap();
+    let mut failures = Vec::new();
+    let mut listings = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        if let Err(e) = scoped.queues().await {
+            failures.push(e.to_string());
+        }
+        listings += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut cycles = 0;
+    for churner in churners {
+        cycles += churner.await.unwrap();
+    }
+    let _ = conn.close(0, "done".into()).await;
+    api.delete_vhost(&vhost).await.unwrap();
+    assert!(cycles > 0, "the other clients declared and deleted queues");
+    assert!(
+        failures.is_empty(),
+        "{} of {listings} listings failed while {cycles} queues came and went, the first: {}",
+        failures.len(),
+        failures.first().map_or("", String::as_str)
+    );
+}

@@ -12,6 +12,16 @@ use serde_json::{Map, Value};
 use crate::broker::drift::{BrokerBinding, BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
 
+/// The pauses before each repeat of a `GET` the API answered with a server error: about 1.5 s
+/// in all, far longer than a stream takes to start.
+const GET_RETRY_PAUSES: [Duration; 5] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ManagementError {
     #[error(
@@ -138,16 +148,28 @@ impl Management {
         }
     }
 
+    /// `GET`, asked again after a server error (5xx) with a growing pause, up to
+    /// [`GET_RETRY_PAUSES`]: RabbitMQ 3.10 answers a queue listing with HTTP 500 whenever a
+    /// stream in the vhost is between its declaration and its leader's start, which on a busy
+    /// broker is a matter of milliseconds, not a fault. A read repeats safely; writes do not
+    /// and are never asked again.
     async fn get<T: DeserializeOwned>(&self, segments: &[&str]) -> Result<T, ManagementError> {
-        let what = format!("/api/{}", segments.join("/"));
-        self.request(reqwest::Method::GET, segments, None)
-            .await?
-            .json()
-            .await
-            .map_err(|e| ManagementError::Unexpected {
-                what,
-                message: e.to_string(),
-            })
+        let mut pauses = GET_RETRY_PAUSES.iter();
+        let resp = loop {
+            match self.request(reqwest::Method::GET, segments, None).await {
+                Err(ManagementError::Status { status, .. })
+                    if (500..600).contains(&status)
+                        && let Some(pause) = pauses.next() =>
+                {
+                    tokio::time::sleep(*pause).await;
+                }
+                other => break other?,
+            }
+        };
+        resp.json().await.map_err(|e| ManagementError::Unexpected {
+            what: format!("/api/{}", segments.join("/")),
+            message: e.to_string(),
+        })
     }
 
     /// `GET`, with `None` for 404.
