@@ -361,7 +361,7 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_returns() {
-    let port = 46_000 + u16::try_from(std::process::id() % 1000).unwrap();
+    let port = common::node::free_port();
     let node = Arc::new(
         tokio::task::spawn_blocking(move || PgNode::start(port))
             .await

@@ -38,8 +38,45 @@ pub enum NodeError {
     },
 }
 
-/// A free loopback port (bound, then let go).
+/// The kernel's range of local ports for outgoing connections (`net.ipv4.ip_local_port_range`),
+/// Linux's default where it cannot be read.
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// The lowest port [`free_port`] hands out: above the well-known services.
+const FREE_PORTS_FROM: u16 = 10_000;
+
+/// A free loopback port (bound, then let go) for a server of a test's own, below the kernel's
+/// range for outgoing connections: no connection's local end can take it between this check and
+/// the server's start, or while the server is stopped and started again, as it can take a port
+/// in that range. Where that range leaves no room below it, the kernel's choice.
 pub fn free_port() -> Result<u16, std::io::Error> {
+    static TAKEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let (low, _) = ephemeral_range();
+    if low > FREE_PORTS_FROM + 1000 {
+        let span = u32::from(low - FREE_PORTS_FROM);
+        // Start somewhere else in each process, and move on within one, so tests running at
+        // once rarely try the same port.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = std::process::id().wrapping_mul(7919) ^ nanos;
+        let taken = TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..span {
+            let offset = start.wrapping_add(taken.wrapping_mul(97)).wrapping_add(i) % span;
+            let port = FREE_PORTS_FROM + offset as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -274,4 +311,23 @@ pub fn cluster(tag: &str) -> Result<Vec<Node>, NodeError> {
         node.ctl_ok(&["await_startup", "--timeout", "120"])?;
     }
     Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_is_below_the_range_the_kernel_gives_outgoing_connections_and_is_free() {
+        let (low, _) = ephemeral_range();
+        for _ in 0..50 {
+            let port = free_port().unwrap();
+            assert!(
+                port < low,
+                "{port} is in the ephemeral range from {low}: a connection can take it while a node is down"
+            );
+            // Free as handed out.
+            drop(std::net::TcpListener::bind(("127.0.0.1", port)).unwrap());
+        }
+    }
 }
