@@ -142,10 +142,14 @@ impl PgNode {
             .args(["-w", "start"])
             .output()
             .unwrap();
+        // The server's own log says why (a port taken, shared memory, ...); it goes with the
+        // directory when the node drops.
         assert!(
             out.status.success(),
-            "pg_ctl start: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "pg_ctl start on port {}: {}\nserver log:\n{}",
+            self.port,
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
         );
     }
 }
