@@ -427,21 +427,9 @@ pub fn retry_properties(
 }
 
 /// Adds the deferral accounting to a retry's or a dead letter's properties.
-pub fn with_deferrals(
-    properties: BasicProperties,
-    deferrals: u32,
-    first_try_ms: Option<u64>,
-    busy_deferrals: u32,
-) -> BasicProperties {
+pub fn with_deferrals(properties: BasicProperties, deferrals: Deferrals) -> BasicProperties {
     let mut headers = properties.headers().clone().unwrap_or_default();
-    put_deferrals(
-        &mut headers,
-        Deferrals {
-            count: deferrals,
-            first_try_ms,
-            busy: busy_deferrals,
-        },
-    );
+    put_deferrals(&mut headers, deferrals);
     properties.with_headers(headers)
 }
 
@@ -657,9 +645,7 @@ mod tests {
         ] {
             let two = with_deferrals(
                 retry_properties(&original, "acme", 2, 9, "HTTP 503", Some("e#1"), None),
-                deferrals.count,
-                deferrals.first_try_ms,
-                deferrals.busy,
+                deferrals,
             );
             let one = retry_properties(
                 &original,

@@ -138,12 +138,13 @@ pub fn replacement(
             );
             if let Some(e) = envelope {
                 // An expiry is decided at a deferral, which it counts.
-                let deferrals = e.deferrals + u32::from(*reason == DeadReason::Expired);
                 properties = headers::with_deferrals(
                     properties,
-                    deferrals,
-                    Some(e.first_try_ms.unwrap_or(now_ms)),
-                    0,
+                    headers::Deferrals {
+                        count: e.deferrals + u32::from(*reason == DeadReason::Expired),
+                        first_try_ms: Some(e.first_try_ms.unwrap_or(now_ms)),
+                        busy: 0,
+                    },
                 );
             }
             Replacement::Publish {
