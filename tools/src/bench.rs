@@ -48,6 +48,7 @@ use crate::kit::{
     Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,
 };
 
+pub mod cpu;
 pub mod history;
 pub mod noisy;
 pub mod shards;
@@ -136,6 +137,14 @@ pub struct Throughput {
     pub seconds: f64,
     pub per_second: f64,
     pub peak_rss_mib: f64,
+    /// Where the run's CPU went, per message.
+    pub cpu: Option<cpu::CpuPerMessage>,
+}
+
+impl Throughput {
+    fn with_cpu(self, cpu: Option<cpu::CpuPerMessage>) -> Self {
+        Self { cpu, ..self }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -524,6 +533,7 @@ pub async fn run(
     ));
     raw_backlog(&publisher, &channel, &ceiling_queue, options).await?;
     sink.reset();
+    let window = cpu::CpuWindow::begin();
     let mut child = start_ceiling(
         &binaries,
         &ceiling_queue,
@@ -533,14 +543,16 @@ pub async fn run(
     )?;
     let timeout = Duration::from_secs(600);
     wait_count(&sink, options.events as u64, timeout).await?;
+    let (n, secs) = sink.window();
+    let cpu = window.end(child.id(), n);
     let rss = child.id().and_then(peak_rss_mib).unwrap_or(0.0);
     let _ = child.kill().await;
-    let (n, secs) = sink.window();
     report.ceiling = Throughput {
         deliveries: n,
         seconds: secs,
         per_second: n as f64 / secs.max(1e-9),
         peak_rss_mib: rss,
+        cpu,
     };
     say(&format!(
         "ceiling: {:.0} deliveries/s",
@@ -945,6 +957,7 @@ async fn run_hookrelay(
     })
     .await?;
     sink.reset();
+    let window = cpu::CpuWindow::begin();
     let mut worker = start_worker(
         exe,
         config,
@@ -967,6 +980,7 @@ async fn run_hookrelay(
         seconds: secs,
         per_second: n as f64 / secs.max(1e-9),
         peak_rss_mib: 0.0,
+        cpu: window.end(pid, n),
     };
     say(&format!(
         "hookrelay: {:.0} deliveries/s",
@@ -1064,6 +1078,7 @@ async fn failure_path(
     ));
     raw_backlog(publisher, channel, &from, options).await?;
     sink.reset();
+    let window = cpu::CpuWindow::begin();
     let mut child = start_ceiling(
         binaries,
         &from,
@@ -1071,7 +1086,9 @@ async fn failure_path(
         &format!("http://{sink_addr}/failing"),
         Some(&to),
     )?;
-    let raw = moved(channel, &sink, &to, n, timeout).await;
+    let raw = moved(channel, &sink, &to, n, timeout)
+        .await
+        .map(|t| t.with_cpu(window.end(child.id(), n as u64)));
     let _ = child.kill().await;
     for queue in [&from, &to] {
         let _ = channel
@@ -1151,6 +1168,7 @@ async fn failure_path_hookrelay(
         host_cap,
         lane_share,
     ];
+    let window = cpu::CpuWindow::begin();
     let mut worker = start_worker(
         &binaries.worker,
         config,
@@ -1160,7 +1178,9 @@ async fn failure_path_hookrelay(
         &env,
     )
     .await?;
-    let result = moved(channel, sink, &tier, n, Duration::from_secs(600)).await;
+    let result = moved(channel, sink, &tier, n, Duration::from_secs(600))
+        .await
+        .map(|t| t.with_cpu(window.end(worker.child.id(), n as u64)));
     let _ = worker.child.kill().await;
     result
 }
@@ -1200,6 +1220,7 @@ async fn moved(
         seconds,
         per_second: n as f64 / seconds.max(1e-9),
         peak_rss_mib: 0.0,
+        cpu: None,
     })
 }
 
@@ -1415,6 +1436,31 @@ pub async fn ceiling_loop(
     Ok(())
 }
 
+/// The CPU lines under a pair of throughput rows, when both were measured: microseconds per
+/// message of the broker, of the consumer (the loop or the worker) and of the bench's sink.
+fn cpu_lines(raw_name: &str, raw: &Throughput, our_name: &str, ours: &Throughput) -> String {
+    let (Some(raw_cpu), Some(our_cpu)) = (&raw.cpu, &ours.cpu) else {
+        return String::new();
+    };
+    let broker = |c: &cpu::CpuPerMessage| {
+        c.broker_us
+            .map_or_else(|| "-".to_owned(), |us| format!("{us:.0}"))
+    };
+    let row = |name: &str, c: &cpu::CpuPerMessage| {
+        format!(
+            "  {name:<28} {b:>8} {c:>10.0} {s:>8.0}\n",
+            b = broker(c),
+            c = c.consumer_us,
+            s = c.bench_us
+        )
+    };
+    format!(
+        "CPU per message, µs            broker   consumer     sink\n{}{}",
+        row(raw_name, raw_cpu),
+        row(our_name, our_cpu)
+    )
+}
+
 pub fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
@@ -1439,6 +1485,7 @@ impl BenchReport {
              ceiling (raw lapin loop)   {c:>12.0}   {cs:>7.2}   {cr:>5.1} MiB\n\
              hookrelay worker           {h:>12.0}   {hs:>7.2}   {hr:>5.1} MiB\n\
              ratio hookrelay/ceiling    {ratio:>12.2}\n\
+             {cpu}\
              \n\
              publish -> delivered at {rate}/s       p50 {lp50:.1} ms   p99 {lp99:.1} ms   (n={ln})\n\
              promotion (1s tier) minus due     p50 {pp50:.1} ms   p99 {pp99:.1} ms   (n={pn}, {prate}/s)\n\
@@ -1464,6 +1511,12 @@ impl BenchReport {
             hs = self.hookrelay.seconds,
             hr = self.hookrelay.peak_rss_mib,
             ratio = self.ratio,
+            cpu = cpu_lines(
+                "ceiling (raw lapin loop)",
+                &self.ceiling,
+                "hookrelay worker",
+                &self.hookrelay
+            ),
             rate = self.latency_rate_per_s,
             lp50 = self.latency.p50_ms,
             lp99 = self.latency.p99_ms,
@@ -1493,7 +1546,9 @@ impl BenchReport {
                  failure path (every attempt 503)      into next queue/s   seconds\n\
                  raw loop (POST, confirmed publish)   {r:>12.0}   {rs:>7.2}\n\
                  hookrelay worker (into retry tier)   {h:>12.0}   {hs:>7.2}\n\
-                 ratio hookrelay/raw                  {ratio:>12.2}\n",
+                 ratio hookrelay/raw                  {ratio:>12.2}\n\
+                 {cpu}",
+                cpu = cpu_lines("raw loop", raw, "hookrelay worker", ours),
                 r = raw.per_second,
                 rs = raw.seconds,
                 h = ours.per_second,
