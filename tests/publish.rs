@@ -271,6 +271,99 @@ async fn a_return_is_attributed_to_the_message_it_belongs_to_under_concurrency()
     assert_eq!(t.depth(&dead).await, routed);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_return_is_attributed_to_its_message_when_publishes_race_on_many_threads() {
+    // Publishes handed over from several threads at once: while one message is still being
+    // written, others on its channel are confirmed, and a return can come attached to the
+    // confirm of a message whose publish has not finished handing over.
+    let t = TestLadder::apply("returns-threads", &["1s"], &["1s"]).await;
+    let publisher = std::sync::Arc::new(t.publisher().await);
+    let dead = t.ladder.dead();
+    let prefix = t.ladder.prefix.clone();
+    let nowhere = move |i: usize| format!("{prefix}.no-such-queue.{i}");
+    let tasks: Vec<_> = (0..4000)
+        .map(|i| {
+            let publisher = std::sync::Arc::clone(&publisher);
+            let key = if i % 3 == 0 { nowhere(i) } else { dead.clone() };
+            tokio::spawn(async move {
+                let e = event(&format!("evt_{i}"), "acme", "sub_a");
+                (
+                    i,
+                    publisher.publish("", &key, &e.body, e.properties()).await,
+                )
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    assert_only_returned_fail(&results, &nowhere);
+    let routed = results.iter().filter(|(i, _)| i % 3 != 0).count() as u32;
+    assert_eq!(t.depth(&dead).await, routed);
+}
+
+#[tokio::test]
+async fn sends_started_together_and_finished_out_of_turn_each_get_their_own_return() {
+    // 50 unroutable sends on `send`'s one channel, each polled once and left, then finished
+    // one by one, the first alone for a while: however that interleaves with the broker's
+    // returns and confirms, each is settled, once, with its own return.
+    let t = TestLadder::apply("returns-held", &["1s"], &["1s"]).await;
+    let publisher = t.publisher().await;
+    let dead = t.ladder.dead();
+    // Opens `send`'s channel, so the sends below do not wait for it.
+    let warm = event("evt_warm", "acme", "sub_a");
+    let confirm = publisher
+        .send("", &dead, &warm.body, warm.properties(), true)
+        .await
+        .unwrap();
+    confirm.await.unwrap();
+    let nowhere = |i: usize| format!("{}.no-such-queue.{i}", t.ladder.prefix);
+    let events: Vec<_> = (0..50)
+        .map(|i| (nowhere(i), event(&format!("evt_{i}"), "acme", "sub_a")))
+        .collect();
+    let mut sends: Vec<_> = events
+        .iter()
+        .map(|(key, e)| Box::pin(publisher.send("", key, &e.body, e.properties(), true)))
+        .collect();
+    // One step each (a send whose write is done already is done).
+    let handed: Vec<_> = tokio::task::unconstrained(async {
+        let mut handed = Vec::new();
+        for send in &mut sends {
+            handed.push(match futures_util::poll!(send.as_mut()) {
+                std::task::Poll::Ready(outcome) => Some(outcome.unwrap()),
+                std::task::Poll::Pending => None,
+            });
+        }
+        handed
+    })
+    .await;
+    // Whatever was handed over is written, returned and confirmed meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut outcomes = Vec::new();
+    for (i, (send, handed)) in sends.into_iter().zip(handed).enumerate() {
+        let confirm = match handed {
+            Some(confirm) => confirm,
+            None => send.await.unwrap(),
+        };
+        outcomes.push(tokio::spawn(confirm));
+        if i == 0 {
+            // The first alone for a while, before any other finishes.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+    let mut results = Vec::new();
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        results.push((i, outcome.await.unwrap()));
+    }
+    for (i, result) in &results {
+        assert!(
+            matches!(result, Err(PublishError::Unroutable { routing_key, .. }) if *routing_key == nowhere(*i)),
+            "{i}: {result:?}"
+        );
+    }
+}
+
 /// Every third message (`i % 3 == 0`) went to a key nothing is bound to: exactly those failed,
 /// each as unroutable with its own routing key.
 fn assert_only_returned_fail(

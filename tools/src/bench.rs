@@ -15,8 +15,11 @@
 //! The **failure path** (`--failure-path`) does the same with a sink that answers every request
 //! 503 and the breaker out of reach: hookrelay moves each envelope into its retry tier (a
 //! confirmed republish, then the ack), against a raw loop that consumes, POSTs, publishes the
-//! message to a second queue with a confirm, and acks. Both count from the first request at the
-//! sink until the last message is in the queue it goes to.
+//! message to a second queue with a confirm, and acks. The raw loop runs twice: on bare bodies
+//! to the next queue, and on hookrelay's own envelopes, publishing each as hookrelay publishes a
+//! retry (its headers, `mandatory`, through a fanout exchange like a tier's), which tells what
+//! the retry's content costs the broker apart from what the worker costs. Each counts from the
+//! first request at the sink until the last message is in the queue it goes to.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -180,6 +183,11 @@ pub struct BenchReport {
     pub failure_ceiling: Option<Throughput>,
     pub failure_hookrelay: Option<Throughput>,
     pub failure_ratio: f64,
+    /// The raw loop again, consuming the envelopes hookrelay consumes and publishing each as
+    /// hookrelay publishes a retry (its headers, through a fanout exchange, mandatory): what the
+    /// retry's content costs, apart from the worker.
+    pub failure_retry_ceiling: Option<Throughput>,
+    pub failure_retry_ratio: f64,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
@@ -633,6 +641,9 @@ pub async fn run(
     if let (Some(raw), Some(ours)) = (&report.failure_ceiling, &report.failure_hookrelay) {
         report.failure_ratio = ours.per_second / raw.per_second.max(1e-9);
     }
+    if let (Some(raw), Some(ours)) = (&report.failure_retry_ceiling, &report.failure_hookrelay) {
+        report.failure_retry_ratio = ours.per_second / raw.per_second.max(1e-9);
+    }
     report.isolation_ratio_p99 =
         report.first_attempt_with_backlog.p99_ms / report.first_attempt_baseline.p99_ms.max(1e-9);
     Ok(report)
@@ -782,14 +793,23 @@ async fn raw_backlog(
     queue: &str,
     options: &BenchOptions,
 ) -> Result<(), BenchError> {
+    raw_backlog_of(publisher, channel, queue, options, |_| {
+        BasicProperties::default().with_delivery_mode(2)
+    })
+    .await
+}
+
+/// `queue`, declared, holding `--events` persistent messages with `properties(i)`.
+async fn raw_backlog_of(
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    queue: &str,
+    options: &BenchOptions,
+    properties: impl Fn(usize) -> BasicProperties,
+) -> Result<(), BenchError> {
     declare_raw_queue(channel, queue, options.queue_type).await?;
     publish_many(publisher, options.events, |i| {
-        (
-            String::new(),
-            queue.to_owned(),
-            body(i),
-            BasicProperties::default().with_delivery_mode(2),
-        )
+        (String::new(), queue.to_owned(), body(i), properties(i))
     })
     .await
 }
@@ -804,6 +824,21 @@ fn start_ceiling(
     forward: Option<&str>,
 ) -> std::io::Result<tokio::process::Child> {
     raw_loop_command(binaries, queue, prefetch, Some(url), forward)
+        .stdout(Stdio::null())
+        .spawn()
+}
+
+/// The failure path's raw loop publishing each message as hookrelay publishes a retry, into
+/// `exchange` (a fanout bound to the queue the messages go to).
+fn start_retry_ceiling(
+    binaries: &Binaries,
+    queue: &str,
+    prefetch: u16,
+    url: &str,
+    exchange: &str,
+) -> std::io::Result<tokio::process::Child> {
+    raw_loop_command(binaries, queue, prefetch, Some(url), None)
+        .args(["--retry-exchange", exchange])
         .stdout(Stdio::null())
         .spawn()
 }
@@ -1052,9 +1087,10 @@ async fn run_hookrelay(
 }
 
 /// The failure path: every attempt answered 503, the breaker out of reach. First the raw loop
-/// (consume, POST, confirmed publish to a second queue, ack), then hookrelay moving each
-/// envelope into its retry tier; each counted from the first request at the sink until the
-/// last message is in the queue it goes to.
+/// (consume, POST, confirmed publish to a second queue, ack), on bare bodies and then on
+/// envelopes published as retries, then hookrelay moving each envelope into its retry tier;
+/// each counted from the first request at the sink until the last message is in the queue it
+/// goes to.
 #[allow(clippy::too_many_arguments)]
 async fn failure_path(
     config: &Config,
@@ -1068,34 +1104,37 @@ async fn failure_path(
     let n = options.events;
     let sink = Sink::new(Some(Duration::ZERO));
     let sink_addr = start_sink(Arc::clone(&sink)).await?;
-    let timeout = Duration::from_secs(600);
 
-    let from = format!("{prefix}.failing");
-    let to = format!("{prefix}.failing-next");
-    declare_raw_queue(channel, &to, options.queue_type).await?;
     say(&format!(
         "failure path: publishing {n} messages for the raw loop"
     ));
-    raw_backlog(publisher, channel, &from, options).await?;
-    sink.reset();
-    let window = cpu::CpuWindow::begin();
-    let mut child = start_ceiling(
+    let raw = raw_failure(
+        options,
         binaries,
-        &from,
-        options.prefetch,
-        &format!("http://{sink_addr}/failing"),
-        Some(&to),
-    )?;
-    let raw = moved(channel, &sink, &to, n, timeout)
-        .await
-        .map(|t| t.with_cpu(window.end(child.id(), n as u64)));
-    let _ = child.kill().await;
-    for queue in [&from, &to] {
-        let _ = channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
+        publisher,
+        channel,
+        &sink,
+        sink_addr,
+        &format!("{prefix}.failing"),
+        None,
+    )
+    .await;
     report.failure_ceiling = Some(raw?);
+    say(&format!(
+        "failure path: publishing {n} envelopes for the raw loop publishing retries"
+    ));
+    let retry = raw_failure(
+        options,
+        binaries,
+        publisher,
+        channel,
+        &sink,
+        sink_addr,
+        &format!("{prefix}.failing-retry"),
+        Some(&|i| failing_event(i).properties()),
+    )
+    .await;
+    report.failure_retry_ceiling = Some(retry?);
 
     // Tiers long enough that nothing comes back during the run.
     let ladder = options.streams(Ladder::build(
@@ -1112,6 +1151,98 @@ async fn failure_path(
     let _ = ladder.objects().delete(channel).await;
     report.failure_hookrelay = Some(result?);
     Ok(())
+}
+
+/// One raw loop of the failure path, on queues and an exchange named after `name`, deleted
+/// afterwards: consume, POST, confirmed publish, ack. With `envelope` (the properties of the
+/// i-th message), it consumes those messages and publishes each as hookrelay publishes a retry
+/// (through a fanout exchange, like a tier's); without, bare bodies to the next queue.
+#[allow(clippy::too_many_arguments)]
+async fn raw_failure(
+    options: &BenchOptions,
+    binaries: &Binaries,
+    publisher: &Arc<Publisher>,
+    channel: &lapin::Channel,
+    sink: &Arc<Sink>,
+    sink_addr: std::net::SocketAddr,
+    name: &str,
+    envelope: Option<&dyn Fn(usize) -> BasicProperties>,
+) -> Result<Throughput, BenchError> {
+    let n = options.events;
+    let from = name.to_owned();
+    let to = format!("{name}-next");
+    let exchange = format!("{name}-x");
+    declare_raw_queue(channel, &to, options.queue_type).await?;
+    let result = async {
+        let url = format!("http://{sink_addr}/failing");
+        let child = match envelope {
+            None => {
+                raw_backlog(publisher, channel, &from, options).await?;
+                sink.reset();
+                (
+                    cpu::CpuWindow::begin(),
+                    start_ceiling(binaries, &from, options.prefetch, &url, Some(&to))?,
+                )
+            }
+            Some(properties) => {
+                channel
+                    .exchange_declare(
+                        exchange.as_str().into(),
+                        lapin::ExchangeKind::Fanout,
+                        lapin::options::ExchangeDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                channel
+                    .queue_bind(
+                        to.as_str().into(),
+                        exchange.as_str().into(),
+                        "".into(),
+                        lapin::options::QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
+                raw_backlog_of(publisher, channel, &from, options, properties).await?;
+                sink.reset();
+                (
+                    cpu::CpuWindow::begin(),
+                    start_retry_ceiling(binaries, &from, options.prefetch, &url, &exchange)?,
+                )
+            }
+        };
+        let (window, mut child) = child;
+        let moved = moved(channel, sink, &to, n, Duration::from_secs(600))
+            .await
+            .map(|t| t.with_cpu(window.end(child.id(), n as u64)));
+        let _ = child.kill().await;
+        moved
+    }
+    .await;
+    for queue in [&from, &to] {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+    result
+}
+
+/// The failure path's i-th event, as hookrelay's backlog and the retry-publishing raw loop's
+/// have it.
+fn failing_event(i: usize) -> NewEvent {
+    NewEvent {
+        id: format!("fail_{i}"),
+        tenant: "bench".into(),
+        event_type: "bench.event".into(),
+        subscription: Some("bench_failing".into()),
+        timestamp: None,
+        body: body(i),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1138,20 +1269,7 @@ async fn failure_path_hookrelay(
     say(&format!(
         "failure path: publishing {n} events through {ingress}"
     ));
-    publish_many(publisher, n, |i| {
-        to_ingress(
-            &ingress,
-            NewEvent {
-                id: format!("fail_{i}"),
-                tenant: "bench".into(),
-                event_type: "bench.event".into(),
-                subscription: Some("bench_failing".into()),
-                timestamp: None,
-                body: body(i),
-            },
-        )
-    })
-    .await?;
+    publish_many(publisher, n, |i| to_ingress(&ingress, failing_event(i))).await?;
     let tier = ladder
         .tier_ids()
         .next()
@@ -1345,6 +1463,17 @@ async fn promotion_precision(
     Ok(Percentiles::of(lags))
 }
 
+/// Where the failure path's raw loop publishes each message before its ack.
+#[derive(Debug, Clone, Copy)]
+pub enum Forward<'a> {
+    /// The bare body to this queue, through the default exchange.
+    Bare(&'a str),
+    /// The message as hookrelay publishes a retry: its properties with the retry's headers
+    /// (attempts, due time, last error, endpoint, deferrals, a publish id), `mandatory`,
+    /// through this exchange.
+    AsRetry(&'a str),
+}
+
 /// The ceiling loop (`hookrelay bench-ceiling`): consume each of `queues` with `prefetch`, POST each body to
 /// `url` (when given), ack. Writes one line, `first`, to stdout when the first delivery arrives,
 /// so its starter can time from there. Runs until killed.
@@ -1353,21 +1482,32 @@ pub async fn ceiling_loop(
     queues: &[String],
     prefetch: u16,
     url: Option<&str>,
-    forward: Option<&str>,
+    forward: Option<Forward<'_>>,
 ) -> Result<(), BenchError> {
     let conn =
         Connection::connect(config.amqp.url.expose(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
-    // The failure path's loop: every message on to `forward`, confirmed, before the ack; all on
-    // one channel with as many confirms in flight as deliveries.
+    // The failure path's loop: every message on, confirmed, before the ack; all on one channel
+    // with as many confirms in flight as deliveries.
     let forward = match forward {
-        Some(queue) => {
+        Some(to) => {
             let out = conn.create_channel().await?;
             out.confirm_select(ConfirmSelectOptions::default()).await?;
-            Some((out, ShortString::from(queue.to_owned())))
+            let (exchange, key, as_retry) = match to {
+                Forward::Bare(queue) => (String::new(), queue.to_owned(), false),
+                Forward::AsRetry(exchange) => (exchange.to_owned(), "retry.bench".into(), true),
+            };
+            Some((
+                out,
+                ShortString::from(exchange),
+                ShortString::from(key),
+                as_retry,
+            ))
         }
         None => None,
     };
+    let endpoint = url.unwrap_or_default().to_owned();
+    let publish_ids = Arc::new(AtomicU64::new(1));
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
@@ -1408,19 +1548,40 @@ pub async fn ceiling_loop(
         let client = client.clone();
         let url = url.clone();
         let forward = forward.clone();
+        let endpoint = endpoint.clone();
+        let publish_ids = Arc::clone(&publish_ids);
         tokio::spawn(async move {
             if let Some(url) = url {
                 let _ = client.post(url).body(delivery.data.clone()).send().await;
             }
-            if let Some((out, queue)) = forward {
-                let confirmed = match out
-                    .basic_publish(
-                        "".into(),
-                        queue,
-                        BasicPublishOptions::default(),
-                        &delivery.data,
-                        BasicProperties::default().with_delivery_mode(2),
+            if let Some((out, exchange, key, as_retry)) = forward {
+                let properties = if as_retry {
+                    let now = now_ms();
+                    headers::with_publish_id(
+                        headers::retry_properties(
+                            &delivery.properties,
+                            "bench",
+                            1,
+                            now + 600_000,
+                            "HTTP 503",
+                            Some(&endpoint),
+                            Some(headers::Deferrals {
+                                count: 0,
+                                first_try_ms: Some(now),
+                                busy: 0,
+                            }),
+                        ),
+                        publish_ids.fetch_add(1, Ordering::Relaxed),
                     )
+                } else {
+                    BasicProperties::default().with_delivery_mode(2)
+                };
+                let options = BasicPublishOptions {
+                    mandatory: as_retry,
+                    ..BasicPublishOptions::default()
+                };
+                let confirmed = match out
+                    .basic_publish(exchange, key, options, &delivery.data, properties)
                     .await
                 {
                     Ok(confirm) => confirm.await.is_ok_and(|c| c.is_ack()),
@@ -1439,26 +1600,32 @@ pub async fn ceiling_loop(
 /// The CPU lines under a pair of throughput rows, when both were measured: microseconds per
 /// message of the broker, of the consumer (the loop or the worker) and of the bench's sink.
 fn cpu_lines(raw_name: &str, raw: &Throughput, our_name: &str, ours: &Throughput) -> String {
-    let (Some(raw_cpu), Some(our_cpu)) = (&raw.cpu, &ours.cpu) else {
+    cpu_rows(&[(raw_name, raw), (our_name, ours)])
+}
+
+/// The CPU lines of several throughput rows, when every one was measured.
+fn cpu_rows(rows: &[(&str, &Throughput)]) -> String {
+    let Some(measured) = rows
+        .iter()
+        .map(|(name, t)| t.cpu.as_ref().map(|c| (*name, c)))
+        .collect::<Option<Vec<_>>>()
+    else {
         return String::new();
     };
     let broker = |c: &cpu::CpuPerMessage| {
         c.broker_us
             .map_or_else(|| "-".to_owned(), |us| format!("{us:.0}"))
     };
-    let row = |name: &str, c: &cpu::CpuPerMessage| {
-        format!(
+    let mut lines = "CPU per message, µs            broker   consumer     sink\n".to_owned();
+    for (name, c) in measured {
+        lines += &format!(
             "  {name:<28} {b:>8} {c:>10.0} {s:>8.0}\n",
             b = broker(c),
             c = c.consumer_us,
             s = c.bench_us
-        )
-    };
-    format!(
-        "CPU per message, µs            broker   consumer     sink\n{}{}",
-        row(raw_name, raw_cpu),
-        row(our_name, our_cpu)
-    )
+        );
+    }
+    lines
 }
 
 pub fn machine() -> String {
@@ -1541,20 +1708,39 @@ impl BenchReport {
             table
         };
         match (&self.failure_ceiling, &self.failure_hookrelay) {
-            (Some(raw), Some(ours)) => format!(
-                "{table}\n\
-                 failure path (every attempt 503)      into next queue/s   seconds\n\
-                 raw loop (POST, confirmed publish)   {r:>12.0}   {rs:>7.2}\n\
-                 hookrelay worker (into retry tier)   {h:>12.0}   {hs:>7.2}\n\
-                 ratio hookrelay/raw                  {ratio:>12.2}\n\
-                 {cpu}",
-                cpu = cpu_lines("raw loop", raw, "hookrelay worker", ours),
-                r = raw.per_second,
-                rs = raw.seconds,
-                h = ours.per_second,
-                hs = ours.seconds,
-                ratio = self.failure_ratio,
-            ),
+            (Some(raw), Some(ours)) => {
+                let mut rows = vec![("raw loop", raw)];
+                let mut lines = format!(
+                    "{table}\n\
+                     failure path (every attempt 503)      into next queue/s   seconds\n\
+                     raw loop (POST, confirmed publish)   {r:>12.0}   {rs:>7.2}\n",
+                    r = raw.per_second,
+                    rs = raw.seconds,
+                );
+                if let Some(retry) = &self.failure_retry_ceiling {
+                    lines += &format!(
+                        "raw loop publishing retries         {r:>12.0}   {rs:>7.2}\n",
+                        r = retry.per_second,
+                        rs = retry.seconds,
+                    );
+                    rows.push(("raw loop publishing retries", retry));
+                }
+                lines += &format!(
+                    "hookrelay worker (into retry tier)   {h:>12.0}   {hs:>7.2}\n\
+                     ratio hookrelay/raw                  {ratio:>12.2}\n",
+                    h = ours.per_second,
+                    hs = ours.seconds,
+                    ratio = self.failure_ratio,
+                );
+                if self.failure_retry_ceiling.is_some() {
+                    lines += &format!(
+                        "ratio hookrelay/raw publishing retries {ratio:>10.2}\n",
+                        ratio = self.failure_retry_ratio,
+                    );
+                }
+                rows.push(("hookrelay worker", ours));
+                lines + &cpu_rows(&rows)
+            }
             _ => table,
         }
     }

@@ -61,6 +61,10 @@ enum Command {
         /// Publish each message to this queue, confirmed, before the ack (the failure path).
         #[arg(long)]
         forward: Option<String>,
+        /// Instead, publish each message as hookrelay publishes a retry (its headers,
+        /// `mandatory`) into this exchange, confirmed, before the ack.
+        #[arg(long, conflicts_with = "forward")]
+        retry_exchange: Option<String>,
     },
 }
 
@@ -459,15 +463,14 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             prefetch,
             url,
             forward,
+            retry_exchange,
         } => {
-            bench::ceiling_loop(
-                &config,
-                &queue,
-                prefetch,
-                url.as_deref(),
-                forward.as_deref(),
-            )
-            .await?;
+            let forward = match (&retry_exchange, &forward) {
+                (Some(exchange), _) => Some(bench::Forward::AsRetry(exchange)),
+                (None, Some(queue)) => Some(bench::Forward::Bare(queue)),
+                (None, None) => None,
+            };
+            bench::ceiling_loop(&config, &queue, prefetch, url.as_deref(), forward).await?;
             Ok(ExitCode::SUCCESS)
         }
     }
