@@ -786,6 +786,17 @@ async fn declare_raw_queue(
     Ok(())
 }
 
+/// Before a measured run's backlog: the broker's quorum log rolled over and the broker quiet
+/// (see [`cpu::roll_broker_log`]).
+async fn fresh_broker_log() {
+    if let Err(why) = cpu::roll_broker_log().await {
+        say(&format!(
+            "the broker's quorum log was not rolled over before this run ({why}); if it rolls \
+             over during the run, its broker figures include that"
+        ));
+    }
+}
+
 /// `queue`, declared, holding `--events` persistent messages for a raw loop.
 async fn raw_backlog(
     publisher: &Arc<Publisher>,
@@ -808,6 +819,7 @@ async fn raw_backlog_of(
     properties: impl Fn(usize) -> BasicProperties,
 ) -> Result<(), BenchError> {
     declare_raw_queue(channel, queue, options.queue_type).await?;
+    fresh_broker_log().await;
     publish_many(publisher, options.events, |i| {
         (String::new(), queue.to_owned(), body(i), properties(i))
     })
@@ -983,6 +995,7 @@ async fn run_hookrelay(
         body: body(i),
     };
 
+    fresh_broker_log().await;
     say(&format!(
         "publishing {} events through {ingress}",
         options.events
@@ -1269,6 +1282,7 @@ async fn failure_path_hookrelay(
     say(&format!(
         "failure path: publishing {n} events through {ingress}"
     ));
+    fresh_broker_log().await;
     publish_many(publisher, n, |i| to_ingress(&ingress, failing_event(i))).await?;
     let tier = ladder
         .tier_ids()
