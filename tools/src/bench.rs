@@ -1118,36 +1118,33 @@ async fn failure_path(
     let sink = Sink::new(Some(Duration::ZERO));
     let sink_addr = start_sink(Arc::clone(&sink)).await?;
 
-    say(&format!(
-        "failure path: publishing {n} messages for the raw loop"
-    ));
-    let raw = raw_failure(
-        options,
-        binaries,
-        publisher,
-        channel,
-        &sink,
-        sink_addr,
-        &format!("{prefix}.failing"),
-        None,
-    )
-    .await;
-    report.failure_ceiling = Some(raw?);
-    say(&format!(
-        "failure path: publishing {n} envelopes for the raw loop publishing retries"
-    ));
-    let retry = raw_failure(
-        options,
-        binaries,
-        publisher,
-        channel,
-        &sink,
-        sink_addr,
-        &format!("{prefix}.failing-retry"),
-        Some(&|i| failing_event(i).properties()),
-    )
-    .await;
-    report.failure_retry_ceiling = Some(retry?);
+    let as_envelope = |i: usize| failing_event(i).properties();
+    let runs: [(&str, &str, Option<EnvelopeOf<'_>>); 2] = [
+        ("failing", "messages for the raw loop", None),
+        (
+            "failing-retry",
+            "envelopes for the raw loop publishing retries",
+            Some(&as_envelope),
+        ),
+    ];
+    for (name, what, envelope) in runs {
+        say(&format!("failure path: publishing {n} {what}"));
+        let raw = raw_failure(
+            options,
+            binaries,
+            publisher,
+            channel,
+            &sink,
+            sink_addr,
+            &format!("{prefix}.{name}"),
+            envelope,
+        )
+        .await?;
+        match envelope {
+            None => report.failure_ceiling = Some(raw),
+            Some(_) => report.failure_retry_ceiling = Some(raw),
+        }
+    }
 
     // Tiers long enough that nothing comes back during the run.
     let ladder = options.streams(Ladder::build(
@@ -1166,6 +1163,9 @@ async fn failure_path(
     Ok(())
 }
 
+/// The properties of a raw loop's i-th envelope.
+type EnvelopeOf<'a> = &'a dyn Fn(usize) -> BasicProperties;
+
 /// One raw loop of the failure path, on queues and an exchange named after `name`, deleted
 /// afterwards: consume, POST, confirmed publish, ack. With `envelope` (the properties of the
 /// i-th message), it consumes those messages and publishes each as hookrelay publishes a retry
@@ -1179,7 +1179,7 @@ async fn raw_failure(
     sink: &Arc<Sink>,
     sink_addr: std::net::SocketAddr,
     name: &str,
-    envelope: Option<&dyn Fn(usize) -> BasicProperties>,
+    envelope: Option<EnvelopeOf<'_>>,
 ) -> Result<Throughput, BenchError> {
     let n = options.events;
     let from = name.to_owned();
@@ -1187,16 +1187,8 @@ async fn raw_failure(
     let exchange = format!("{name}-x");
     declare_raw_queue(channel, &to, options.queue_type).await?;
     let result = async {
-        let url = format!("http://{sink_addr}/failing");
-        let child = match envelope {
-            None => {
-                raw_backlog(publisher, channel, &from, options).await?;
-                sink.reset();
-                (
-                    cpu::CpuWindow::begin(),
-                    start_ceiling(binaries, &from, options.prefetch, &url, Some(&to))?,
-                )
-            }
+        match envelope {
+            None => raw_backlog(publisher, channel, &from, options).await?,
             Some(properties) => {
                 channel
                     .exchange_declare(
@@ -1219,14 +1211,15 @@ async fn raw_failure(
                     )
                     .await?;
                 raw_backlog_of(publisher, channel, &from, options, properties).await?;
-                sink.reset();
-                (
-                    cpu::CpuWindow::begin(),
-                    start_retry_ceiling(binaries, &from, options.prefetch, &url, &exchange)?,
-                )
             }
+        }
+        let url = format!("http://{sink_addr}/failing");
+        sink.reset();
+        let window = cpu::CpuWindow::begin();
+        let mut child = match envelope {
+            None => start_ceiling(binaries, &from, options.prefetch, &url, Some(&to))?,
+            Some(_) => start_retry_ceiling(binaries, &from, options.prefetch, &url, &exchange)?,
         };
-        let (window, mut child) = child;
         let moved = moved(channel, sink, &to, n, Duration::from_secs(600))
             .await
             .map(|t| t.with_cpu(window.end(child.id(), n as u64)));
@@ -1239,9 +1232,11 @@ async fn raw_failure(
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await;
     }
-    let _ = channel
-        .exchange_delete(exchange.as_str().into(), Default::default())
-        .await;
+    if envelope.is_some() {
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await;
+    }
     result
 }
 
