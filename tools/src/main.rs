@@ -110,7 +110,7 @@ struct BenchArgs {
     throughput_only: bool,
     /// Also measure the failure path: every attempt answered 503, the breaker out of reach,
     /// envelopes into their retry tier against a raw loop that POSTs and publishes each message
-    /// on, confirmed.
+    /// on, confirmed: once bare, once publishing each envelope as hookrelay publishes a retry.
     #[arg(long)]
     failure_path: bool,
     /// Run only these noisy-neighbour scenarios (comma-separated or repeated): tenant A's
