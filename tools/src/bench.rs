@@ -1483,6 +1483,13 @@ pub enum Forward<'a> {
     AsRetry(&'a str),
 }
 
+/// What the raw loop publishing retries keeps for them: the endpoint its retries name, and the
+/// next publish id.
+struct AsRetry {
+    endpoint: String,
+    publish_ids: AtomicU64,
+}
+
 /// The ceiling loop (`hookrelay bench-ceiling`): consume each of `queues` with `prefetch`, POST each body to
 /// `url` (when given), ack. Writes one line, `first`, to stdout when the first delivery arrives,
 /// so its starter can time from there. Runs until killed.
@@ -1503,8 +1510,15 @@ pub async fn ceiling_loop(
             let out = conn.create_channel().await?;
             out.confirm_select(ConfirmSelectOptions::default()).await?;
             let (exchange, key, as_retry) = match to {
-                Forward::Bare(queue) => (String::new(), queue.to_owned(), false),
-                Forward::AsRetry(exchange) => (exchange.to_owned(), "retry.bench".into(), true),
+                Forward::Bare(queue) => (String::new(), queue.to_owned(), None),
+                Forward::AsRetry(exchange) => (
+                    exchange.to_owned(),
+                    "retry.bench".into(),
+                    Some(Arc::new(AsRetry {
+                        endpoint: url.unwrap_or_default().to_owned(),
+                        publish_ids: AtomicU64::new(1),
+                    })),
+                ),
             };
             Some((
                 out,
@@ -1515,8 +1529,6 @@ pub async fn ceiling_loop(
         }
         None => None,
     };
-    let endpoint = url.unwrap_or_default().to_owned();
-    let publish_ids = Arc::new(AtomicU64::new(1));
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
@@ -1557,14 +1569,12 @@ pub async fn ceiling_loop(
         let client = client.clone();
         let url = url.clone();
         let forward = forward.clone();
-        let endpoint = endpoint.clone();
-        let publish_ids = Arc::clone(&publish_ids);
         tokio::spawn(async move {
             if let Some(url) = url {
                 let _ = client.post(url).body(delivery.data.clone()).send().await;
             }
             if let Some((out, exchange, key, as_retry)) = forward {
-                let properties = if as_retry {
+                let properties = if let Some(retry) = &as_retry {
                     let now = now_ms();
                     headers::with_publish_id(
                         headers::retry_properties(
@@ -1573,20 +1583,20 @@ pub async fn ceiling_loop(
                             1,
                             now + 600_000,
                             "HTTP 503",
-                            Some(&endpoint),
+                            Some(&retry.endpoint),
                             Some(headers::Deferrals {
                                 count: 0,
                                 first_try_ms: Some(now),
                                 busy: 0,
                             }),
                         ),
-                        publish_ids.fetch_add(1, Ordering::Relaxed),
+                        retry.publish_ids.fetch_add(1, Ordering::Relaxed),
                     )
                 } else {
                     BasicProperties::default().with_delivery_mode(2)
                 };
                 let options = BasicPublishOptions {
-                    mandatory: as_retry,
+                    mandatory: as_retry.is_some(),
                     ..BasicPublishOptions::default()
                 };
                 let confirmed = match out
