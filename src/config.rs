@@ -480,9 +480,18 @@ pub struct EndpointConfig {
     /// Attempts at once per host and port, across all its endpoints: protects a host many
     /// subscriptions share. Filling it defers, never opens a breaker.
     pub max_concurrent_per_host: u32,
-    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker.
+    /// Consecutive failed attempts (5xx, timeouts, connection errors) that open the breaker,
+    /// once they span `breaker_window`.
     pub breaker_failures: u32,
-    /// How long an open breaker refuses attempts before it lets one probe through.
+    /// How long the failures in a row must span, from the start of the first attempt to the
+    /// end of the latest, to open the breaker: attempts made together fail together, and a
+    /// burst of failures within a fraction of a second is one look at the endpoint, however
+    /// many. `0s`: the count alone decides.
+    #[serde(with = "humantime_serde")]
+    pub breaker_window: Duration,
+    /// How long an open breaker refuses attempts before it lets one probe through; never
+    /// longer than the ladder's shortest scheduled wait, so an envelope's next scheduled retry
+    /// finds the probe due.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
     /// The delivery horizon: how long after its first try an envelope deferred for an open
@@ -532,6 +541,7 @@ impl Default for EndpointConfig {
             max_concurrent: 64,
             max_concurrent_per_host: 256,
             breaker_failures: 20,
+            breaker_window: Duration::from_secs(1),
             breaker_cooldown: Duration::from_secs(30),
             horizon: Duration::ZERO,
             quarantine_after: Duration::from_secs(300),

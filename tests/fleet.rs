@@ -11,8 +11,8 @@ use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Starts `n` workers on `t`'s ladder and waits until each counts the fleet as `n` (one
-/// management poll after the last one consumes).
+/// Starts `n` workers on `t`'s ladder and waits until each counts the fleet as `n` (its next
+/// count after the last one consumes).
 async fn fleet(t: &TestLadder, n: usize, subscriptions: &[Subscription]) -> Vec<RunningWorker> {
     let mut workers = Vec::new();
     for _ in 0..n {
@@ -148,34 +148,42 @@ async fn two_workers_keep_an_endpoint_under_its_rate() {
 }
 
 #[tokio::test]
-async fn a_joining_worker_takes_its_share_from_the_start_not_after_its_first_poll() {
+async fn a_joining_worker_is_counted_from_the_brokers_live_answer_not_a_poll() {
     let t = TestLadder::apply("fleet-join", &["1s"], &["1s"]).await;
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
     let sub = subscription("sub_a", "acme", &receiver.url("/"), &s);
-    let first = fleet(&t, 1, std::slice::from_ref(&sub)).await;
-    // Once the broker's statistics show the first worker's consumer.
-    let api = common::management(&t.config);
-    let lane = t.ladder.fleet_lane();
-    assert!(
-        wait_until(WAIT, async || {
-            api.queues()
-                .await
-                .is_ok_and(|qs| qs.iter().any(|q| q.name == lane && q.consumers == 1))
-        })
-        .await
-    );
-    // The second worker's first poll is an hour away: what it counts now it counted at start.
+    // The management API is read once an hour: whatever either worker counts, it counted from
+    // the broker's answers to its own passive declares.
     let mut config = t.config.clone();
     config.metrics.poll_interval = Duration::from_secs(3600);
+    let first = RunningWorker::start_with(&t, config.clone(), vec![sub.clone()]).await;
+    let m1 = first.metrics.clone();
+    assert!(wait_until(WAIT, async || m1.fleet_workers.get() == 1).await);
     let second = RunningWorker::start_with(&t, config, vec![sub]).await;
-    assert_eq!(
-        second.metrics.fleet_workers.get(),
-        2,
-        "a worker joining one other takes half the limits before it consumes"
+    let m2 = second.metrics.clone();
+    assert!(
+        wait_until(WAIT, async || m2.fleet_workers.get() == 2).await,
+        "the joiner counts itself and the other: {}",
+        m2.fleet_workers.get()
+    );
+    assert!(
+        wait_until(WAIT, async || m1.fleet_workers.get() == 2).await,
+        "the other counts the joiner: {}",
+        m1.fleet_workers.get()
+    );
+    // Both deliver once settled.
+    t.publish_all((0..10).map(|i| event(&format!("evt_{i}"), "acme", "sub_a")))
+        .await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 10)
+            .await
     );
     second.stop().await;
-    for w in first {
-        w.stop().await;
-    }
+    assert!(
+        wait_until(WAIT, async || m1.fleet_workers.get() == 1).await,
+        "a worker that leaves is counted out"
+    );
+    first.stop().await;
 }

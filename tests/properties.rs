@@ -121,22 +121,29 @@ fn results() -> impl Strategy<Value = AttemptResult> {
         ".{0,20}".prop_map(AttemptResult::Transport),
         ".{0,20}".prop_map(AttemptResult::NotSent),
         ".{0,20}".prop_map(AttemptResult::EgressDenied),
-        (".{0,20}", 0u64..200_000, 0u8..3).prop_map(|(reason, wait, kind)| {
-            AttemptResult::Deferred {
-                reason,
-                cause: match kind {
-                    0 => DeferCause::Outage {
-                        probe_in: Duration::from_secs(wait),
+        (
+            ".{0,20}",
+            0u64..200_000,
+            0u8..3,
+            proptest::option::of(0u64..u64::MAX)
+        )
+            .prop_map(
+                |(reason, wait, kind, failed_try_ms)| AttemptResult::Deferred {
+                    reason,
+                    cause: match kind {
+                        0 => DeferCause::Outage {
+                            probe_in: Duration::from_secs(wait),
+                            failed_try_ms,
+                        },
+                        1 => DeferCause::Busy {
+                            quiet_for: Duration::from_millis(wait),
+                            latency: Duration::from_millis(wait / 3),
+                            turn_in: Duration::from_millis(wait / 2),
+                        },
+                        _ => DeferCause::OverRate,
                     },
-                    1 => DeferCause::Busy {
-                        quiet_for: Duration::from_millis(wait),
-                        latency: Duration::from_millis(wait / 3),
-                        turn_in: Duration::from_millis(wait / 2),
-                    },
-                    _ => DeferCause::OverRate,
-                },
-            }
-        }),
+                }
+            ),
     ]
 }
 

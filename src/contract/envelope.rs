@@ -12,8 +12,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::contract::headers::{
     ATTEMPTS_HEADER, BUSY_DEFERRALS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER,
-    EVENT_ID_HEADER, FIRST_TRY_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER, check_header_sizes,
-    header_str, header_u64,
+    EVENT_ID_HEADER, FIRST_TRY_HEADER, SUBSCRIPTION_HEADER, TENANT_HEADER, WAITING_SINCE_HEADER,
+    check_header_sizes, header_str, header_u64,
 };
 use crate::units::{now_ms, shorten};
 
@@ -234,6 +234,8 @@ pub struct Envelope {
     pub deferrals: u32,
     /// When it first went to a tier: the start of its delivery horizon.
     pub first_try_ms: Option<u64>,
+    /// When it last went to wait (its last attempt or deferral).
+    pub waiting_since_ms: Option<u64>,
     /// Deferrals in a row for a busy endpoint (at a limit, not down): which deferral queue the
     /// next one waits in.
     pub busy_deferrals: u32,
@@ -300,6 +302,7 @@ impl Envelope {
             })?,
         };
         let first_try_ms = header_u64(headers, FIRST_TRY_HEADER)?;
+        let waiting_since_ms = header_u64(headers, WAITING_SINCE_HEADER)?;
         let busy_deferrals = match header_u64(headers, BUSY_DEFERRALS_HEADER)? {
             None => 0,
             Some(n) => u32::try_from(n).map_err(|_| InvalidEnvelope::BadHeader {
@@ -320,6 +323,7 @@ impl Envelope {
             last_endpoint: last_endpoint.map(str::to_owned),
             deferrals,
             first_try_ms,
+            waiting_since_ms,
             busy_deferrals,
         })
     }
@@ -409,6 +413,7 @@ pub(crate) mod tests {
                 last_endpoint: None,
                 deferrals: 0,
                 first_try_ms: None,
+                waiting_since_ms: None,
                 busy_deferrals: 0,
             }
         );

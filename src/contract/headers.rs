@@ -41,6 +41,10 @@ pub const FIRST_TRY_HEADER: &str = "x-hookrelay-first-try-ms";
 /// the next such deferral waits in the deferral queue of that index (the longest past the
 /// end). Reset by an attempt made or a deferral of another kind.
 pub const BUSY_DEFERRALS_HEADER: &str = "x-hookrelay-busy-deferrals";
+/// When the envelope last went to wait (its last attempt or deferral), ms since the epoch: a
+/// failed request to its endpoint made after this is fresh evidence that the endpoint is down
+/// (see [`crate::delivery::route::defer`]).
+pub const WAITING_SINCE_HEADER: &str = "x-hookrelay-waiting-since-ms";
 /// The error of the last failed attempt.
 pub const LAST_ERROR_HEADER: &str = "x-hookrelay-last-error";
 /// Why a message is in the dead sink: `rejected`, `exhausted`, `invalid`, ...
@@ -394,6 +398,9 @@ pub struct Deferrals {
     pub count: u32,
     pub first_try_ms: Option<u64>,
     pub busy: u32,
+    /// When it went to wait this time ([`WAITING_SINCE_HEADER`]); `None` leaves the header as
+    /// the original carried it.
+    pub waiting_since_ms: Option<u64>,
 }
 
 /// Properties for a republish into a tier: the original message with the attempt count, the
@@ -443,6 +450,9 @@ fn put_deferrals(headers: &mut FieldTable, deferrals: Deferrals) {
         put_u64(headers, BUSY_DEFERRALS_HEADER, deferrals.busy.into());
     } else {
         remove(headers, BUSY_DEFERRALS_HEADER);
+    }
+    if let Some(ms) = deferrals.waiting_since_ms {
+        put_u64(headers, WAITING_SINCE_HEADER, ms);
     }
 }
 
@@ -544,6 +554,7 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
         DEFERRALS_HEADER,
         BUSY_DEFERRALS_HEADER,
         FIRST_TRY_HEADER,
+        WAITING_SINCE_HEADER,
         DUE_HEADER,
         LAST_ERROR_HEADER,
         REASON_HEADER,
@@ -636,11 +647,13 @@ mod tests {
                 count: 4,
                 first_try_ms: Some(7),
                 busy: 0,
+                waiting_since_ms: Some(8),
             },
             Deferrals {
                 count: 1,
                 first_try_ms: None,
                 busy: 2,
+                waiting_since_ms: None,
             },
         ] {
             let two = with_deferrals(

@@ -400,6 +400,18 @@ impl Ladder {
         self.schedule.iter().map(|id| self.tier(*id).delay).sum()
     }
 
+    /// The shortest wait of the schedule (of the tiers, for a schedule of no retries): the
+    /// longest an endpoint's breaker may stay open before it lets a probe through, so no
+    /// envelope's next scheduled retry comes before the probe is due.
+    pub fn shortest_wait(&self) -> Duration {
+        self.schedule
+            .iter()
+            .map(|id| self.tier(*id).delay)
+            .min()
+            .or_else(|| self.tiers.iter().map(|t| t.delay).min())
+            .unwrap_or(Duration::ZERO)
+    }
+
     /// The tier to wait in after `attempts_made` attempts, or `None` when the budget is spent.
     pub fn tier_after(&self, attempts_made: u32) -> Option<TierId> {
         let step = usize::try_from(attempts_made).ok()?.checked_sub(1)?;

@@ -95,7 +95,8 @@ impl Dispatcher {
     ) -> Self {
         Self {
             endpoints: Endpoints::new(config.endpoints.clone())
-                .with_turns_ahead(ladder.longest_deferral()),
+                .with_turns_ahead(ladder.longest_deferral())
+                .with_longest_open(ladder.shortest_wait()),
             parking: crate::delivery::parking::Parking::new(
                 config.amqp.url.clone(),
                 &ladder.prefix,
@@ -462,6 +463,9 @@ impl Dispatcher {
                 return (AttemptResult::NotSent(reason), None);
             }
         };
+        // A worker whose count of the fleet is young makes no attempt yet: its share of every
+        // cap and rate is not known ([`crate::delivery::fleet`]).
+        self.endpoints.fleet().settled().await;
         let admitted = self
             .endpoints
             .admit_or_wait(&sub.url, sub.max_concurrent, sub.rate, lane.quota())

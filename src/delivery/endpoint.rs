@@ -80,8 +80,10 @@ pub enum Admit {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// `failures` in a row since the last success; `since`: when the first of them started.
     Closed {
         failures: u32,
+        since: Option<Instant>,
     },
     Open {
         until: Instant,
@@ -94,9 +96,19 @@ enum State {
 
 /// A circuit breaker: a pure state machine, driven by `admit` before and `record` after each
 /// attempt.
+///
+/// It opens on failures spread over time, not on a count alone: `threshold` failed attempts in
+/// a row whose span, from the start of the first to the end of the latest, is at least
+/// `window`. Attempts made together fail together (a burst of new events, a tier promoting
+/// its backlog at once), and twenty failures within a fraction of a second are one look at the
+/// endpoint, not twenty; a hanging endpoint's timeouts span their whole request time, so they
+/// open it as soon as there are enough of them. Like the time-based sliding windows of
+/// resilience libraries (resilience4j, Polly), with a success resetting the streak.
 #[derive(Debug, Clone)]
 pub struct Breaker {
     threshold: u32,
+    /// How long a streak of failures must span to open it.
+    window: Duration,
     cooldown: Duration,
     state: State,
     /// When it last opened from closed; `None` while closed.
@@ -130,15 +142,27 @@ pub enum HealthSignal {
 }
 
 impl Breaker {
+    /// A breaker that opens at `threshold` failures in a row, however close together (see
+    /// [`Breaker::with_window`]), for `cooldown`.
     pub fn new(threshold: u32, cooldown: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
+            window: Duration::ZERO,
             cooldown,
-            state: State::Closed { failures: 0 },
+            state: State::Closed {
+                failures: 0,
+                since: None,
+            },
             open_since: None,
             quarantined: false,
             disabled: false,
         }
+    }
+
+    /// Opens only when the failures in a row span at least `window`.
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
     }
 
     /// How long it has been open, the first time that is `after` or longer in this opening:
@@ -183,15 +207,31 @@ impl Breaker {
         }
     }
 
-    /// Records an attempt's result: `failed` for the failures that say the endpoint is unwell.
-    /// Returns how long it had been open when a success closes a quarantined breaker.
-    pub fn record(&mut self, failed: bool, now: Instant) -> Option<Duration> {
+    /// Records an attempt's result: `failed` for the failures that say the endpoint is unwell;
+    /// `started`, when the attempt was admitted. Returns how long it had been open when a
+    /// success closes a quarantined breaker.
+    pub fn record(&mut self, failed: bool, started: Instant, now: Instant) -> Option<Duration> {
         let was_open = !matches!(self.state, State::Closed { .. });
         self.state = match (self.state, failed) {
-            (_, false) => State::Closed { failures: 0 },
-            (State::Closed { failures }, true) if failures + 1 < self.threshold => State::Closed {
-                failures: failures + 1,
+            (_, false) => State::Closed {
+                failures: 0,
+                since: None,
             },
+            (State::Closed { failures, since }, true) => {
+                let failures = failures.saturating_add(1);
+                let since = since.map_or(started, |s| s.min(started));
+                if failures >= self.threshold && now.saturating_duration_since(since) >= self.window
+                {
+                    State::Open {
+                        until: now + self.cooldown,
+                    }
+                } else {
+                    State::Closed {
+                        failures,
+                        since: Some(since),
+                    }
+                }
+            }
             (_, true) => State::Open {
                 until: now + self.cooldown,
             },
@@ -281,6 +321,10 @@ struct Health {
     latency: Duration,
     /// Deliveries waiting for one of its slots now ([`Endpoints::admit_or_wait`]).
     waiting: u32,
+    /// When its latest failed attempt started (ms since the epoch; a breaker's failure only):
+    /// a deferral for its open breaker may end an envelope past its horizon only when this
+    /// is after the envelope last went to wait ([`crate::delivery::route::defer`]).
+    failed_try_ms: Option<u64>,
     /// The last turn booked for a delivery deferred from its full cap
     /// ([`EndpointsInner::book_turn`]).
     turns_until: Option<Instant>,
@@ -296,6 +340,7 @@ impl Health {
             latency: Duration::ZERO,
             waiting: 0,
             turns_until: None,
+            failed_try_ms: None,
         }
     }
 
@@ -326,17 +371,23 @@ impl Health {
     }
 
     /// Records an attempt's result into the breaker and the ramp. `cap` is the cap the attempt
-    /// was admitted under, `start` the ramp's first limit (0: no ramp). Returns how long a
-    /// quarantined breaker had been open when this closes it, and what changed in the ramp.
+    /// was admitted under, `start` the ramp's first limit (0: no ramp); `started` and
+    /// `started_ms` when the attempt was admitted. Returns how long a quarantined breaker had
+    /// been open when this closes it, and what changed in the ramp.
     fn record(
         &mut self,
         result: &AttemptResult,
         cap: u32,
         start: u32,
+        (started, started_ms): (Instant, u64),
         now: Instant,
     ) -> (Option<Duration>, RampChange) {
         let was_open = self.breaker.is_open();
-        let recovered = self.breaker.record(is_endpoint_failure(result), now);
+        let failed = is_endpoint_failure(result);
+        if failed {
+            self.failed_try_ms = self.failed_try_ms.max(Some(started_ms));
+        }
+        let recovered = self.breaker.record(failed, started, now);
         let was_ramping = self.ramp.is_some();
         if self.breaker.is_open() {
             self.ramp = None;
@@ -432,6 +483,8 @@ pub struct Slot {
     finished: bool,
     /// When it was admitted: its attempt's latency is measured from here.
     started: Instant,
+    /// The same moment on the wall clock (ms since the epoch), which envelopes carry.
+    started_ms: u64,
 }
 
 impl Slot {
@@ -445,7 +498,13 @@ impl Slot {
             };
             let now = Instant::now();
             health.finished(now, Some(now.saturating_duration_since(self.started)));
-            health.record(result, self.cap, inner.config.recovery_start, now)
+            health.record(
+                result,
+                self.cap,
+                inner.config.recovery_start,
+                (self.started, self.started_ms),
+                now,
+            )
         };
         if let Some(open_for) = recovered {
             inner.signal(HealthSignal::Recovered {
@@ -498,6 +557,10 @@ struct EndpointsInner {
     recovering: AtomicUsize,
     /// How far ahead turns are booked: the longest deferral queue's delay.
     turns_ahead: Duration,
+    /// The longest a breaker stays open before a probe: the ladder's shortest scheduled wait,
+    /// so an envelope's next scheduled retry always finds the probe due
+    /// ([`Endpoints::with_longest_open`]).
+    longest_open: Duration,
 }
 
 impl EndpointsInner {
@@ -610,9 +673,11 @@ impl std::fmt::Debug for Endpoints {
 /// Why an attempt was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deferral {
+    /// `failed_try_ms`: when the endpoint's latest failed attempt started, if one did.
     BreakerOpen {
         endpoint: String,
         retry_in: Duration,
+        failed_try_ms: Option<u64>,
     },
     /// The endpoint's own cap was full: `cap` is this worker's share of it. `busy`: what is
     /// known of its progress.
@@ -665,8 +730,13 @@ impl Deferral {
     /// ours, not the endpoint's answer: the shortest deferral queue, never escalated.
     pub fn cause(&self) -> DeferCause {
         match self {
-            Deferral::BreakerOpen { retry_in, .. } => DeferCause::Outage {
+            Deferral::BreakerOpen {
+                retry_in,
+                failed_try_ms,
+                ..
+            } => DeferCause::Outage {
                 probe_in: *retry_in,
+                failed_try_ms: *failed_try_ms,
             },
             Deferral::OverCap { busy, .. }
             | Deferral::OverLaneShare { busy, .. }
@@ -680,7 +750,9 @@ impl Deferral {
 impl std::fmt::Display for Deferral {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Deferral::BreakerOpen { endpoint, retry_in } => write!(
+            Deferral::BreakerOpen {
+                endpoint, retry_in, ..
+            } => write!(
                 f,
                 "deferred: the circuit breaker of {endpoint} is open (probe in {})",
                 crate::units::fmt_duration(Duration::from_millis(retry_in.as_millis() as u64))
@@ -771,7 +843,19 @@ impl Endpoints {
             health: Mutex::new(HashMap::new()),
             recovering: AtomicUsize::new(0),
             turns_ahead: DEFAULT_TURNS_AHEAD,
+            longest_open: Duration::MAX,
         }))
+    }
+
+    /// Keeps every breaker's open period (its cool-down, and the wait for a probe that never
+    /// reports) at most `most`: the ladder's shortest scheduled wait. A cool-down longer than the
+    /// ladder's waits would defer every envelope past its next scheduled retry and, on a short
+    /// ladder, past its horizon, so a retry schedule would be cancelled by the breaker.
+    pub fn with_longest_open(mut self, most: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.longest_open = most;
+        }
+        self
     }
 
     /// Books busy deferrals' turns at most `most` ahead: the ladder's longest deferral queue.
@@ -924,13 +1008,16 @@ impl Endpoints {
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let rate = rate.or(config.rate);
         let now = Instant::now();
-        let (admitted, quarantine, ramp_full, busy, disable) = {
+        let (admitted, quarantine, ramp_full, busy, disable, failed_try_ms) = {
             let mut all = self.0.lock_health();
             let health = all.entry(key.clone()).or_insert_with(|| {
-                Health::new(Breaker::new(
-                    config.breaker_failures,
-                    config.breaker_cooldown,
-                ))
+                Health::new(
+                    Breaker::new(
+                        config.breaker_failures,
+                        config.breaker_cooldown.min(self.0.longest_open),
+                    )
+                    .with_window(config.breaker_window),
+                )
             });
             let admitted = health.breaker.admit(now);
             // Seen at the deliveries that reach it: an endpoint nobody sends to is nobody's worry.
@@ -954,7 +1041,14 @@ impl Endpoints {
                 }
                 health.in_flight += 1;
             }
-            (admitted, quarantine, ramp_full, busy, disable)
+            (
+                admitted,
+                quarantine,
+                ramp_full,
+                busy,
+                disable,
+                health.failed_try_ms,
+            )
         };
         if let Some(open_for) = disable {
             self.0.signal(HealthSignal::DisableDue {
@@ -972,6 +1066,7 @@ impl Endpoints {
             return Err(Deferral::BreakerOpen {
                 endpoint: key.label(),
                 retry_in,
+                failed_try_ms,
             });
         }
         if let Some(limit) = ramp_full {
@@ -1038,13 +1133,15 @@ impl Endpoints {
                 endpoints: Arc::clone(&self.0),
                 finished: false,
                 started: now,
+                started_ms: crate::units::now_ms(),
             }),
             Err(deferral) => {
                 if let Some(health) = self.0.lock_health().get_mut(&key) {
                     health.in_flight = health.in_flight.saturating_sub(1);
-                    // A probe that could not go out must not leave the breaker waiting for it.
+                    // A probe that could not go out must not leave the breaker waiting for it. (No
+                    // request was made: it is no evidence against the endpoint.)
                     if admitted == Admit::Probe {
-                        health.breaker.record(true, now);
+                        health.breaker.record(true, now, now);
                     }
                 }
                 Err(deferral)
@@ -1083,13 +1180,13 @@ mod tests {
         let cool = Duration::from_secs(30);
         let mut b = Breaker::new(3, cool);
         assert_eq!(b.admit(t0), Admit::Allowed);
-        b.record(true, t0);
-        b.record(true, t0);
-        b.record(false, t0); // a success resets the count
-        b.record(true, t0);
-        b.record(true, t0);
+        b.record(true, t0, t0);
+        b.record(true, t0, t0);
+        b.record(false, t0, t0); // a success resets the count
+        b.record(true, t0, t0);
+        b.record(true, t0, t0);
         assert_eq!(b.admit(t0), Admit::Allowed);
-        b.record(true, t0); // third in a row: open
+        b.record(true, t0, t0); // third in a row: open
         assert!(b.is_open());
         assert_eq!(
             b.admit(t0 + Duration::from_secs(10)),
@@ -1102,14 +1199,14 @@ mod tests {
         assert_eq!(b.admit(t1), Admit::Probe);
         assert!(matches!(b.admit(t1), Admit::Refused { .. }));
         // The probe fails: open again for a whole cool-down.
-        b.record(true, t1);
+        b.record(true, t1, t1);
         assert!(matches!(
             b.admit(t1 + Duration::from_secs(29)),
             Admit::Refused { .. }
         ));
         let t2 = t1 + cool;
         assert_eq!(b.admit(t2), Admit::Probe);
-        b.record(false, t2);
+        b.record(false, t2, t2);
         assert_eq!(b.admit(t2), Admit::Allowed);
         assert!(!b.is_open());
     }
@@ -1120,7 +1217,7 @@ mod tests {
         let after = Duration::from_secs(3600);
         let mut b = Breaker::new(1, Duration::from_secs(5));
         assert_eq!(b.disable_due(t0 + after, after), None, "closed");
-        b.record(true, t0);
+        b.record(true, t0, t0);
         assert_eq!(b.disable_due(t0 + after / 2, after), None, "not yet");
         assert_eq!(b.disable_due(t0 + after, Duration::ZERO), None, "0s: never");
         assert_eq!(b.disable_due(t0 + after, after), Some(after));
@@ -1128,8 +1225,8 @@ mod tests {
         // Closed and open again: a new opening asks again, after its own time.
         let t1 = t0 + after * 2;
         assert_eq!(b.admit(t1), Admit::Probe);
-        b.record(false, t1);
-        b.record(true, t1);
+        b.record(false, t1, t1);
+        b.record(true, t1, t1);
         assert_eq!(b.disable_due(t1 + after / 2, after), None);
         assert_eq!(b.disable_due(t1 + after, after), Some(after));
     }
@@ -1141,20 +1238,95 @@ mod tests {
         let after = Duration::from_secs(60);
         let mut b = Breaker::new(1, cool);
         assert_eq!(b.quarantine_due(t0, after), None, "closed");
-        assert_eq!(b.record(true, t0), None);
+        assert_eq!(b.record(true, t0, t0), None);
         assert_eq!(b.quarantine_due(t0 + cool, after), None, "not yet");
         // Failed probes keep it open since its first opening.
         let t1 = t0 + Duration::from_secs(30);
         assert_eq!(b.admit(t1), Admit::Probe);
-        assert_eq!(b.record(true, t1), None);
+        assert_eq!(b.record(true, t1, t1), None);
         let t2 = t0 + after;
         assert_eq!(b.quarantine_due(t2, after), Some(after));
         assert_eq!(b.quarantine_due(t2, after), None, "announced once");
         assert_eq!(b.admit(t2), Admit::Probe);
-        assert_eq!(b.record(false, t2), Some(after));
+        assert_eq!(b.record(false, t2, t2), Some(after));
         // A short opening that closes is no news.
-        assert_eq!(b.record(true, t2), None);
-        assert_eq!(b.record(false, t2 + cool), None);
+        assert_eq!(b.record(true, t2, t2), None);
+        assert_eq!(b.record(false, t2 + cool, t2 + cool), None);
+    }
+
+    #[test]
+    fn a_burst_of_failures_is_one_look_and_failures_spread_over_the_window_open_it() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut b = Breaker::new(20, Duration::from_secs(30)).with_window(Duration::from_secs(1));
+        // Twenty attempts made together, failing together within a fraction of a second.
+        for i in 0..20 {
+            b.record(true, t0, t0 + ms(5 + i));
+        }
+        assert_eq!(
+            b.admit(t0 + ms(30)),
+            Admit::Allowed,
+            "a burst opens nothing"
+        );
+        // The same endpoint failing a second later: failures spread over the window.
+        b.record(true, t0 + ms(1000), t0 + ms(1005));
+        assert!(b.is_open());
+        // A success resets the streak and its span.
+        let mut b = Breaker::new(3, Duration::from_secs(30)).with_window(Duration::from_secs(1));
+        b.record(true, t0, t0 + ms(900));
+        b.record(false, t0 + ms(950), t0 + ms(960));
+        b.record(true, t0 + ms(970), t0 + ms(980));
+        b.record(true, t0 + ms(990), t0 + ms(1_000));
+        b.record(true, t0 + ms(1_000), t0 + ms(1_010));
+        assert!(!b.is_open(), "the streak started at 970 ms");
+        b.record(true, t0 + ms(1_900), t0 + ms(1_980));
+        assert!(b.is_open());
+        // Attempts that hang until their timeout span it alone: enough of them open it at once.
+        let mut b = Breaker::new(3, Duration::from_secs(30)).with_window(Duration::from_secs(1));
+        for _ in 0..3 {
+            b.record(true, t0, t0 + Duration::from_secs(15));
+        }
+        assert!(b.is_open());
+    }
+
+    #[test]
+    fn a_breaker_is_open_no_longer_than_the_ladders_shortest_wait_and_says_when_it_last_failed() {
+        let endpoints = Endpoints::new(EndpointConfig {
+            breaker_failures: 1,
+            breaker_window: Duration::ZERO,
+            breaker_cooldown: Duration::from_secs(30),
+            ..EndpointConfig::default()
+        })
+        .with_longest_open(Duration::from_secs(1));
+        let url = reqwest::Url::parse("https://hooks.example/a").unwrap();
+        let before = crate::units::now_ms();
+        endpoints
+            .admit(&url, None, None)
+            .unwrap()
+            .finish(&AttemptResult::Timeout);
+        match endpoints.admit(&url, None, None).err().unwrap() {
+            Deferral::BreakerOpen {
+                retry_in,
+                failed_try_ms,
+                ..
+            } => {
+                assert!(retry_in <= Duration::from_secs(1), "{retry_in:?}");
+                let tried = failed_try_ms.expect("the failed attempt is evidence");
+                assert!(tried >= before && tried <= crate::units::now_ms());
+            }
+            other => panic!("{other:?}"),
+        }
+        // A 4xx is no evidence against the endpoint; neither is a success.
+        let other = reqwest::Url::parse("https://hooks.example/b").unwrap();
+        endpoints
+            .admit(&other, None, None)
+            .unwrap()
+            .finish(&AttemptResult::Response {
+                status: 404,
+                retry_after: None,
+            });
+        let key = EndpointKey::of(&other);
+        assert_eq!(endpoints.0.lock_health()[&key].failed_try_ms, None);
     }
 
     #[test]
@@ -1162,7 +1334,7 @@ mod tests {
         let t0 = Instant::now();
         let cool = Duration::from_secs(5);
         let mut b = Breaker::new(1, cool);
-        b.record(true, t0);
+        b.record(true, t0, t0);
         assert_eq!(b.admit(t0 + cool), Admit::Probe);
         // No record() for that probe; after another cool-down a new probe goes.
         assert_eq!(b.admit(t0 + cool * 2), Admit::Probe);
@@ -1358,6 +1530,7 @@ mod tests {
     fn paths_of_one_host_have_their_own_breakers_and_share_the_host_cap() {
         let endpoints = Endpoints::new(EndpointConfig {
             breaker_failures: 1,
+            breaker_window: Duration::ZERO,
             max_concurrent_per_host: 2,
             ..EndpointConfig::default()
         });
@@ -1418,6 +1591,7 @@ mod tests {
         let endpoints = Endpoints::new(EndpointConfig {
             max_concurrent: cap,
             breaker_failures: 2,
+            breaker_window: Duration::ZERO,
             breaker_cooldown: Duration::ZERO,
             recovery_start,
             ..EndpointConfig::default()
@@ -1578,7 +1752,8 @@ mod tests {
         assert!(!may_wait(
             wait,
             DeferCause::Outage {
-                probe_in: Duration::from_secs(1)
+                probe_in: Duration::from_secs(1),
+                failed_try_ms: None,
             }
         ));
     }

@@ -2,92 +2,109 @@
 //! hold together. An endpoint's cap and rate limit are fleet-wide: with N workers, each takes
 //! 1/N of them, so the endpoint sees the limit it was given, not N times it.
 //!
-//! How a worker knows N: the management API poll (`metrics.poll_interval`) already reads every
-//! queue's consumer count, and each worker holds exactly one consumer on the ladder's first
-//! shared lane (`ready.first`, or shard 0 `ready.first-s0`), a lane every worker must consume.
-//! That count is the number of live workers; a worker joining or leaving is seen at the next
-//! poll, and the shares rebalance then. Operator tools read queues with `basic.get`, never as
-//! consumers, so they are not counted. When the API cannot be read, or the lane has no consumer
-//! (this worker is between sessions), the last known count stays; it starts at 1, so a worker
-//! alone, or one that never reaches the API, keeps the whole limits as before.
+//! How a worker knows N: each worker holds exactly one consumer on the ladder's first shared
+//! lane (`ready.first`, or shard 0 `ready.first-s0`), a lane every worker must consume, and the
+//! broker says how many consumers a queue has now in its answer to a passive `queue.declare`.
+//! A worker counts that way before it consumes, again once its own consumer is registered, and
+//! then every [`RECOUNT`] ([`count_fleet`]). Operator tools read queues with `basic.get`, never
+//! as consumers, so they are not counted. The management API's counts are not used: they lag
+//! by its statistics interval (5 s by default), and two workers started together each counted
+//! the other's consumer as not there yet, took the whole cap, and the endpoint saw twice it.
 //!
-//! A worker joining counts the fleet before it consumes: the consumers of that lane when it
-//! starts, plus itself. The management API's counts lag (by its statistics interval, 5 s by
-//! default), so for [`JOIN_GRACE`] a poll that counts fewer than that is taken as stale and the
-//! count at joining stays; after that, or once a poll agrees, polls decide. Too many workers
-//! counted for a moment costs a little throughput; too few would exceed the endpoint's limit.
+//! While its count is young, a worker makes no attempt ([`Fleet::settled`]): for [`JOIN_SETTLE`]
+//! after it starts consuming, its deliveries wait before admission, and it recounts. Workers
+//! started together (a deployment rolling out, a restart after an outage) register within that
+//! time of each other, so each counts all of them before its first attempt; a worker joining a
+//! running fleet gives the others [`RECOUNT`] to see it and take their smaller shares before it
+//! takes its own. A delivery so held waits at most once per session, a fraction of its lease.
 //!
 //! Shares round down, at least 1: a cap of 10 over 3 workers is 3 each, so the fleet's sum
 //! never exceeds the cap, unless there are more workers than the cap, when each still makes one
 //! attempt at a time (an endpoint must not starve) and the fleet may make one per worker.
-//! A change of shares does not recall attempts already out: for about one attempt after a
-//! worker joins, the older workers' attempts made under their larger share are still finishing.
+//! A change of shares does not recall attempts already out: when a worker joins a busy fleet,
+//! the older workers' attempts made under their larger share are still finishing for about one
+//! attempt's time (the joiner's settling time covers that for attempts shorter than it).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
 
 use crate::units::Rate;
 
-/// How long the count a worker made when joining outlasts polls that count fewer: more than
-/// the management API's default statistics interval (5 s) twice over.
-pub const JOIN_GRACE: Duration = Duration::from_secs(15);
+/// How often a worker counts the fleet again.
+pub const RECOUNT: Duration = Duration::from_millis(500);
 
-/// The live worker count, shared by a worker's management poll and its admissions.
+/// How long a worker's count is young after it starts consuming: it makes no attempt until
+/// then. Longer than [`RECOUNT`] three times over, so workers started together count each
+/// other, and the rest of the fleet has counted a joiner, before anyone's first attempt.
+pub const JOIN_SETTLE: Duration = Duration::from_secs(2);
+
+/// The live worker count, shared by a worker's count of the fleet and its admissions.
 #[derive(Debug, Clone)]
 pub struct Fleet(Arc<Count>);
 
 #[derive(Debug)]
 struct Count {
     workers: AtomicU32,
-    /// The count at joining, and until when a lower poll is taken as stale.
-    joined: Mutex<Option<(u32, Instant)>>,
+    /// Whether the count is settled (attempts may be made); `false` while it is young.
+    settled: tokio::sync::watch::Sender<bool>,
 }
 
 impl Default for Fleet {
+    /// A fleet of one that never joined: settled, so nothing waits (a worker that cannot
+    /// count keeps the whole limits).
     fn default() -> Self {
         Self(Arc::new(Count {
             workers: AtomicU32::new(1),
-            joined: Mutex::new(None),
+            settled: tokio::sync::watch::Sender::new(true),
         }))
     }
 }
 
 impl Fleet {
-    /// Live workers, as last seen; 1 until a poll says otherwise.
+    /// Live workers, as last counted; 1 until counted.
     pub fn workers(&self) -> u32 {
         self.0.workers.load(Ordering::Relaxed).max(1)
     }
 
-    /// Counts the fleet when this worker joins, before it consumes: `others` consume the lane
-    /// already, so the fleet is `others + 1` from now, and stays at least that for `grace`
-    /// unless a poll agrees sooner.
-    pub fn join(&self, others: u32, now: Instant, grace: Duration) -> u32 {
+    /// Counts the fleet when this worker (re)joins, before it consumes: `others` consume the
+    /// lane already, so the fleet is `others + 1`, and the count is young until
+    /// [`Fleet::settle`].
+    pub fn join(&self, others: u32) -> u32 {
         let count = others.saturating_add(1);
         self.0.workers.store(count, Ordering::Relaxed);
-        *self.0.joined.lock().unwrap_or_else(|p| p.into_inner()) = Some((count, now + grace));
+        self.0.settled.send_replace(false);
         count
     }
 
-    /// Takes a consumer count of the first shared lane; 0 (nobody consuming it, this worker
-    /// included) keeps the last count, and so does a lower count while the count at joining
-    /// holds. Returns the count in force.
+    /// Takes a live consumer count of the first shared lane, this worker's consumer included;
+    /// 0 (this worker between sessions) keeps the last count. Returns the count in force.
     pub fn observe(&self, consumers: u32) -> u32 {
-        self.observe_at(consumers, Instant::now())
-    }
-
-    pub fn observe_at(&self, consumers: u32, now: Instant) -> u32 {
-        let mut joined = self.0.joined.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((count, until)) = *joined {
-            if consumers < count && now < until {
-                return self.workers();
-            }
-            *joined = None;
-        }
         if consumers > 0 {
             self.0.workers.store(consumers, Ordering::Relaxed);
         }
         self.workers()
+    }
+
+    /// The count is no longer young: attempts may be made.
+    pub fn settle(&self) {
+        self.0.settled.send_replace(true);
+    }
+
+    pub fn is_settled(&self) -> bool {
+        *self.0.settled.borrow()
+    }
+
+    /// Waits until the count is settled, at most `JOIN_SETTLE` twice over (should the count
+    /// of a session that ended never settle, a delivery of it is not held for good).
+    pub async fn settled(&self) {
+        if self.is_settled() {
+            return;
+        }
+        let mut settled = self.0.settled.subscribe();
+        let _ = tokio::time::timeout(JOIN_SETTLE * 2, settled.wait_for(|s| *s)).await;
     }
 
     /// This worker's share of a fleet-wide concurrency limit: rounded down, at least 1.
@@ -100,6 +117,67 @@ impl Fleet {
     /// older count keep the weight they were admitted with when the count changes.
     pub fn weight(&self, cap: u32) -> u32 {
         self.workers().min(cap).max(1)
+    }
+}
+
+/// The consumers of `lane` now, from the broker's answer to a passive declare on `channel`
+/// (which a missing queue closes).
+pub async fn live_consumers(channel: &lapin::Channel, lane: &str) -> Result<u32, lapin::Error> {
+    let declared = channel
+        .queue_declare(
+            lane.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.consumer_count())
+}
+
+/// Counts the fleet for one session of a worker whose consumer of `lane` is registered, on
+/// `channel` (one of the session's connection): at once, then every [`RECOUNT`]; settles the
+/// count once a count made at least [`JOIN_SETTLE`] after the start has been taken (or could
+/// not be: the count in force stays), and keeps counting until the session ends (the task is
+/// dropped). `changed` is told every count in force.
+pub async fn count_fleet(
+    mut channel: Option<lapin::Channel>,
+    lane: String,
+    fleet: Fleet,
+    changed: impl Fn(u32),
+) {
+    let started = tokio::time::Instant::now();
+    let mut warned = false;
+    loop {
+        let counted = match &channel {
+            Some(ch) => live_consumers(ch, &lane).await.map_err(|e| e.to_string()),
+            None => Err("no channel".to_owned()),
+        };
+        match counted {
+            Ok(consumers) => {
+                let before = fleet.workers();
+                let workers = fleet.observe(consumers);
+                if workers != before {
+                    info!(workers, "Fleet size changed; endpoint limits rebalanced");
+                }
+                changed(workers);
+                warned = false;
+            }
+            Err(e) => {
+                // A passive declare that fails closes its channel; the lane is gone, which ends
+                // the session, and the next session counts on a channel of its own.
+                channel = None;
+                if !warned {
+                    warn!(lane = %lane, error = %e, workers = fleet.workers(), "Cannot count the fleet; endpoint limits keep the last count");
+                    warned = true;
+                }
+            }
+        }
+        if !fleet.is_settled() && started.elapsed() >= JOIN_SETTLE {
+            fleet.settle();
+        }
+        tokio::time::sleep(RECOUNT).await;
     }
 }
 
@@ -139,25 +217,30 @@ impl Gcra {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_joining_worker_counts_itself_until_polls_catch_up() {
+    #[tokio::test]
+    async fn a_joining_worker_counts_itself_and_makes_no_attempt_while_its_count_is_young() {
         let fleet = Fleet::default();
-        let t0 = Instant::now();
-        assert_eq!(fleet.join(1, t0, JOIN_GRACE), 2);
+        assert!(
+            fleet.is_settled(),
+            "a fleet never joined holds nothing back"
+        );
+        assert_eq!(fleet.join(1), 2);
         assert_eq!(fleet.share(10), 5);
-        // A stale poll that has not seen this worker yet does not halve the fleet back.
-        assert_eq!(fleet.observe_at(1, t0 + Duration::from_secs(5)), 2);
-        // A poll that agrees ends the grace; later polls decide alone.
-        assert_eq!(fleet.observe_at(2, t0 + Duration::from_secs(6)), 2);
-        assert_eq!(fleet.observe_at(1, t0 + Duration::from_secs(7)), 1);
-        // Without agreement, the grace runs out.
-        let late = Fleet::default();
-        late.join(2, t0, JOIN_GRACE);
-        assert_eq!(late.observe_at(1, t0 + JOIN_GRACE), 1);
-        // More workers seen at once are taken at once.
-        let more = Fleet::default();
-        more.join(0, t0, JOIN_GRACE);
-        assert_eq!(more.observe_at(3, t0), 3);
+        assert!(!fleet.is_settled());
+        // Live counts are taken as they come, up or down: they do not lag.
+        assert_eq!(fleet.observe(3), 3);
+        assert_eq!(fleet.observe(1), 1);
+        let waiting = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.settled().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "held while young");
+        fleet.settle();
+        waiting.await.unwrap();
+        // Joining again (a new session) makes it young again.
+        fleet.join(0);
+        assert!(!fleet.is_settled());
     }
 
     #[test]

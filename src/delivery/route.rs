@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::contract::envelope::{self, Envelope, InvalidEnvelope};
 use crate::contract::headers::{
     ATTEMPTS_HEADER, BUSY_DEFERRALS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER,
-    EVENT_ID_HEADER, FIRST_TRY_HEADER,
+    EVENT_ID_HEADER, FIRST_TRY_HEADER, WAITING_SINCE_HEADER,
 };
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
@@ -48,8 +48,12 @@ pub enum AttemptResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeferCause {
     /// Its breaker is open and lets a probe through in `probe_in`: an outage, which may be
-    /// long.
-    Outage { probe_in: Duration },
+    /// long. `failed_try_ms`: when its latest failed attempt started (ms since the epoch), if
+    /// this worker saw one: the evidence an expiry needs ([`defer`]).
+    Outage {
+        probe_in: Duration,
+        failed_try_ms: Option<u64>,
+    },
     /// It is up but at a limit (its cap, its host's cap, its rate, its recovery ramp).
     /// `quiet_for`: how long since it last showed progress (an attempt to it finished, or one
     /// started while none was out); `latency`: how long its attempts take (a moving average;
@@ -309,12 +313,13 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
             || envelope.last_endpoint.is_some()
             || envelope.deferrals > 0
             || envelope.busy_deferrals > 0
-            || envelope.first_try_ms.is_some())
+            || envelope.first_try_ms.is_some()
+            || envelope.waiting_since_ms.is_some())
     {
         return Err(format!(
             "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {BUSY_DEFERRALS_HEADER}, \
-             {FIRST_TRY_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are hookrelay's own and \
-             never on a first attempt"
+             {FIRST_TRY_HEADER}, {WAITING_SINCE_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are \
+             hookrelay's own and never on a first attempt"
         ));
     }
     if let Some(event_id) = &envelope.event_id {
@@ -421,7 +426,7 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
         (_, Some(429 | 503), Some(wait)) => Some(wait),
         (
             AttemptResult::Deferred {
-                cause: DeferCause::Outage { probe_in },
+                cause: DeferCause::Outage { probe_in, .. },
                 ..
             },
             _,
@@ -462,7 +467,11 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 ///
 /// Deferrals alone would never exhaust the budget, so the delivery horizon ends an outage's:
 /// `horizon` after its first try (`now_ms` if this is its first), an envelope deferred for an
-/// open breaker is dead-lettered `horizon_expired`. A deferral for a busy endpoint or a rate
+/// open breaker is dead-lettered `horizon_expired`, but only on fresh evidence: an attempt to
+/// its endpoint that started after the envelope last went to wait, and failed ([`is_fresh`]).
+/// Without it the envelope would be declared dead on what its endpoint did before it waited,
+/// with fewer attempts than its schedule, and for no reason it could have seen; it waits again
+/// instead, for the probe its tier outlasts. A deferral for a busy endpoint or a rate
 /// limit is waiting one's turn, as in a lane, not trying: it never expires the envelope (its
 /// endpoint is finishing attempts, or is stuck and soon opens its breaker).
 pub fn defer(
@@ -476,13 +485,16 @@ pub fn defer(
     let deferrals = envelope.deferrals.saturating_add(1);
     let since = envelope.first_try_ms.unwrap_or(now_ms);
     let age = Duration::from_millis(now_ms.saturating_sub(since));
-    if age >= horizon && matches!(cause, DeferCause::Outage { .. }) {
+    if let DeferCause::Outage { failed_try_ms, .. } = cause
+        && age >= horizon
+        && is_fresh(envelope, failed_try_ms)
+    {
         return Outcome::Dead {
             reason: DeadReason::Expired,
             status: None,
             error: format!(
                 "{reason}; the delivery horizon {} passed with {} attempts made and {deferrals} \
-                 deferrals",
+                 deferrals, and its endpoint failed again since the envelope last waited",
                 crate::units::fmt_duration(horizon),
                 envelope.attempts_made
             ),
@@ -491,7 +503,7 @@ pub fn defer(
     }
     let shortest = ladder.tier_not_shorter_than(Duration::ZERO);
     let (tier, busy_deferrals) = match cause {
-        DeferCause::Outage { probe_in } => {
+        DeferCause::Outage { probe_in, .. } => {
             let escalated = usize::try_from(deferrals - 1)
                 .ok()
                 .and_then(|i| ladder.tier_at(i))
@@ -527,6 +539,19 @@ pub fn defer(
         deferred: true,
         busy_deferrals,
     }
+}
+
+/// Whether an attempt to the endpoint that started at `failed_try_ms` and failed is fresh
+/// evidence against it for `envelope`: it started no earlier than the envelope last went to
+/// wait (its last attempt or deferral). An envelope written before that moment was recorded
+/// is judged from when it fell due, which is later, so stricter.
+pub fn is_fresh(envelope: &Envelope, failed_try_ms: Option<u64>) -> bool {
+    let since = envelope
+        .waiting_since_ms
+        .or(envelope.due_ms)
+        .or(envelope.first_try_ms)
+        .unwrap_or(0);
+    failed_try_ms.is_some_and(|tried| tried >= since)
 }
 
 /// Whether a busy endpoint is stuck rather than slow: no progress for twice as long as its
@@ -700,6 +725,7 @@ mod tests {
 
     const OUTAGE: DeferCause = DeferCause::Outage {
         probe_in: Duration::ZERO,
+        failed_try_ms: None,
     };
     const BUSY: DeferCause = DeferCause::BUSY;
 
@@ -741,26 +767,58 @@ mod tests {
         e.deferrals = 0;
         let probe = DeferCause::Outage {
             probe_in: Duration::from_secs(30),
+            failed_try_ms: None,
         };
         assert_eq!(
             waits_in(&defer(&l, &e, "deferred: x", probe, horizon, now)).0,
             l.tier_at(1).unwrap()
         );
-        // The horizon ends it, however few attempts were made.
+        // Past the horizon, with no attempt to the endpoint since the envelope last went to
+        // wait (none at all, or one before that), it waits again: no evidence, no expiry.
         e.deferrals = 7;
         let late = now + horizon.as_millis() as u64;
-        match defer(&l, &e, "deferred: x", OUTAGE, horizon, late) {
+        e.waiting_since_ms = Some(late - 5_000);
+        let tried = |ms| DeferCause::Outage {
+            probe_in: Duration::ZERO,
+            failed_try_ms: Some(ms),
+        };
+        for stale in [OUTAGE, tried(late - 5_001)] {
+            assert!(
+                matches!(
+                    defer(&l, &e, "deferred: x", stale, horizon, late),
+                    Outcome::Retry {
+                        deferred: true,
+                        attempts_made: 9,
+                        ..
+                    }
+                ),
+                "{stale:?}"
+            );
+        }
+        // An attempt to it that started since and failed: the horizon ends it, however few
+        // attempts were made.
+        match defer(&l, &e, "deferred: x", tried(late - 5_000), horizon, late) {
             Outcome::Dead {
                 reason: DeadReason::Expired,
                 attempts_made: 9,
                 error,
                 ..
             } => assert!(
-                error.contains("with 9 attempts made and 8 deferrals"),
+                error.contains("with 9 attempts made and 8 deferrals, and its endpoint failed"),
                 "{error}"
             ),
             other => panic!("{other:?}"),
         }
+        // Not yet at the horizon, fresh evidence or not: a deferral.
+        assert!(matches!(
+            defer(&l, &e, "deferred: x", tried(late), horizon, late - 1),
+            Outcome::Retry { deferred: true, .. }
+        ));
+        // An envelope written before the moment was recorded is judged from when it fell due.
+        e.waiting_since_ms = None;
+        e.due_ms = Some(late - 1_000);
+        assert!(!is_fresh(&e, Some(late - 1_001)));
+        assert!(is_fresh(&e, Some(late - 1_000)));
         // Waiting a busy endpoint's turn, or its rate's, is not trying: past the horizon,
         // such a deferral is still a deferral.
         for cause in [BUSY, DeferCause::OverRate] {
@@ -901,6 +959,7 @@ mod tests {
                 last_endpoint: None,
                 deferrals: 0,
                 first_try_ms: None,
+                waiting_since_ms: None,
                 busy_deferrals: 0,
             }
         }

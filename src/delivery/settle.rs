@@ -102,6 +102,7 @@ pub fn replacement(
                     Some(envelope.first_try_ms.unwrap_or(now_ms))
                 },
                 busy: *busy_deferrals,
+                waiting_since_ms: Some(now_ms),
             };
             Replacement::Publish {
                 target: spec.name.clone(),
@@ -144,6 +145,9 @@ pub fn replacement(
                         count: e.deferrals + u32::from(*reason == DeadReason::Expired),
                         first_try_ms: Some(e.first_try_ms.unwrap_or(now_ms)),
                         busy: 0,
+                        // Kept as it was: when it last went to wait, which the expiry's
+                        // evidence is newer than.
+                        waiting_since_ms: None,
                     },
                 );
             }

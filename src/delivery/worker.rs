@@ -215,14 +215,6 @@ impl Worker {
             metrics.clone(),
         );
         let listed = list_queues(&config).await;
-        // Consumers of the lane every worker consumes, before this one does: the fleet it joins.
-        let others = listed.as_ref().and_then(|queues| {
-            let counted = ladder.fleet_lane();
-            queues
-                .iter()
-                .find(|q| q.name == counted)
-                .map(|q| q.consumers)
-        });
         let queues = tokio::sync::watch::Sender::new(
             listed.map(|queues| queues.into_iter().map(|q| q.name).collect()),
         );
@@ -239,14 +231,6 @@ impl Worker {
             metrics,
         );
         dispatcher.store = store.as_ref().map(|f| f.store.clone());
-        if let Some(others) = others {
-            let workers = dispatcher.endpoints.fleet().join(
-                u32::try_from(others).unwrap_or(u32::MAX),
-                std::time::Instant::now(),
-                crate::delivery::fleet::JOIN_GRACE,
-            );
-            dispatcher.metrics.fleet_workers.set(i64::from(workers));
-        }
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
@@ -307,7 +291,6 @@ impl Worker {
                 api,
                 self.dispatcher.ladder.clone(),
                 self.lanes.clone(),
-                self.dispatcher.endpoints.fleet(),
                 self.queues.clone(),
                 Arc::clone(&self.dispatcher.publisher),
                 metrics.clone(),
@@ -430,6 +413,7 @@ impl Worker {
             queues.borrow_and_update().as_deref(),
         );
         let mut consumed = Consumed::default();
+        self.join_fleet(&conn).await;
         let opened = tokio::select! {
             opened = self.open_lanes(&conn, &wanted, first, &mut consumed) => Some(opened),
             () = &mut *shutdown => None,
@@ -447,6 +431,17 @@ impl Worker {
             }
         }
         info!(lanes = ?consumed.queues(), "Consuming");
+        // Counted again now that this worker's consumer is registered, then every RECOUNT for
+        // as long as the session lasts; attempts wait until the count settles.
+        let fleet_metric = metrics.fleet_workers.clone();
+        let _counting = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+            crate::delivery::fleet::count_fleet(
+                conn.create_channel().await.ok(),
+                self.dispatcher.ladder.fleet_lane(),
+                self.dispatcher.endpoints.fleet(),
+                move |workers| fleet_metric.set(i64::from(workers)),
+            ),
+        ));
         let consuming = &metrics.consuming;
         consuming.set(i64::from(consumed.has_all(&wanted)));
         let _not_consuming = scopeguard(|| consuming.set(0));
@@ -535,6 +530,29 @@ impl Worker {
 
     /// Consumes every lane of `wanted`. A lane that is not there is skipped (logged), but in the
     /// very `first` session a missing lane of the ladder fails it, with the reason.
+    /// Counts the fleet this session joins before it consumes: the consumers of the lane every
+    /// worker consumes, from the broker as they are now. Its count is young from here
+    /// ([`crate::delivery::fleet`]). Should the count fail, the session's recounts try again.
+    async fn join_fleet(&self, conn: &Connection) {
+        let lane = self.dispatcher.ladder.fleet_lane();
+        let fleet = self.dispatcher.endpoints.fleet();
+        let counted = async {
+            let ch = conn.create_channel().await?;
+            let others = crate::delivery::fleet::live_consumers(&ch, &lane).await;
+            let _ = ch.close(200, "counted".into()).await;
+            others
+        };
+        let others = match tokio::time::timeout(BROKER_ANSWER, counted).await {
+            Ok(Ok(others)) => others,
+            _ => 0,
+        };
+        let workers = fleet.join(others);
+        self.dispatcher
+            .metrics
+            .fleet_workers
+            .set(i64::from(workers));
+    }
+
     async fn open_lanes(
         &self,
         conn: &Connection,
@@ -748,7 +766,7 @@ async fn list_queues(config: &Config) -> Option<Vec<crate::broker::management::Q
     match listed {
         Ok(queues) => Some(queues),
         Err(e) => {
-            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers, and the fleet is counted then");
+            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers");
             None
         }
     }

@@ -16,7 +16,6 @@ use tracing::{info, warn};
 
 use crate::broker::management::Management;
 use crate::contract::ladder::Ladder;
-use crate::delivery::fleet::Fleet;
 use crate::delivery::lane::Lanes;
 use crate::observe::metrics::Metrics;
 
@@ -86,14 +85,13 @@ fn readiness(m: &Metrics) -> (StatusCode, String) {
 
 /// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready
 /// estimate of lanes that have gone quiet, and whether the publisher is blocked; and hands the
-/// list of queues to `listed`, where the worker's session looks for lanes to consume; and
-/// counts the fleet: the consumers of the first shared lane, one per worker.
+/// list of queues to `listed`, where the worker's session looks for lanes to consume. (The
+/// fleet is counted from the broker's live answers, not from here: these counts lag.)
 #[allow(clippy::too_many_arguments)]
 pub async fn poll_queues(
     api: Management,
     ladder: Ladder,
     lanes: Lanes,
-    fleet: Fleet,
     listed: tokio::sync::watch::Sender<Option<Vec<String>>>,
     publisher: Arc<crate::broker::publish::Publisher>,
     metrics: Metrics,
@@ -103,8 +101,6 @@ pub async fn poll_queues(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
-    let counted = ladder.fleet_lane();
-    metrics.fleet_workers.set(i64::from(fleet.workers()));
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -117,7 +113,7 @@ pub async fn poll_queues(
             Ok(list) => list,
             Err(e) => {
                 if !warned {
-                    warn!(error = %e, "Cannot read queue depths; depth metrics stay stale and endpoint limits keep the last fleet size until it answers");
+                    warn!(error = %e, "Cannot read queue depths; depth metrics stay stale until it answers");
                     warned = true;
                 }
                 metrics.broker_stats_up.set(0);
@@ -127,14 +123,6 @@ pub async fn poll_queues(
         warned = false;
         metrics.broker_stats_up.set(1);
         listed.send_replace(Some(queues.iter().map(|q| q.name.clone()).collect()));
-        if let Some(q) = queues.iter().find(|q| q.name == counted) {
-            let before = fleet.workers();
-            let workers = fleet.observe(u32::try_from(q.consumers).unwrap_or(0));
-            if workers != before {
-                info!(workers, "Fleet size changed; endpoint limits rebalanced");
-            }
-            metrics.fleet_workers.set(i64::from(workers));
-        }
         let mut ready_by_queue = HashMap::new();
         for q in &queues {
             let name = q.name.as_str();

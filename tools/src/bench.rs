@@ -1588,6 +1588,7 @@ pub async fn ceiling_loop(
                                 count: 0,
                                 first_try_ms: Some(now),
                                 busy: 0,
+                                waiting_since_ms: Some(now),
                             }),
                         ),
                         retry.publish_ids.fetch_add(1, Ordering::Relaxed),

@@ -217,7 +217,7 @@ pub async fn run(
              retry lane {retry_prefetch}), endpoints.max_concurrent {}, \
              endpoints.max_concurrent_per_host {}, endpoints.lane_share {} (an endpoint's \
              attempts hold at most {} of a shard's or lane's first-attempt prefetch), \
-             endpoints.breaker_failures {}, \
+             endpoints.breaker_failures {} over endpoints.breaker_window {}, \
              endpoints.breaker_cooldown {}, http.request_timeout {}; set for the bench: \
              egress.allow 127.0.0.0/8, metrics.listen on loopback, log.level error; ladder: the \
              tiers, schedule and deferral queues of topology/ladder.toml under {prefix}-<n>; the \
@@ -235,6 +235,7 @@ pub async fn run(
                 config.endpoints.lane_share
             ),
             config.endpoints.breaker_failures,
+            hookrelay::units::fmt_duration(config.endpoints.breaker_window),
             hookrelay::units::fmt_duration(config.endpoints.breaker_cooldown),
             hookrelay::units::fmt_duration(config.http.request_timeout),
         ),
