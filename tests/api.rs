@@ -12,7 +12,7 @@ use hookrelay::api::auth::Tokens;
 use hookrelay::api::validate::Egress;
 use hookrelay::api::{ApiSetup, BrokerSetup};
 use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
-use hookrelay::delivery::egress::EgressPolicy;
+use hookrelay::delivery::egress::{EgressPolicy, Lookup};
 use hookrelay::delivery::signing::signature_header;
 use hookrelay::delivery::subscriptions::SecretStore;
 use hookrelay::store::PgStore;
@@ -102,6 +102,30 @@ fn lookup() -> StaticLookup {
         .with("internal.acme.example", &["10.0.0.5"])
 }
 
+/// How a test's API is set up; the default is what most tests run.
+struct Options {
+    broker: Option<BrokerSetup>,
+    max_body: usize,
+    policy: EgressPolicy,
+    lookup: Arc<dyn Lookup>,
+    lookup_timeout: Duration,
+    /// Whether it has a history database (the store's).
+    history: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            broker: None,
+            max_body: 64 * 1024,
+            policy: EgressPolicy::default(),
+            lookup: Arc::new(lookup()),
+            lookup_timeout: Duration::from_secs(1),
+            history: true,
+        }
+    }
+}
+
 impl Api {
     async fn start() -> Self {
         Self::start_with(None, 64 * 1024).await
@@ -116,6 +140,24 @@ impl Api {
         max_body: usize,
         policy: EgressPolicy,
     ) -> Self {
+        Self::start_with_options(Options {
+            broker,
+            max_body,
+            policy,
+            ..Options::default()
+        })
+        .await
+    }
+
+    async fn start_with_options(options: Options) -> Self {
+        let Options {
+            broker,
+            max_body,
+            policy,
+            lookup,
+            lookup_timeout,
+            history,
+        } = options;
         let db = TestDb::create().await;
         let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
         let setup = ApiSetup {
@@ -126,10 +168,10 @@ impl Api {
                 (ACME, Some("acme")),
                 (GLOBEX, Some("globex")),
             ]),
-            egress: Egress::new(policy, Arc::new(lookup()), Duration::from_secs(1)),
+            egress: Egress::new(policy, lookup, lookup_timeout),
             max_body,
             broker,
-            history: Some(db.store.pool().clone()),
+            history: history.then(|| db.store.pool().clone()),
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1765,5 +1807,101 @@ async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_de
             .len(),
         3
     );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
+    let api = Api::start().await;
+    for header in [
+        "Proxy-Authorization",
+        "Expect",
+        "Upgrade",
+        "Keep-Alive",
+        "Trailer",
+        "TE",
+        "Proxy-Connection",
+    ] {
+        let answer = api
+            .call(
+                Method::POST,
+                "/v1/subscriptions",
+                ADMIN,
+                Some(json!({
+                    "tenant": "acme", "url": "https://hooks.acme.example/in",
+                    "headers": { header: "x" },
+                })),
+            )
+            .await;
+        let problem = answer.problem(422);
+        assert_eq!(answer.fields(), [format!("headers.{header}")], "{problem}");
+        assert!(
+            problem["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("reserved"),
+            "{problem}"
+        );
+    }
+    // Credentials in a URL would be stored and shown in clear: refused, pointing to where they
+    // belong, without repeating them.
+    for (body, field, says) in [
+        (
+            json!({ "tenant": "acme", "url": "https://hook:hunter2@hooks.acme.example/in" }),
+            "url",
+            "basic_auth",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hook@hooks.acme.example/in" }),
+            "url",
+            "basic_auth",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example/in",
+                    "oauth2": { "token_url": "https://c:hunter2@hooks.acme.example/token",
+                                "client_id": "c", "client_secret": "s" } }),
+            "oauth2.token_url",
+            "client_secret",
+        ),
+    ] {
+        let answer = api
+            .call(Method::POST, "/v1/subscriptions", ADMIN, Some(body.clone()))
+            .await;
+        let problem = answer.problem(422);
+        assert_eq!(answer.fields(), [field], "{body}: {problem}");
+        assert!(
+            problem["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains(says),
+            "{body}: {problem}"
+        );
+        assert!(!problem.to_string().contains("hunter2"), "{problem}");
+    }
+    assert_eq!(api.db.count("subscriptions").await, 0);
+
+    // A change is refused alike, and changes nothing.
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    for body in [
+        json!({ "url": "https://hook:hunter2@hooks.acme.example/in" }),
+        json!({ "headers": { "Proxy-Authorization": "Basic eDp5" } }),
+        json!({ "oauth2": { "token_url": "https://c:hunter2@hooks.acme.example/token",
+                            "client_id": "c", "client_secret": "s" } }),
+    ] {
+        api.call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_a",
+            ADMIN,
+            Some(body.clone()),
+        )
+        .await
+        .problem(422);
+    }
+    let after = api
+        .call(Method::GET, "/v1/subscriptions/sub_a", ADMIN, None)
+        .await;
+    assert_eq!(after.body["url"], "https://hooks.acme.example/in");
+    assert_eq!(after.body.get("headers"), None);
+    assert_eq!(after.body.get("oauth2"), None);
     api.stop().await;
 }

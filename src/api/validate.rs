@@ -11,7 +11,10 @@ use tracing::debug;
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
 use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, ResolveError};
 use crate::delivery::subscriptions::EventFilter;
-use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
+use crate::delivery::subscriptions::parse::{
+    TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
+    refuse_credentials,
+};
 use crate::units::Rate;
 
 use super::auth::Scope;
@@ -129,7 +132,7 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
         problems.add("url", format!("longer than {MAX_URL_LEN} characters"));
         return None;
     }
-    match parse_url(raw) {
+    match parse_url(raw).and_then(|u| refuse_credentials(&u, URL_CREDENTIALS_INSTEAD).map(|()| u)) {
         Ok(u) => Some(u),
         Err(message) => {
             problems.add("url", message);
@@ -290,6 +293,11 @@ fn oauth2(
         raw.auth_method.as_deref(),
     );
     let ok = secret_text("oauth2.client_secret", &raw.client_secret, problems);
+    let built = built.and_then(|o| {
+        refuse_credentials(&o.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
+            .map(|()| o)
+            .map_err(|why| ("token_url", why))
+    });
     match built {
         Err((field, why)) => {
             problems.add(&format!("oauth2.{field}"), why);
