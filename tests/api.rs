@@ -443,10 +443,11 @@ async fn a_tenant_token_sees_and_changes_only_its_own_tenant() {
         .create(ACME, json!({ "url": "https://hooks.acme.example/a" }))
         .await;
     assert_eq!(own["subscription"]["tenant"], "acme");
+    // An admin names an id (a tenant token's are generated).
     let globex = api
         .create(
-            GLOBEX,
-            json!({ "id": "sub_globex", "url": "https://hooks.globex.example/g" }),
+            ADMIN,
+            json!({ "id": "sub_globex", "tenant": "globex", "url": "https://hooks.globex.example/g" }),
         )
         .await;
     assert_eq!(globex["subscription"]["tenant"], "globex");
@@ -1008,7 +1009,7 @@ async fn verifies(api: &Api, id: &str, secret: &str) -> bool {
 #[tokio::test]
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_old_one_expires() {
     let api = Api::start().await;
-    let created = api.create(ACME, acme_sub("sub_rot")).await;
+    let created = api.create(ADMIN, acme_sub("sub_rot")).await;
     let first = created["secret"].as_str().unwrap().to_owned();
     assert!(verifies(&api, "sub_rot", &first).await);
 
@@ -1100,8 +1101,8 @@ async fn a_test_event_goes_through_the_ingress_to_its_subscription() {
     let t = TestLadder::apply("api-test-event", &["300ms"], &["300ms"]).await;
     let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
     api.create(
-        ACME,
-        json!({ "id": "sub_t", "url": "https://hooks.acme.example/t", "event_types": ["order.*"] }),
+        ADMIN,
+        json!({ "id": "sub_t", "tenant": "acme", "url": "https://hooks.acme.example/t", "event_types": ["order.*"] }),
     )
     .await;
     // hookrelay.test is not a type it receives: it would be cancelled as filtered.
@@ -1199,10 +1200,10 @@ async fn put_history(api: &Api) {
 async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
     let t = TestLadder::apply("api-history", &["300ms"], &["300ms"]).await;
     let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
-    api.create(ACME, acme_sub("sub_a")).await;
+    api.create(ADMIN, acme_sub("sub_a")).await;
     api.create(
-        GLOBEX,
-        json!({ "id": "sub_g", "url": "https://hooks.globex.example/in" }),
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
     )
     .await;
     put_history(&api).await;
@@ -1314,14 +1315,6 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
         "/v1/replays",
         GLOBEX,
         Some(json!({ "from": "1h", "tenant": "acme" })),
-    )
-    .await
-    .problem(404);
-    api.call(
-        Method::POST,
-        "/v1/replays",
-        GLOBEX,
-        Some(json!({ "from": "1h", "subscription": "sub_a" })),
     )
     .await
     .problem(404);
@@ -1620,7 +1613,7 @@ async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_de
             "oauth2": { "token_url": token_url, "client_id": "hookrelay", "client_secret": CLIENT_SECRET, "scope": "hooks" },
         })
     };
-    let created = api.create(ACME, create("sub_auth")).await;
+    let created = api.create(ADMIN, create("sub_auth")).await;
     let whsec = created["secret"].as_str().unwrap().to_owned();
     let whpk = created["public_key"].as_str().unwrap().to_owned();
     assert!(
@@ -1904,4 +1897,127 @@ async fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
     assert_eq!(after.body.get("headers"), None);
     assert_eq!(after.body.get("oauth2"), None);
     api.stop().await;
+}
+
+#[tokio::test]
+async fn another_tenants_ids_are_answered_as_unknown_ones() {
+    let t = TestLadder::apply("api-unknown-ids", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+
+    // An id another tenant took answers as an id nobody took: a tenant token names none.
+    let create = |id: &str| {
+        api.call(
+            Method::POST,
+            "/v1/subscriptions",
+            ACME,
+            Some(json!({ "id": id, "url": "https://hooks.acme.example/in" })),
+        )
+    };
+    let taken = create("sub_g").await;
+    let free = create("sub_free").await;
+    assert_eq!(
+        (taken.status, free.status),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::UNPROCESSABLE_ENTITY
+        ),
+        "{} / {}",
+        taken.body,
+        free.body
+    );
+    assert_eq!(taken.fields(), ["id"]);
+    assert_eq!(taken.body, free.body);
+    assert_eq!(api.db.count("subscriptions").await, 1);
+    // An admin sees every tenant: to it a taken id is a conflict.
+    api.call(
+        Method::POST,
+        "/v1/subscriptions",
+        ADMIN,
+        Some(json!({ "id": "sub_g", "tenant": "acme", "url": "https://hooks.acme.example/in" })),
+    )
+    .await
+    .problem(409);
+
+    // A replay naming another tenant's subscription is started as one naming an unknown one:
+    // a tenant's replay reads its own tenant's events only, so both find nothing.
+    let mut jobs = Vec::new();
+    for sub in ["sub_g", "sub_none"] {
+        let started = api
+            .call(
+                Method::POST,
+                "/v1/replays",
+                ACME,
+                Some(json!({ "from": "1h", "subscription": sub })),
+            )
+            .await;
+        assert_eq!(
+            started.status,
+            StatusCode::ACCEPTED,
+            "{sub}: {}",
+            started.body
+        );
+        assert_eq!(started.body["tenant"], "acme");
+        jobs.push(started.body["id"].as_str().unwrap().to_owned());
+    }
+    for id in &jobs {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let job = loop {
+            let job = api
+                .call(Method::GET, &format!("/v1/replays/{id}"), ACME, None)
+                .await
+                .body;
+            if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+                break job;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(job["state"], "finished", "{job}");
+        assert_eq!(job["published"], 0, "{job}");
+    }
+
+    // Attempts: another tenant's subscription and a missing one are answered alike, and
+    // take the same path: both read history.
+    let theirs = api
+        .call(Method::GET, "/v1/subscriptions/sub_g/attempts", ACME, None)
+        .await;
+    let missing = api
+        .call(
+            Method::GET,
+            "/v1/subscriptions/sub_none/attempts",
+            ACME,
+            None,
+        )
+        .await;
+    theirs.problem(404);
+    assert_eq!(theirs.body, missing.body);
+    api.stop().await;
+
+    let without_history = Api::start_with_options(Options {
+        history: false,
+        ..Options::default()
+    })
+    .await;
+    without_history
+        .create(
+            ADMIN,
+            json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+        )
+        .await;
+    for id in ["sub_g", "sub_none"] {
+        without_history
+            .call(
+                Method::GET,
+                &format!("/v1/subscriptions/{id}/attempts"),
+                ACME,
+                None,
+            )
+            .await
+            .problem(503);
+    }
+    without_history.stop().await;
 }

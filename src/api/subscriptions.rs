@@ -200,7 +200,7 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )

@@ -411,14 +411,24 @@ pub async fn create(
     egress_policy: &Egress,
 ) -> Result<Checked, ApiError> {
     let mut problems = Problems::default();
-    let id = match req.id {
-        Some(id) => {
+    let id = match (req.id, scope) {
+        // Ids are unique across tenants: a tenant that could name one would learn, from a
+        // conflict, that another tenant has it. The refusal is the same whatever the id.
+        (Some(_), Scope::Tenant(_)) => {
+            problems.add(
+                "id",
+                "a tenant token's subscriptions get generated ids: leave id out (the answer \
+                 and its Location name the new one); only an admin token names an id",
+            );
+            String::new()
+        }
+        (Some(id), Scope::Admin) => {
             if check_id(&id).is_err() {
                 problems.add("id", "expected 1 to 128 letters, digits, '_' or '-'");
             }
             id
         }
-        None => format!("sub_{}", uuid::Uuid::new_v4().simple()),
+        (None, _) => format!("sub_{}", uuid::Uuid::new_v4().simple()),
     };
     let tenant = match (req.tenant, scope.tenant()) {
         (Some(t), Some(own)) if t != own => {
