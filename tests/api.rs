@@ -2021,3 +2021,96 @@ async fn another_tenants_ids_are_answered_as_unknown_ones() {
     }
     without_history.stop().await;
 }
+
+#[tokio::test]
+async fn slow_name_lookups_hold_no_database_connection() {
+    // Lookups of slow.acme.example wait until the test lets them answer.
+    let gated = Arc::new(common::egress::GatedLookup::new(
+        "slow.acme.example",
+        &["93.184.215.16"],
+        lookup(),
+    ));
+    let api = Api::start_with_options(Options {
+        lookup: gated.clone(),
+        lookup_timeout: Duration::from_secs(600),
+        ..Options::default()
+    })
+    .await;
+    for n in 1..=4 {
+        api.create(ADMIN, acme_sub(&format!("sub_u{n}"))).await;
+    }
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+
+    // As many creates and changes as the pool has connections (8), each waiting on the name.
+    let send = |method: Method, path: String, body: Value| {
+        let request = api
+            .client
+            .request(method, format!("{}{path}", api.base))
+            .bearer_auth(ACME)
+            .json(&body);
+        tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        })
+    };
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(send(
+            Method::POST,
+            "/v1/subscriptions".into(),
+            json!({ "url": "https://slow.acme.example/in" }),
+        ));
+    }
+    for n in 1..=4 {
+        slow.push(send(
+            Method::PATCH,
+            format!("/v1/subscriptions/sub_u{n}"),
+            json!({ "url": "https://slow.acme.example/in" }),
+        ));
+    }
+    assert!(wait_until(WAIT, || async { gated.held() == 8 }).await);
+
+    // Meanwhile another tenant is answered, and so is a change of a subscription being
+    // changed slowly.
+    let list = api
+        .call(Method::GET, "/v1/subscriptions", GLOBEX, None)
+        .await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_g", GLOBEX, None)
+        .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    let meanwhile = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_u1",
+            ADMIN,
+            Some(json!({ "description": "changed meanwhile" })),
+        )
+        .await;
+    assert_eq!(meanwhile.status, StatusCode::OK, "{}", meanwhile.body);
+    assert!(
+        slow.iter().all(|s| !s.is_finished()),
+        "the slow ones are still waiting on the name"
+    );
+
+    gated.open();
+    let mut statuses = Vec::new();
+    for s in slow {
+        let (status, body) = s.await.unwrap();
+        statuses.push(status.as_u16());
+        assert!(status.is_success(), "{status}: {body}");
+    }
+    assert_eq!(statuses, [201, 201, 201, 201, 200, 200, 200, 200]);
+    // The slow change applied on top of the one made meanwhile, not over it.
+    let after = api
+        .call(Method::GET, "/v1/subscriptions/sub_u1", ADMIN, None)
+        .await;
+    assert_eq!(after.body["url"], "https://slow.acme.example/in");
+    assert_eq!(after.body["description"], "changed meanwhile");
+    api.stop().await;
+}

@@ -164,6 +164,46 @@ pub async fn find(
     select_checked(conn, id, scope, "").await
 }
 
+/// The version of a subscription's row: it changes with every write of the row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowVersion(String);
+
+/// Subscription `id`'s settings and the version of its row, if `scope` sees it.
+pub async fn find_versioned(
+    conn: &mut PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<(Checked, RowVersion)>, ApiError> {
+    // xmin: the transaction that wrote this version of the row.
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS}, xmin::text AS version FROM subscriptions \
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)"
+    ))
+    .bind(id)
+    .bind(scope.tenant())
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|row| Ok((checked(&row)?, RowVersion(column(&row, "version")?))))
+        .transpose()
+}
+
+/// Locks subscription `id`'s row until the transaction ends; its version, if `scope` sees it.
+pub async fn lock_version(
+    conn: &mut PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<RowVersion>, ApiError> {
+    let version: Option<String> = sqlx::query_scalar(
+        "SELECT xmin::text FROM subscriptions WHERE id = $1 \
+         AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
+    )
+    .bind(id)
+    .bind(scope.tenant())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(version.map(RowVersion))
+}
+
 /// Subscription `id`'s settings, locked until the transaction ends, if `scope` sees it.
 pub async fn lock(
     conn: &mut PgConnection,

@@ -178,6 +178,26 @@ fn seal_all(
         .collect()
 }
 
+/// The answer remembered for (`scope`, `key`), if any; the request must be the same. Holds
+/// the key's lock until `tx` ends, so requests with one key are answered one after the other.
+async fn remembered(
+    state: &ApiState,
+    tx: &mut sqlx::PgConnection,
+    scope: &str,
+    key: &str,
+    request_hash: &[u8],
+) -> Result<Option<Response>, ApiError> {
+    let Some(first) = repo::idempotency_lookup(tx, scope, key).await? else {
+        return Ok(None);
+    };
+    if first.request_hash != request_hash {
+        return Err(ApiError::IdempotencyMismatch);
+    }
+    let (body, id) = state.replay(first.body)?;
+    // Answered as it was, but 200: nothing was created by this request.
+    Ok(Some(created(StatusCode::OK, body, &id)))
+}
+
 fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/subscriptions/{id}")) {
@@ -217,22 +237,30 @@ pub async fn create(
         .map(|b| Sha256::digest(b).to_vec())
         .unwrap_or_default();
     let req: CreateSubscription = json(body, None, state.max_body)?;
-    let mut tx = state.pool.begin().await?;
     let idempotency_scope = scope.idempotency_scope();
-    if let Some(key) = &key
-        && let Some(first) = repo::idempotency_lookup(&mut tx, &idempotency_scope, key).await?
-    {
-        if first.request_hash != request_hash {
-            return Err(ApiError::IdempotencyMismatch);
+    // A repeated request gets its first answer without being checked again.
+    if let Some(key) = &key {
+        let mut tx = state.pool.begin().await?;
+        if let Some(answer) =
+            remembered(&state, &mut tx, &idempotency_scope, key, &request_hash).await?
+        {
+            return Ok(answer);
         }
-        let (body, id) = state.replay(first.body)?;
-        // Answered as it was, but 200: nothing was created by this request.
-        return Ok(created(StatusCode::OK, body, &id));
     }
+    // Checked (its names looked up, which may take seconds) and sealed before a connection is
+    // taken: the pool is every tenant's.
     let schemes = validate::schemes(req.signatures.as_deref(), "signatures")?;
     let sub = validate::create(req, &scope, &state.egress).await?;
     let signing = new_signing(&state, &sub.id, &schemes)?;
     let sealed = seal_all(&state, &sub.id, &sub.new_secrets)?;
+    let mut tx = state.pool.begin().await?;
+    // A retry of this request may have been answered meanwhile.
+    if let Some(key) = &key
+        && let Some(answer) =
+            remembered(&state, &mut tx, &idempotency_scope, key, &request_hash).await?
+    {
+        return Ok(answer);
+    }
     if !repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
@@ -327,6 +355,7 @@ pub async fn list(
         (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed by other requests while this change was checked, again and again", body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
     )
@@ -339,20 +368,41 @@ pub async fn update(
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
     path_id(&id)?;
     let change: UpdateSubscription = json(body, None, state.max_body)?;
-    let mut tx = state.pool.begin().await?;
-    let current = repo::lock(&mut tx, &id, &scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    let changed = validate::update(current, change, &state.egress).await?;
-    let sealed = seal_all(&state, &id, &changed.new_secrets)?;
-    repo::save(&mut tx, &changed, &sealed).await?;
-    let view = repo::get(&mut tx, &id, &scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    tx.commit().await?;
-    info!(subscription = %id, "Updated subscription");
-    Ok(axum::Json(view))
+    // Read, checked (its names looked up, which may take seconds) and sealed with no connection
+    // or lock held; written only if the row is still as it was read, else done again on what
+    // it is now, so a change made meanwhile is kept.
+    for _ in 0..UPDATE_TRIES {
+        let (current, version) = {
+            let mut conn = state.pool.acquire().await?;
+            repo::find_versioned(&mut conn, &id, &scope)
+                .await?
+                .ok_or(ApiError::NotFound)?
+        };
+        let changed = validate::update(current, change.clone(), &state.egress).await?;
+        let sealed = seal_all(&state, &id, &changed.new_secrets)?;
+        let mut tx = state.pool.begin().await?;
+        match repo::lock_version(&mut tx, &id, &scope).await? {
+            None => return Err(ApiError::NotFound),
+            Some(now) if now != version => continue,
+            Some(_) => {}
+        }
+        repo::save(&mut tx, &changed, &sealed).await?;
+        let view = repo::get(&mut tx, &id, &scope)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        tx.commit().await?;
+        info!(subscription = %id, "Updated subscription");
+        return Ok(axum::Json(view));
+    }
+    Err(ApiError::Conflict(format!(
+        "the subscription was changed by other requests while this change was checked, \
+         {UPDATE_TRIES} times; send it again"
+    )))
 }
+
+/// How many times a change is checked again because its subscription changed meanwhile,
+/// before it is answered 409.
+const UPDATE_TRIES: usize = 3;
 
 /// Deletes a subscription. What waits for it is cancelled as `deleted` when it comes up.
 #[utoipa::path(
