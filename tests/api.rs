@@ -16,7 +16,7 @@ use hookrelay::delivery::egress::{EgressPolicy, Lookup};
 use hookrelay::delivery::signing::signature_header;
 use hookrelay::delivery::subscriptions::SecretStore;
 use hookrelay::store::PgStore;
-use hookrelay::store::seal::{Keyring, generate_key};
+use hookrelay::store::seal::{Binding, Keyring, generate_key};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -60,6 +60,8 @@ struct Api {
     base: String,
     db: TestDb,
     keyring: Arc<Keyring>,
+    /// The store key, base64.
+    key: String,
     client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
@@ -159,7 +161,8 @@ impl Api {
             history,
         } = options;
         let db = TestDb::create().await;
-        let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
+        let key = generate_key();
+        let keyring = Arc::new(Keyring::from_base64(&[&key]).unwrap());
         let setup = ApiSetup {
             pool: db.store.pool().clone(),
             keyring: Arc::clone(&keyring),
@@ -188,6 +191,7 @@ impl Api {
             base,
             db,
             keyring,
+            key,
             client: reqwest::Client::new(),
             stop: Some(stop),
             served: Some(served),
@@ -312,7 +316,11 @@ async fn every_route_creates_reads_lists_changes_and_deletes() {
             .await
             .unwrap();
     assert!(!String::from_utf8_lossy(&sealed).contains(&secret[6..]));
-    assert_eq!(api.keyring.open(&id, &sealed).unwrap(), secret.as_bytes());
+    let binding = Binding::new("acme", &id, "signing");
+    assert_eq!(
+        api.keyring.open(&binding, &sealed).unwrap(),
+        secret.as_bytes()
+    );
     let (loaded, problems) = api.db.store.load_all().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     let loaded = loaded.get(&id).unwrap();
@@ -2112,5 +2120,182 @@ async fn slow_name_lookups_hold_no_database_connection() {
         .await;
     assert_eq!(after.body["url"], "https://slow.acme.example/in");
     assert_eq!(after.body["description"], "changed meanwhile");
+    api.stop().await;
+}
+
+/// Copies the sealed value of (`from`, `from_purpose`) over that of (`to`, `to_purpose`).
+async fn move_sealed(api: &Api, from: (&str, &str), to: (&str, &str)) {
+    let moved = sqlx::query(
+        "UPDATE subscription_secrets SET sealed = (SELECT sealed FROM subscription_secrets \
+         WHERE subscription_id = $1 AND purpose = $2) WHERE subscription_id = $3 AND purpose = $4",
+    )
+    .bind(from.0)
+    .bind(from.1)
+    .bind(to.0)
+    .bind(to.1)
+    .execute(api.db.store.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(moved, 1);
+}
+
+#[tokio::test]
+async fn a_sealed_value_opens_only_in_its_own_row_field_and_tenant() {
+    let api = Api::start().await;
+    let with_secrets = |id: &str| {
+        json!({
+            "id": id, "tenant": "acme", "url": "https://hooks.acme.example/in",
+            "headers": { "X-Api-Key": { "secret": format!("key-of-{id}") } },
+            "basic_auth": { "username": "u", "password": format!("password-of-{id}") },
+        })
+    };
+    for id in ["sub_field", "sub_row", "sub_other", "sub_tenant"] {
+        api.create(ADMIN, with_secrets(id)).await;
+    }
+    let secrets = SecretStore::new(Duration::ZERO).with_keyring(Arc::clone(&api.keyring));
+    let problems = |id: &'static str| {
+        let (secrets, api) = (&secrets, &api);
+        async move {
+            let (subs, rows) = api.db.store.load_all().await.unwrap();
+            assert!(rows.is_empty(), "{rows:?}");
+            secrets
+                .problems_of(subs.get(id).unwrap())
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        }
+    };
+    for id in ["sub_field", "sub_row", "sub_tenant"] {
+        assert_eq!(problems(id).await, Vec::<String>::new());
+    }
+
+    // Another field of the same subscription: the header's key as the password.
+    move_sealed(
+        &api,
+        ("sub_field", "header:x-api-key"),
+        ("sub_field", "basic_auth.password"),
+    )
+    .await;
+    // Another subscription's row.
+    move_sealed(
+        &api,
+        ("sub_other", "basic_auth.password"),
+        ("sub_row", "basic_auth.password"),
+    )
+    .await;
+    // Another tenant: the row moved whole.
+    sqlx::query("UPDATE subscriptions SET tenant = 'globex' WHERE id = 'sub_tenant'")
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    for (id, count) in [("sub_field", 1), ("sub_row", 1), ("sub_tenant", 3)] {
+        let found = problems(id).await;
+        assert_eq!(found.len(), count, "{id}: {found:?}");
+        for p in found {
+            assert!(p.contains("does not open"), "{id}: {p}");
+            assert!(!p.contains("password-of") && !p.contains("key-of"), "{p}");
+        }
+    }
+
+    // A remembered create answer holds a reference to the secret's row, not the secret sealed,
+    // and gives the secret only to the tenant it was created for.
+    let body = serde_json::to_vec(&json!({ "url": "https://hooks.acme.example/i" })).unwrap();
+    let key = [("idempotency-key", "create-1")];
+    let first = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let stored: Value = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_one(api.db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored.get("secret"), None, "{stored}");
+    assert_eq!(stored.get("sealed_secret"), None, "{stored}");
+    let again = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body, first.body);
+    // An answer remembered as earlier versions kept it, the secret sealed in it for the
+    // subscription id alone, is still given again.
+    let id = first.body["subscription"]["id"].as_str().unwrap();
+    let secret = first.body["secret"].as_str().unwrap();
+    let mut legacy = first.body.clone();
+    legacy.as_object_mut().unwrap().remove("secret");
+    legacy["sealed_secret"] = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .encode(common::seal_old_form(&api.key, id, secret.as_bytes()))
+            .into()
+    };
+    sqlx::query("UPDATE idempotency_keys SET body = $1")
+        .bind(&legacy)
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    let old_form = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(old_form.status, StatusCode::OK, "{}", old_form.body);
+    assert_eq!(old_form.body, first.body);
+    // The remembered answer moved to globex's keys: not globex's to see.
+    sqlx::query("UPDATE idempotency_keys SET scope = 'tenant:globex'")
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    let moved = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(GLOBEX),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert!(!moved.body.to_string().contains(secret), "{}", moved.body);
+    moved.problem(500);
+    // Once the secret's row is gone, the first answer cannot be given again.
+    sqlx::query("UPDATE idempotency_keys SET scope = 'tenant:acme', body = $1")
+        .bind(&stored)
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    api.call(
+        Method::DELETE,
+        &format!("/v1/subscriptions/{id}"),
+        ACME,
+        None,
+    )
+    .await;
+    let gone = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body),
+            &key,
+        )
+        .await;
+    gone.problem(409);
+    assert!(!gone.body.to_string().contains(secret), "{}", gone.body);
     api.stop().await;
 }
