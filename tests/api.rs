@@ -83,6 +83,16 @@ impl Answer {
         &self.body
     }
 
+    /// A 422 naming `field` alone, its message saying `says`; the problem.
+    #[track_caller]
+    fn refused(&self, field: &str, says: &str) -> &Value {
+        let problem = self.problem(422);
+        assert_eq!(self.fields(), [field], "{problem}");
+        let message = problem["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{problem}");
+        problem
+    }
+
     /// The fields a problem names.
     fn fields(&self) -> Vec<String> {
         self.body["errors"]
@@ -258,6 +268,21 @@ impl Api {
             .await;
         assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
         answer.body
+    }
+
+    /// Replay job `id` as `token` sees it once it is no longer running (or after [`WAIT`]).
+    async fn replay_once_done(&self, id: &str, token: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let job = self
+                .call(Method::GET, &format!("/v1/replays/{id}"), token, None)
+                .await
+                .body;
+            if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn stop(mut self) {
@@ -683,16 +708,9 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
             "control characters",
         ),
     ] {
-        let answer = post(serde_json::to_vec(&body).unwrap()).await;
-        let problem = answer.problem(422);
-        assert_eq!(answer.fields(), [field], "{body}: {problem}");
-        assert!(
-            problem["errors"][0]["message"]
-                .as_str()
-                .unwrap()
-                .contains(says),
-            "{body}: {problem}"
-        );
+        post(serde_json::to_vec(&body).unwrap())
+            .await
+            .refused(field, says);
     }
     assert_eq!(api.db.count("subscriptions").await, 0);
     assert_eq!(api.db.count("subscription_secrets").await, 0);
@@ -1834,15 +1852,7 @@ async fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
                 })),
             )
             .await;
-        let problem = answer.problem(422);
-        assert_eq!(answer.fields(), [format!("headers.{header}")], "{problem}");
-        assert!(
-            problem["errors"][0]["message"]
-                .as_str()
-                .unwrap()
-                .contains("reserved"),
-            "{problem}"
-        );
+        answer.refused(&format!("headers.{header}"), "reserved");
     }
     // Credentials in a URL would be stored and shown in clear: refused, pointing to where they
     // belong, without repeating them.
@@ -1866,17 +1876,9 @@ async fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
         ),
     ] {
         let answer = api
-            .call(Method::POST, "/v1/subscriptions", ADMIN, Some(body.clone()))
+            .call(Method::POST, "/v1/subscriptions", ADMIN, Some(body))
             .await;
-        let problem = answer.problem(422);
-        assert_eq!(answer.fields(), [field], "{body}: {problem}");
-        assert!(
-            problem["errors"][0]["message"]
-                .as_str()
-                .unwrap()
-                .contains(says),
-            "{body}: {problem}"
-        );
+        let problem = answer.refused(field, says);
         assert!(!problem.to_string().contains("hunter2"), "{problem}");
     }
     assert_eq!(api.db.count("subscriptions").await, 0);
@@ -1973,17 +1975,7 @@ async fn another_tenants_ids_are_answered_as_unknown_ones() {
         jobs.push(started.body["id"].as_str().unwrap().to_owned());
     }
     for id in &jobs {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let job = loop {
-            let job = api
-                .call(Method::GET, &format!("/v1/replays/{id}"), ACME, None)
-                .await
-                .body;
-            if job["state"] != "running" || tokio::time::Instant::now() > deadline {
-                break job;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let job = api.replay_once_done(id, ACME).await;
         assert_eq!(job["state"], "finished", "{job}");
         assert_eq!(job["published"], 0, "{job}");
     }

@@ -938,13 +938,18 @@ mod tests {
                 "{header}: {err}"
             );
         }
-        let in_url = Subscriptions::parse(
-            "subs.toml",
-            "[[subscription]]\nid = \"s\"\ntenant = \"t\"\n\
-             url = \"https://hook:hunter2@h.example/x\"\nsecrets = [\"env:X\"]\n",
-        )
-        .unwrap_err()
-        .to_string();
+        let with_url = |url: &str| {
+            Subscriptions::parse(
+                "subs.toml",
+                &format!(
+                    "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"{url}\"\n\
+                     secrets = [\"env:X\"]\n"
+                ),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let in_url = with_url("https://hook:hunter2@h.example/x");
         assert!(
             in_url.contains("url: ") && in_url.contains("basic_auth"),
             "{in_url}"
@@ -960,13 +965,7 @@ mod tests {
             "{in_token_url}"
         );
         // A user name alone is a credential too; and the message never repeats the password.
-        let user = Subscriptions::parse(
-            "subs.toml",
-            "[[subscription]]\nid = \"s\"\ntenant = \"t\"\n\
-             url = \"https://hook@h.example/x\"\nsecrets = [\"env:X\"]\n",
-        )
-        .unwrap_err()
-        .to_string();
+        let user = with_url("https://hook@h.example/x");
         assert!(user.contains("basic_auth"), "{user}");
         assert!(!in_url.contains("hunter2") && !in_token_url.contains("hunter2"));
     }
