@@ -12,11 +12,11 @@ use hookrelay::api::auth::Tokens;
 use hookrelay::api::validate::Egress;
 use hookrelay::api::{ApiSetup, BrokerSetup};
 use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
-use hookrelay::delivery::egress::EgressPolicy;
+use hookrelay::delivery::egress::{EgressPolicy, Lookup};
 use hookrelay::delivery::signing::signature_header;
 use hookrelay::delivery::subscriptions::SecretStore;
 use hookrelay::store::PgStore;
-use hookrelay::store::seal::{Keyring, generate_key};
+use hookrelay::store::seal::{Binding, Keyring, generate_key};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -60,6 +60,8 @@ struct Api {
     base: String,
     db: TestDb,
     keyring: Arc<Keyring>,
+    /// The store key, base64.
+    key: String,
     client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
@@ -79,6 +81,16 @@ impl Answer {
         assert_eq!(self.content_type, PROBLEM, "{}", self.body);
         assert_eq!(self.body["status"], status, "{}", self.body);
         &self.body
+    }
+
+    /// A 422 naming `field` alone, its message saying `says`; the problem.
+    #[track_caller]
+    fn refused(&self, field: &str, says: &str) -> &Value {
+        let problem = self.problem(422);
+        assert_eq!(self.fields(), [field], "{problem}");
+        let message = problem["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{problem}");
+        problem
     }
 
     /// The fields a problem names.
@@ -102,6 +114,30 @@ fn lookup() -> StaticLookup {
         .with("internal.acme.example", &["10.0.0.5"])
 }
 
+/// How a test's API is set up; the default is what most tests run.
+struct Options {
+    broker: Option<BrokerSetup>,
+    max_body: usize,
+    policy: EgressPolicy,
+    lookup: Arc<dyn Lookup>,
+    lookup_timeout: Duration,
+    /// Whether it has a history database (the store's).
+    history: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            broker: None,
+            max_body: 64 * 1024,
+            policy: EgressPolicy::default(),
+            lookup: Arc::new(lookup()),
+            lookup_timeout: Duration::from_secs(1),
+            history: true,
+        }
+    }
+}
+
 impl Api {
     async fn start() -> Self {
         Self::start_with(None, 64 * 1024).await
@@ -116,8 +152,27 @@ impl Api {
         max_body: usize,
         policy: EgressPolicy,
     ) -> Self {
+        Self::start_with_options(Options {
+            broker,
+            max_body,
+            policy,
+            ..Options::default()
+        })
+        .await
+    }
+
+    async fn start_with_options(options: Options) -> Self {
+        let Options {
+            broker,
+            max_body,
+            policy,
+            lookup,
+            lookup_timeout,
+            history,
+        } = options;
         let db = TestDb::create().await;
-        let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
+        let key = generate_key();
+        let keyring = Arc::new(Keyring::from_base64(&[&key]).unwrap());
         let setup = ApiSetup {
             pool: db.store.pool().clone(),
             keyring: Arc::clone(&keyring),
@@ -126,10 +181,10 @@ impl Api {
                 (ACME, Some("acme")),
                 (GLOBEX, Some("globex")),
             ]),
-            egress: Egress::new(policy, Arc::new(lookup()), Duration::from_secs(1)),
+            egress: Egress::new(policy, lookup, lookup_timeout),
             max_body,
             broker,
-            history: Some(db.store.pool().clone()),
+            history: history.then(|| db.store.pool().clone()),
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -146,6 +201,7 @@ impl Api {
             base,
             db,
             keyring,
+            key,
             client: reqwest::Client::new(),
             stop: Some(stop),
             served: Some(served),
@@ -214,6 +270,21 @@ impl Api {
         answer.body
     }
 
+    /// Replay job `id` as `token` sees it once it is no longer running (or after [`WAIT`]).
+    async fn replay_once_done(&self, id: &str, token: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let job = self
+                .call(Method::GET, &format!("/v1/replays/{id}"), token, None)
+                .await
+                .body;
+            if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -270,7 +341,11 @@ async fn every_route_creates_reads_lists_changes_and_deletes() {
             .await
             .unwrap();
     assert!(!String::from_utf8_lossy(&sealed).contains(&secret[6..]));
-    assert_eq!(api.keyring.open(&id, &sealed).unwrap(), secret.as_bytes());
+    let binding = Binding::new("acme", &id, "signing");
+    assert_eq!(
+        api.keyring.open(&binding, &sealed).unwrap(),
+        secret.as_bytes()
+    );
     let (loaded, problems) = api.db.store.load_all().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     let loaded = loaded.get(&id).unwrap();
@@ -401,10 +476,11 @@ async fn a_tenant_token_sees_and_changes_only_its_own_tenant() {
         .create(ACME, json!({ "url": "https://hooks.acme.example/a" }))
         .await;
     assert_eq!(own["subscription"]["tenant"], "acme");
+    // An admin names an id (a tenant token's are generated).
     let globex = api
         .create(
-            GLOBEX,
-            json!({ "id": "sub_globex", "url": "https://hooks.globex.example/g" }),
+            ADMIN,
+            json!({ "id": "sub_globex", "tenant": "globex", "url": "https://hooks.globex.example/g" }),
         )
         .await;
     assert_eq!(globex["subscription"]["tenant"], "globex");
@@ -632,16 +708,9 @@ async fn bad_input_is_a_problem_naming_the_field_and_nothing_is_stored() {
             "control characters",
         ),
     ] {
-        let answer = post(serde_json::to_vec(&body).unwrap()).await;
-        let problem = answer.problem(422);
-        assert_eq!(answer.fields(), [field], "{body}: {problem}");
-        assert!(
-            problem["errors"][0]["message"]
-                .as_str()
-                .unwrap()
-                .contains(says),
-            "{body}: {problem}"
-        );
+        post(serde_json::to_vec(&body).unwrap())
+            .await
+            .refused(field, says);
     }
     assert_eq!(api.db.count("subscriptions").await, 0);
     assert_eq!(api.db.count("subscription_secrets").await, 0);
@@ -966,7 +1035,7 @@ async fn verifies(api: &Api, id: &str, secret: &str) -> bool {
 #[tokio::test]
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_old_one_expires() {
     let api = Api::start().await;
-    let created = api.create(ACME, acme_sub("sub_rot")).await;
+    let created = api.create(ADMIN, acme_sub("sub_rot")).await;
     let first = created["secret"].as_str().unwrap().to_owned();
     assert!(verifies(&api, "sub_rot", &first).await);
 
@@ -1058,8 +1127,8 @@ async fn a_test_event_goes_through_the_ingress_to_its_subscription() {
     let t = TestLadder::apply("api-test-event", &["300ms"], &["300ms"]).await;
     let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
     api.create(
-        ACME,
-        json!({ "id": "sub_t", "url": "https://hooks.acme.example/t", "event_types": ["order.*"] }),
+        ADMIN,
+        json!({ "id": "sub_t", "tenant": "acme", "url": "https://hooks.acme.example/t", "event_types": ["order.*"] }),
     )
     .await;
     // hookrelay.test is not a type it receives: it would be cancelled as filtered.
@@ -1157,10 +1226,10 @@ async fn put_history(api: &Api) {
 async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
     let t = TestLadder::apply("api-history", &["300ms"], &["300ms"]).await;
     let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
-    api.create(ACME, acme_sub("sub_a")).await;
+    api.create(ADMIN, acme_sub("sub_a")).await;
     api.create(
-        GLOBEX,
-        json!({ "id": "sub_g", "url": "https://hooks.globex.example/in" }),
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
     )
     .await;
     put_history(&api).await;
@@ -1272,14 +1341,6 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
         "/v1/replays",
         GLOBEX,
         Some(json!({ "from": "1h", "tenant": "acme" })),
-    )
-    .await
-    .problem(404);
-    api.call(
-        Method::POST,
-        "/v1/replays",
-        GLOBEX,
-        Some(json!({ "from": "1h", "subscription": "sub_a" })),
     )
     .await
     .problem(404);
@@ -1578,7 +1639,7 @@ async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_de
             "oauth2": { "token_url": token_url, "client_id": "hookrelay", "client_secret": CLIENT_SECRET, "scope": "hooks" },
         })
     };
-    let created = api.create(ACME, create("sub_auth")).await;
+    let created = api.create(ADMIN, create("sub_auth")).await;
     let whsec = created["secret"].as_str().unwrap().to_owned();
     let whpk = created["public_key"].as_str().unwrap().to_owned();
     assert!(
@@ -1765,5 +1826,468 @@ async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_de
             .len(),
         3
     );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
+    let api = Api::start().await;
+    for header in [
+        "Proxy-Authorization",
+        "Expect",
+        "Upgrade",
+        "Keep-Alive",
+        "Trailer",
+        "TE",
+        "Proxy-Connection",
+    ] {
+        let answer = api
+            .call(
+                Method::POST,
+                "/v1/subscriptions",
+                ADMIN,
+                Some(json!({
+                    "tenant": "acme", "url": "https://hooks.acme.example/in",
+                    "headers": { header: "x" },
+                })),
+            )
+            .await;
+        answer.refused(&format!("headers.{header}"), "reserved");
+    }
+    // Credentials in a URL would be stored and shown in clear: refused, pointing to where they
+    // belong, without repeating them.
+    for (body, field, says) in [
+        (
+            json!({ "tenant": "acme", "url": "https://hook:hunter2@hooks.acme.example/in" }),
+            "url",
+            "basic_auth",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hook@hooks.acme.example/in" }),
+            "url",
+            "basic_auth",
+        ),
+        (
+            json!({ "tenant": "acme", "url": "https://hooks.acme.example/in",
+                    "oauth2": { "token_url": "https://c:hunter2@hooks.acme.example/token",
+                                "client_id": "c", "client_secret": "s" } }),
+            "oauth2.token_url",
+            "client_secret",
+        ),
+    ] {
+        let answer = api
+            .call(Method::POST, "/v1/subscriptions", ADMIN, Some(body))
+            .await;
+        let problem = answer.refused(field, says);
+        assert!(!problem.to_string().contains("hunter2"), "{problem}");
+    }
+    assert_eq!(api.db.count("subscriptions").await, 0);
+
+    // A change is refused alike, and changes nothing.
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    for body in [
+        json!({ "url": "https://hook:hunter2@hooks.acme.example/in" }),
+        json!({ "headers": { "Proxy-Authorization": "Basic eDp5" } }),
+        json!({ "oauth2": { "token_url": "https://c:hunter2@hooks.acme.example/token",
+                            "client_id": "c", "client_secret": "s" } }),
+    ] {
+        api.call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_a",
+            ADMIN,
+            Some(body.clone()),
+        )
+        .await
+        .problem(422);
+    }
+    let after = api
+        .call(Method::GET, "/v1/subscriptions/sub_a", ADMIN, None)
+        .await;
+    assert_eq!(after.body["url"], "https://hooks.acme.example/in");
+    assert_eq!(after.body.get("headers"), None);
+    assert_eq!(after.body.get("oauth2"), None);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn another_tenants_ids_are_answered_as_unknown_ones() {
+    let t = TestLadder::apply("api-unknown-ids", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+
+    // An id another tenant took answers as an id nobody took: a tenant token names none.
+    let create = |id: &str| {
+        api.call(
+            Method::POST,
+            "/v1/subscriptions",
+            ACME,
+            Some(json!({ "id": id, "url": "https://hooks.acme.example/in" })),
+        )
+    };
+    let taken = create("sub_g").await;
+    let free = create("sub_free").await;
+    assert_eq!(
+        (taken.status, free.status),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::UNPROCESSABLE_ENTITY
+        ),
+        "{} / {}",
+        taken.body,
+        free.body
+    );
+    assert_eq!(taken.fields(), ["id"]);
+    assert_eq!(taken.body, free.body);
+    assert_eq!(api.db.count("subscriptions").await, 1);
+    // An admin sees every tenant: to it a taken id is a conflict.
+    api.call(
+        Method::POST,
+        "/v1/subscriptions",
+        ADMIN,
+        Some(json!({ "id": "sub_g", "tenant": "acme", "url": "https://hooks.acme.example/in" })),
+    )
+    .await
+    .problem(409);
+
+    // A replay naming another tenant's subscription is started as one naming an unknown one:
+    // a tenant's replay reads its own tenant's events only, so both find nothing.
+    let mut jobs = Vec::new();
+    for sub in ["sub_g", "sub_none"] {
+        let started = api
+            .call(
+                Method::POST,
+                "/v1/replays",
+                ACME,
+                Some(json!({ "from": "1h", "subscription": sub })),
+            )
+            .await;
+        assert_eq!(
+            started.status,
+            StatusCode::ACCEPTED,
+            "{sub}: {}",
+            started.body
+        );
+        assert_eq!(started.body["tenant"], "acme");
+        jobs.push(started.body["id"].as_str().unwrap().to_owned());
+    }
+    for id in &jobs {
+        let job = api.replay_once_done(id, ACME).await;
+        assert_eq!(job["state"], "finished", "{job}");
+        assert_eq!(job["published"], 0, "{job}");
+    }
+
+    // Attempts: another tenant's subscription and a missing one are answered alike, and
+    // take the same path: both read history.
+    let theirs = api
+        .call(Method::GET, "/v1/subscriptions/sub_g/attempts", ACME, None)
+        .await;
+    let missing = api
+        .call(
+            Method::GET,
+            "/v1/subscriptions/sub_none/attempts",
+            ACME,
+            None,
+        )
+        .await;
+    theirs.problem(404);
+    assert_eq!(theirs.body, missing.body);
+    api.stop().await;
+
+    let without_history = Api::start_with_options(Options {
+        history: false,
+        ..Options::default()
+    })
+    .await;
+    without_history
+        .create(
+            ADMIN,
+            json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+        )
+        .await;
+    for id in ["sub_g", "sub_none"] {
+        without_history
+            .call(
+                Method::GET,
+                &format!("/v1/subscriptions/{id}/attempts"),
+                ACME,
+                None,
+            )
+            .await
+            .problem(503);
+    }
+    without_history.stop().await;
+}
+
+#[tokio::test]
+async fn slow_name_lookups_hold_no_database_connection() {
+    // Lookups of slow.acme.example wait until the test lets them answer.
+    let gated = Arc::new(common::egress::GatedLookup::new(
+        "slow.acme.example",
+        &["93.184.215.16"],
+        lookup(),
+    ));
+    let api = Api::start_with_options(Options {
+        lookup: gated.clone(),
+        lookup_timeout: Duration::from_secs(600),
+        ..Options::default()
+    })
+    .await;
+    for n in 1..=4 {
+        api.create(ADMIN, acme_sub(&format!("sub_u{n}"))).await;
+    }
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+
+    // As many creates and changes as the pool has connections (8), each waiting on the name.
+    let send = |method: Method, path: String, body: Value| {
+        let request = api
+            .client
+            .request(method, format!("{}{path}", api.base))
+            .bearer_auth(ACME)
+            .json(&body);
+        tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        })
+    };
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(send(
+            Method::POST,
+            "/v1/subscriptions".into(),
+            json!({ "url": "https://slow.acme.example/in" }),
+        ));
+    }
+    for n in 1..=4 {
+        slow.push(send(
+            Method::PATCH,
+            format!("/v1/subscriptions/sub_u{n}"),
+            json!({ "url": "https://slow.acme.example/in" }),
+        ));
+    }
+    assert!(wait_until(WAIT, || async { gated.held() == 8 }).await);
+
+    // Meanwhile another tenant is answered, and so is a change of a subscription being
+    // changed slowly.
+    let list = api
+        .call(Method::GET, "/v1/subscriptions", GLOBEX, None)
+        .await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_g", GLOBEX, None)
+        .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    let meanwhile = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_u1",
+            ADMIN,
+            Some(json!({ "description": "changed meanwhile" })),
+        )
+        .await;
+    assert_eq!(meanwhile.status, StatusCode::OK, "{}", meanwhile.body);
+    assert!(
+        slow.iter().all(|s| !s.is_finished()),
+        "the slow ones are still waiting on the name"
+    );
+
+    gated.open();
+    let mut statuses = Vec::new();
+    for s in slow {
+        let (status, body) = s.await.unwrap();
+        statuses.push(status.as_u16());
+        assert!(status.is_success(), "{status}: {body}");
+    }
+    assert_eq!(statuses, [201, 201, 201, 201, 200, 200, 200, 200]);
+    // The slow change applied on top of the one made meanwhile, not over it.
+    let after = api
+        .call(Method::GET, "/v1/subscriptions/sub_u1", ADMIN, None)
+        .await;
+    assert_eq!(after.body["url"], "https://slow.acme.example/in");
+    assert_eq!(after.body["description"], "changed meanwhile");
+    api.stop().await;
+}
+
+/// Copies the sealed value of (`from`, `from_purpose`) over that of (`to`, `to_purpose`).
+async fn move_sealed(api: &Api, from: (&str, &str), to: (&str, &str)) {
+    let moved = sqlx::query(
+        "UPDATE subscription_secrets SET sealed = (SELECT sealed FROM subscription_secrets \
+         WHERE subscription_id = $1 AND purpose = $2) WHERE subscription_id = $3 AND purpose = $4",
+    )
+    .bind(from.0)
+    .bind(from.1)
+    .bind(to.0)
+    .bind(to.1)
+    .execute(api.db.store.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(moved, 1);
+}
+
+#[tokio::test]
+async fn a_sealed_value_opens_only_in_its_own_row_field_and_tenant() {
+    let api = Api::start().await;
+    let with_secrets = |id: &str| {
+        json!({
+            "id": id, "tenant": "acme", "url": "https://hooks.acme.example/in",
+            "headers": { "X-Api-Key": { "secret": format!("key-of-{id}") } },
+            "basic_auth": { "username": "u", "password": format!("password-of-{id}") },
+        })
+    };
+    for id in ["sub_field", "sub_row", "sub_other", "sub_tenant"] {
+        api.create(ADMIN, with_secrets(id)).await;
+    }
+    let secrets = SecretStore::new(Duration::ZERO).with_keyring(Arc::clone(&api.keyring));
+    let problems = |id: &'static str| {
+        let (secrets, api) = (&secrets, &api);
+        async move {
+            let (subs, rows) = api.db.store.load_all().await.unwrap();
+            assert!(rows.is_empty(), "{rows:?}");
+            secrets
+                .problems_of(subs.get(id).unwrap())
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        }
+    };
+    for id in ["sub_field", "sub_row", "sub_tenant"] {
+        assert_eq!(problems(id).await, Vec::<String>::new());
+    }
+
+    // Another field of the same subscription: the header's key as the password.
+    move_sealed(
+        &api,
+        ("sub_field", "header:x-api-key"),
+        ("sub_field", "basic_auth.password"),
+    )
+    .await;
+    // Another subscription's row.
+    move_sealed(
+        &api,
+        ("sub_other", "basic_auth.password"),
+        ("sub_row", "basic_auth.password"),
+    )
+    .await;
+    // Another tenant: the row moved whole.
+    sqlx::query("UPDATE subscriptions SET tenant = 'globex' WHERE id = 'sub_tenant'")
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    for (id, count) in [("sub_field", 1), ("sub_row", 1), ("sub_tenant", 3)] {
+        let found = problems(id).await;
+        assert_eq!(found.len(), count, "{id}: {found:?}");
+        for p in found {
+            assert!(p.contains("does not open"), "{id}: {p}");
+            assert!(!p.contains("password-of") && !p.contains("key-of"), "{p}");
+        }
+    }
+
+    // A remembered create answer holds a reference to the secret's row, not the secret sealed,
+    // and gives the secret only to the tenant it was created for.
+    let body = serde_json::to_vec(&json!({ "url": "https://hooks.acme.example/i" })).unwrap();
+    let key = [("idempotency-key", "create-1")];
+    let first = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let stored: Value = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_one(api.db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored.get("secret"), None, "{stored}");
+    assert_eq!(stored.get("sealed_secret"), None, "{stored}");
+    let again = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body, first.body);
+    // An answer remembered as earlier versions kept it, the secret sealed in it for the
+    // subscription id alone, is still given again.
+    let id = first.body["subscription"]["id"].as_str().unwrap();
+    let secret = first.body["secret"].as_str().unwrap();
+    let mut legacy = first.body.clone();
+    legacy.as_object_mut().unwrap().remove("secret");
+    legacy["sealed_secret"] = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .encode(common::seal_old_form(&api.key, id, secret.as_bytes()))
+            .into()
+    };
+    sqlx::query("UPDATE idempotency_keys SET body = $1")
+        .bind(&legacy)
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    let old_form = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert_eq!(old_form.status, StatusCode::OK, "{}", old_form.body);
+    assert_eq!(old_form.body, first.body);
+    // The remembered answer moved to globex's keys: not globex's to see.
+    sqlx::query("UPDATE idempotency_keys SET scope = 'tenant:globex'")
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    let moved = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(GLOBEX),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    assert!(!moved.body.to_string().contains(secret), "{}", moved.body);
+    moved.problem(500);
+    // Once the secret's row is gone, the first answer cannot be given again.
+    sqlx::query("UPDATE idempotency_keys SET scope = 'tenant:acme', body = $1")
+        .bind(&stored)
+        .execute(api.db.store.pool())
+        .await
+        .unwrap();
+    api.call(
+        Method::DELETE,
+        &format!("/v1/subscriptions/{id}"),
+        ACME,
+        None,
+    )
+    .await;
+    let gone = api
+        .raw(
+            Method::POST,
+            "/v1/subscriptions",
+            Some(ACME),
+            Some(body),
+            &key,
+        )
+        .await;
+    gone.problem(409);
+    assert!(!gone.body.to_string().contains(secret), "{}", gone.body);
     api.stop().await;
 }

@@ -13,7 +13,7 @@ use hookrelay::delivery::subscriptions::{
 };
 use hookrelay::store::PgStore;
 use hookrelay::store::postgres::StoreError;
-use hookrelay::store::seal::{Keyring, generate_key};
+use hookrelay::store::seal::{Binding, Keyring, generate_key};
 use hookrelay::store::transfer;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
@@ -229,9 +229,10 @@ async fn sealed_secrets_sign_deliveries_and_export_refuses_them_without_a_secret
         receiver.url("/").parse().unwrap(),
         SecretRef::Env("UNUSED".into()),
     );
+    let binding = Binding::new("acme", "sealed", "signing");
     sub.secrets = vec![SecretSpec::new(SecretRef::Sealed(SealedSecret {
-        subscription_id: "sealed".into(),
-        sealed: Arc::from(ring.seal("sealed", whsec.as_bytes()).unwrap()),
+        sealed: Arc::from(ring.seal(&binding, whsec.as_bytes()).unwrap()),
+        binding,
     }))];
     put(&store, &sub).await;
 
@@ -609,4 +610,120 @@ async fn the_worker_command_runs_on_the_store_and_pause_and_resume_write_it() {
     );
     assert_eq!(receiver.duplicates(), 0);
     let _ = child.kill().await;
+}
+
+#[tokio::test]
+async fn an_old_form_sealed_value_still_opens_and_reseal_upgrades_every_one() {
+    use base64::Engine;
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let (old_key, new_key) = (generate_key(), generate_key());
+    let whsec = hookrelay::delivery::signing::generate_secret();
+    let pool = store.pool();
+    sqlx::query(
+        "INSERT INTO subscriptions (id, tenant, url, request) VALUES ('legacy', 'acme', \
+         'https://hooks.acme.example/in', '{\"basic_auth\": {\"username\": \"u\"}}')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // The signing secret under the old key; the password already under the new one, yet in the
+    // old form.
+    let signing = common::seal_old_form(&old_key, "legacy", whsec.as_bytes());
+    for (purpose, sealed) in [
+        ("signing", signing.clone()),
+        (
+            "basic_auth.password",
+            common::seal_old_form(&new_key, "legacy", b"hunter2"),
+        ),
+    ] {
+        sqlx::query(
+            "INSERT INTO subscription_secrets (subscription_id, purpose, sealed) \
+             VALUES ('legacy', $1, $2)",
+        )
+        .bind(purpose)
+        .bind(sealed)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    // A create answer remembered with its secret sealed in it, as the API kept them.
+    let remembered = serde_json::json!({
+        "subscription": { "id": "legacy", "tenant": "acme" },
+        "sealed_secret": base64::engine::general_purpose::STANDARD.encode(&signing),
+    });
+    sqlx::query(
+        "INSERT INTO idempotency_keys (scope, key, request_hash, status, body) \
+         VALUES ('tenant:acme', 'k', '\\x00', 201, $1)",
+    )
+    .bind(&remembered)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    // Both open as they are, with a ring that holds both keys.
+    let problems = |keys: &[&String]| {
+        let ring = Arc::new(Keyring::from_base64(keys).unwrap());
+        let store = store.clone();
+        async move {
+            let (subs, rows) = store.load_all().await.unwrap();
+            assert!(rows.is_empty(), "{rows:?}");
+            let secrets = hookrelay::delivery::subscriptions::SecretStore::new(Duration::ZERO)
+                .with_keyring(ring);
+            let sub = subs.get("legacy").unwrap();
+            assert_eq!(sub.basic_auth.as_ref().unwrap().username, "u");
+            secrets
+                .problems_of(sub)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(problems(&[&new_key, &old_key]).await, Vec::<String>::new());
+
+    // `store reseal` seals every one again with the first key, in the new form, and the
+    // remembered answer refers to the secret's row instead of holding it.
+    let env = [
+        ("HOOKRELAY_STORE_KEYS", "env:NEW_KEY,env:OLD_KEY"),
+        ("NEW_KEY", new_key.as_str()),
+        ("OLD_KEY", old_key.as_str()),
+    ];
+    let (code, out, err) = common::hookrelay(&["store", "reseal", "--store", &db.url], &env);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("2 secret(s) sealed again"), "{out}");
+    let forms: Vec<i32> =
+        sqlx::query_scalar("SELECT get_byte(sealed, 0) FROM subscription_secrets")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(forms, [2, 2]);
+    let body: serde_json::Value = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(body.get("sealed_secret"), None, "{body}");
+    let signing_row: i64 =
+        sqlx::query_scalar("SELECT position FROM subscription_secrets WHERE purpose = 'signing'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(body["secret_position"], signing_row, "{body}");
+    assert_eq!(body["subscription"]["id"], "legacy");
+    // The old key can go; and a second run has nothing to do.
+    assert_eq!(problems(&[&new_key]).await, Vec::<String>::new());
+    let (code, out, _) = common::hookrelay(&["store", "reseal", "--store", &db.url], &env);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(" 0 secret(s) sealed again"), "{out}");
+
+    // Now bound to its field: the signing secret as the password does not open.
+    sqlx::query(
+        "UPDATE subscription_secrets SET sealed = (SELECT sealed FROM subscription_secrets \
+         WHERE purpose = 'signing') WHERE purpose = 'basic_auth.password'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let found = problems(&[&new_key]).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("does not open"), "{found:?}");
 }

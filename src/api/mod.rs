@@ -32,8 +32,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use lapin::{Connection, ConnectionProperties};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
@@ -209,34 +207,6 @@ impl ApiState {
             "Returned a resumed subscription's parked deliveries"
         );
         Ok(())
-    }
-
-    /// A remembered create answer, with its secret opened again.
-    fn replay(&self, mut body: serde_json::Value) -> Result<(serde_json::Value, String), ApiError> {
-        let object = body
-            .as_object_mut()
-            .ok_or_else(|| ApiError::internal("a remembered answer is not an object"))?;
-        let id = object
-            .get("subscription")
-            .and_then(|s| s.get("id"))
-            .and_then(|id| id.as_str())
-            .ok_or_else(|| ApiError::internal("a remembered answer has no subscription id"))?
-            .to_owned();
-        // A subscription signing v1a alone has no secret to show again, only its public key.
-        if let Some(sealed) = object.remove("sealed_secret") {
-            let sealed = sealed
-                .as_str()
-                .and_then(|s| STANDARD.decode(s).ok())
-                .ok_or_else(|| ApiError::internal("a remembered sealed secret is not base64"))?;
-            let secret = self
-                .keyring
-                .open(&id, &sealed)
-                .ok()
-                .and_then(|s| String::from_utf8(s).ok())
-                .ok_or_else(|| ApiError::internal("a remembered secret does not open"))?;
-            object.insert("secret".into(), serde_json::Value::String(secret));
-        }
-        Ok((body, id))
     }
 }
 

@@ -13,7 +13,8 @@ use crate::store::request::StoredRequest;
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
     /// 1 to 128 letters, digits, `_` or `-`. Generated (`sub_<32 hex>`) when absent. Ids are
-    /// unique across tenants: one already taken is answered 409.
+    /// unique across tenants: only an admin token names one (409 when taken); a tenant token
+    /// naming one is refused (422) whatever the id, so no tenant learns another's ids.
     #[schema(example = "sub_acme_orders", pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub id: Option<String>,
     /// The tenant it belongs to. A tenant token may leave it out (its own tenant) and may name

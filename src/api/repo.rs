@@ -164,6 +164,46 @@ pub async fn find(
     select_checked(conn, id, scope, "").await
 }
 
+/// The version of a subscription's row: it changes with every write of the row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowVersion(String);
+
+/// Subscription `id`'s settings and the version of its row, if `scope` sees it.
+pub async fn find_versioned(
+    conn: &mut PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<(Checked, RowVersion)>, ApiError> {
+    // xmin: the transaction that wrote this version of the row.
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS}, xmin::text AS version FROM subscriptions \
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)"
+    ))
+    .bind(id)
+    .bind(scope.tenant())
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|row| Ok((checked(&row)?, RowVersion(column(&row, "version")?))))
+        .transpose()
+}
+
+/// Locks subscription `id`'s row until the transaction ends; its version, if `scope` sees it.
+pub async fn lock_version(
+    conn: &mut PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<RowVersion>, ApiError> {
+    let version: Option<String> = sqlx::query_scalar(
+        "SELECT xmin::text FROM subscriptions WHERE id = $1 \
+         AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
+    )
+    .bind(id)
+    .bind(scope.tenant())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(version.map(RowVersion))
+}
+
 /// Subscription `id`'s settings, locked until the transaction ends, if `scope` sees it.
 pub async fn lock(
     conn: &mut PgConnection,
@@ -196,23 +236,45 @@ pub struct NewSigning {
     pub public_key: Option<String>,
 }
 
+/// Stores `signing`; the positions of their rows, in order.
 async fn insert_signing(
     conn: &mut PgConnection,
     id: &str,
     signing: &[NewSigning],
-) -> Result<(), ApiError> {
+) -> Result<Vec<i64>, ApiError> {
+    let mut positions = Vec::with_capacity(signing.len());
     for s in signing {
-        sqlx::query(
+        let position: i64 = sqlx::query_scalar(
             "INSERT INTO subscription_secrets (subscription_id, sealed, public_key) \
-             VALUES ($1, $2, $3)",
+             VALUES ($1, $2, $3) RETURNING position",
         )
         .bind(id)
         .bind(&s.sealed)
         .bind(&s.public_key)
-        .execute(&mut *conn)
+        .fetch_one(&mut *conn)
         .await?;
+        positions.push(position);
     }
-    Ok(())
+    Ok(positions)
+}
+
+/// The sealed signing secret at `position` of subscription `id`, and the subscription's
+/// tenant.
+pub async fn signing_secret(
+    conn: &mut PgConnection,
+    id: &str,
+    position: i64,
+) -> Result<Option<(Vec<u8>, String)>, ApiError> {
+    Ok(sqlx::query_as(
+        "SELECT x.sealed, s.tenant FROM subscription_secrets x \
+         JOIN subscriptions s ON s.id = x.subscription_id \
+         WHERE x.subscription_id = $1 AND x.position = $2 AND x.purpose = 'signing' \
+         AND x.sealed IS NOT NULL",
+    )
+    .bind(id)
+    .bind(position)
+    .fetch_optional(&mut *conn)
+    .await?)
 }
 
 /// Replaces the stored secrets of `replaced` purposes (`header:` for all of the headers') and
@@ -251,13 +313,14 @@ fn request_json(sub: &Checked) -> Result<serde_json::Value, ApiError> {
 }
 
 /// Inserts a new subscription with its signing secrets and the secrets of its headers and
-/// authentication, sealed; false when the id is taken.
+/// authentication, sealed; the positions of the signing secrets' rows, `None` when the id is
+/// taken.
 pub async fn insert(
     conn: &mut PgConnection,
     sub: &Checked,
     signing: &[NewSigning],
     sealed: &[(String, Vec<u8>)],
-) -> Result<bool, ApiError> {
+) -> Result<Option<Vec<i64>>, ApiError> {
     let inserted = sqlx::query(
         "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
          max_concurrent, rate, description, request) \
@@ -277,11 +340,11 @@ pub async fn insert(
     .await?
     .rows_affected();
     if inserted == 0 {
-        return Ok(false);
+        return Ok(None);
     }
-    insert_signing(conn, &sub.id, signing).await?;
+    let positions = insert_signing(conn, &sub.id, signing).await?;
     write_request_secrets(conn, &sub.id, &[], sealed).await?;
-    Ok(true)
+    Ok(Some(positions))
 }
 
 /// Writes a changed subscription (one [`lock`]ed in this transaction), with the sealed secrets
@@ -381,7 +444,7 @@ pub async fn rotate(
     .bind(epoch_ms(old_until))
     .execute(&mut *conn)
     .await?;
-    insert_signing(conn, id, signing).await
+    insert_signing(conn, id, signing).await.map(drop)
 }
 
 /// The cursor of a page that ends at `id`: opaque to callers.

@@ -19,6 +19,9 @@ use tracing::{info, warn};
 
 use crate::contract::envelope::{NewEvent, check_id};
 use crate::delivery::signing::{generate_key_pair, generate_secret};
+use crate::store::postgres::{REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW};
+use crate::store::request as stored;
+use crate::store::seal::Binding;
 use crate::units::Rate;
 
 use super::ApiState;
@@ -109,23 +112,25 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
 struct NewSecrets {
     rows: Vec<repo::NewSigning>,
-    /// The `whsec_` secret, and its sealed form (kept for an idempotent replay).
+    /// The `whsec_` secret, and which of `rows` holds it (an idempotent replay reads it there).
     secret: Option<String>,
-    sealed_secret: Option<Vec<u8>>,
+    secret_row: Option<usize>,
     public_key: Option<String>,
 }
 
 fn new_signing(
     state: &ApiState,
+    tenant: &str,
     id: &str,
     schemes: &[SignatureScheme],
 ) -> Result<NewSecrets, ApiError> {
     let mut out = NewSecrets {
         rows: Vec::new(),
         secret: None,
-        sealed_secret: None,
+        secret_row: None,
         public_key: None,
     };
+    let binding = Binding::new(tenant, id, stored::SIGNING);
     // v1a first, so v1 (the higher position) is the newest: the order does not change what
     // signs, only how the list reads.
     for scheme in schemes.iter().rev() {
@@ -134,20 +139,20 @@ fn new_signing(
                 let secret = generate_secret();
                 let sealed = state
                     .keyring
-                    .seal(id, secret.as_bytes())
+                    .seal(&binding, secret.as_bytes())
                     .map_err(ApiError::internal)?;
+                out.secret_row = Some(out.rows.len());
                 out.rows.push(repo::NewSigning {
-                    sealed: sealed.clone(),
+                    sealed,
                     public_key: None,
                 });
                 out.secret = Some(secret);
-                out.sealed_secret = Some(sealed);
             }
             SignatureScheme::V1a => {
                 let (secret_key, public_key) = generate_key_pair();
                 let sealed = state
                     .keyring
-                    .seal(id, secret_key.as_bytes())
+                    .seal(&binding, secret_key.as_bytes())
                     .map_err(ApiError::internal)?;
                 out.rows.push(repo::NewSigning {
                     sealed,
@@ -160,22 +165,108 @@ fn new_signing(
     Ok(out)
 }
 
-/// The secrets a request gave, sealed for subscription `id`.
-fn seal_all(
-    state: &ApiState,
-    id: &str,
-    secrets: &[(String, validate::Plain)],
-) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
-    secrets
+/// The secrets a request gave, each sealed for its tenant, subscription and purpose.
+fn seal_all(state: &ApiState, sub: &validate::Checked) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+    sub.new_secrets
         .iter()
         .map(|(purpose, plain)| {
             state
                 .keyring
-                .seal(id, plain.0.as_bytes())
+                .seal(
+                    &Binding::new(&sub.tenant, &sub.id, purpose),
+                    plain.0.as_bytes(),
+                )
                 .map(|sealed| (purpose.clone(), sealed))
                 .map_err(ApiError::internal)
         })
         .collect()
+}
+
+/// The answer remembered for (`scope`, `key`), if any; the request must be the same. Holds
+/// the key's lock until `tx` ends, so requests with one key are answered one after the other.
+async fn remembered(
+    state: &ApiState,
+    tx: &mut sqlx::PgConnection,
+    caller: &Scope,
+    key: &str,
+    request_hash: &[u8],
+) -> Result<Option<Response>, ApiError> {
+    let scope = caller.idempotency_scope();
+    let Some(first) = repo::idempotency_lookup(tx, &scope, key).await? else {
+        return Ok(None);
+    };
+    if first.request_hash != request_hash {
+        return Err(ApiError::IdempotencyMismatch);
+    }
+    let (body, id) = replay(state, tx, caller, first.body).await?;
+    // Answered as it was, but 200: nothing was created by this request.
+    Ok(Some(created(StatusCode::OK, body, &id)))
+}
+
+/// A remembered create answer, with its secret read again from the row it refers to (or, as
+/// earlier versions kept it, opened from the answer). It must be of a tenant the caller sees,
+/// and the row of the same subscription and tenant: moved elsewhere, it is not shown.
+async fn replay(
+    state: &ApiState,
+    conn: &mut sqlx::PgConnection,
+    caller: &Scope,
+    mut body: serde_json::Value,
+) -> Result<(serde_json::Value, String), ApiError> {
+    let object = body
+        .as_object_mut()
+        .ok_or_else(|| ApiError::internal("a remembered answer is not an object"))?;
+    let subscription = object.get("subscription");
+    let field = |name: &str| {
+        subscription
+            .and_then(|s| s.get(name))
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::internal(format!("a remembered answer has no {name}")))
+    };
+    let (id, tenant) = (field("id")?, field("tenant")?);
+    if !caller.sees(&tenant) {
+        return Err(ApiError::internal(
+            "a remembered answer is of a tenant this caller does not see",
+        ));
+    }
+    let gone = || {
+        ApiError::Conflict(
+            "the subscription this Idempotency-Key created was deleted, or its secret rotated \
+             away, since: the first answer cannot be given again; use another key"
+                .into(),
+        )
+    };
+    // A subscription signing v1a alone has no secret to show again, only its public key.
+    let sealed = if let Some(position) = object.remove(REMEMBERED_SECRET_ROW) {
+        let position = position.as_i64().ok_or_else(gone)?;
+        let (sealed, row_tenant) = repo::signing_secret(conn, &id, position)
+            .await?
+            .ok_or_else(gone)?;
+        if row_tenant != tenant {
+            return Err(ApiError::internal(
+                "a remembered answer's secret is of another tenant",
+            ));
+        }
+        Some(sealed)
+    } else if let Some(sealed) = object.remove(REMEMBERED_SEALED_SECRET) {
+        let sealed = sealed
+            .as_str()
+            .and_then(|s| STANDARD.decode(s).ok())
+            .ok_or_else(|| ApiError::internal("a remembered sealed secret is not base64"))?;
+        Some(sealed)
+    } else {
+        None
+    };
+    if let Some(sealed) = sealed {
+        let secret = state
+            .keyring
+            .open(&Binding::new(&tenant, &id, stored::SIGNING), &sealed)
+            .ok()
+            .and_then(|s| String::from_utf8(s).ok())
+            .ok_or_else(|| ApiError::internal("a remembered secret does not open"))?;
+        object.insert("secret".into(), serde_json::Value::String(secret));
+    }
+    Ok((body, id))
 }
 
 fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
@@ -200,7 +291,7 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated), or the secret of the subscription this Idempotency-Key created is gone", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )
@@ -217,28 +308,33 @@ pub async fn create(
         .map(|b| Sha256::digest(b).to_vec())
         .unwrap_or_default();
     let req: CreateSubscription = json(body, None, state.max_body)?;
-    let mut tx = state.pool.begin().await?;
     let idempotency_scope = scope.idempotency_scope();
-    if let Some(key) = &key
-        && let Some(first) = repo::idempotency_lookup(&mut tx, &idempotency_scope, key).await?
-    {
-        if first.request_hash != request_hash {
-            return Err(ApiError::IdempotencyMismatch);
+    // A repeated request gets its first answer without being checked again.
+    if let Some(key) = &key {
+        let mut tx = state.pool.begin().await?;
+        if let Some(answer) = remembered(&state, &mut tx, &scope, key, &request_hash).await? {
+            return Ok(answer);
         }
-        let (body, id) = state.replay(first.body)?;
-        // Answered as it was, but 200: nothing was created by this request.
-        return Ok(created(StatusCode::OK, body, &id));
     }
+    // Checked (its names looked up, which may take seconds) and sealed before a connection is
+    // taken: the pool is every tenant's.
     let schemes = validate::schemes(req.signatures.as_deref(), "signatures")?;
     let sub = validate::create(req, &scope, &state.egress).await?;
-    let signing = new_signing(&state, &sub.id, &schemes)?;
-    let sealed = seal_all(&state, &sub.id, &sub.new_secrets)?;
-    if !repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? {
+    let signing = new_signing(&state, &sub.tenant, &sub.id, &schemes)?;
+    let sealed = seal_all(&state, &sub)?;
+    let mut tx = state.pool.begin().await?;
+    // A retry of this request may have been answered meanwhile.
+    if let Some(key) = &key
+        && let Some(answer) = remembered(&state, &mut tx, &scope, key, &request_hash).await?
+    {
+        return Ok(answer);
+    }
+    let Some(positions) = repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? else {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
             sub.id
         )));
-    }
+    };
     let view = repo::get(&mut tx, &sub.id, &Scope::Admin)
         .await?
         .ok_or_else(|| ApiError::internal("the subscription just created is not found"))?;
@@ -251,14 +347,11 @@ pub async fn create(
     if let Some(key) = &key {
         let mut remembered = body.clone();
         if let Some(object) = remembered.as_object_mut()
-            && let Some(sealed) = &signing.sealed_secret
+            && let Some(position) = signing.secret_row.and_then(|n| positions.get(n))
         {
-            // Kept sealed, like the secret's own row: the replay opens it.
+            // The secret stays in its own row alone: the replay reads it there.
             object.remove("secret");
-            object.insert(
-                "sealed_secret".into(),
-                serde_json::Value::String(STANDARD.encode(sealed)),
-            );
+            object.insert(REMEMBERED_SECRET_ROW.into(), (*position).into());
         }
         let remembered = Remembered {
             request_hash,
@@ -327,6 +420,7 @@ pub async fn list(
         (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed by other requests while this change was checked, again and again", body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
     )
@@ -339,20 +433,41 @@ pub async fn update(
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
     path_id(&id)?;
     let change: UpdateSubscription = json(body, None, state.max_body)?;
-    let mut tx = state.pool.begin().await?;
-    let current = repo::lock(&mut tx, &id, &scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    let changed = validate::update(current, change, &state.egress).await?;
-    let sealed = seal_all(&state, &id, &changed.new_secrets)?;
-    repo::save(&mut tx, &changed, &sealed).await?;
-    let view = repo::get(&mut tx, &id, &scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    tx.commit().await?;
-    info!(subscription = %id, "Updated subscription");
-    Ok(axum::Json(view))
+    // Read, checked (its names looked up, which may take seconds) and sealed with no connection
+    // or lock held; written only if the row is still as it was read, else done again on what
+    // it is now, so a change made meanwhile is kept.
+    for _ in 0..UPDATE_TRIES {
+        let (current, version) = {
+            let mut conn = state.pool.acquire().await?;
+            repo::find_versioned(&mut conn, &id, &scope)
+                .await?
+                .ok_or(ApiError::NotFound)?
+        };
+        let changed = validate::update(current, change.clone(), &state.egress).await?;
+        let sealed = seal_all(&state, &changed)?;
+        let mut tx = state.pool.begin().await?;
+        match repo::lock_version(&mut tx, &id, &scope).await? {
+            None => return Err(ApiError::NotFound),
+            Some(now) if now != version => continue,
+            Some(_) => {}
+        }
+        repo::save(&mut tx, &changed, &sealed).await?;
+        let view = repo::get(&mut tx, &id, &scope)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        tx.commit().await?;
+        info!(subscription = %id, "Updated subscription");
+        return Ok(axum::Json(view));
+    }
+    Err(ApiError::Conflict(format!(
+        "the subscription was changed by other requests while this change was checked, \
+         {UPDATE_TRIES} times; send it again"
+    )))
 }
+
+/// How many times a change is checked again because its subscription changed meanwhile,
+/// before it is answered 409.
+const UPDATE_TRIES: usize = 3;
 
 /// Deletes a subscription. What waits for it is cancelled as `deleted` when it comes up.
 #[utoipa::path(
@@ -484,14 +599,14 @@ pub async fn rotate(
     let req: RotateSecret = json(body, Some(RotateSecret::default()), state.max_body)?;
     let old_until = validate::overlap_end(&req, std::time::SystemTime::now())?;
     let mut tx = state.pool.begin().await?;
-    repo::lock(&mut tx, &id, &scope)
+    let current = repo::lock(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
     let schemes = match &req.signatures {
         Some(asked) => validate::schemes(Some(asked), "signatures")?,
         None => repo::signing_schemes(&mut tx, &id).await?,
     };
-    let signing = new_signing(&state, &id, &schemes)?;
+    let signing = new_signing(&state, &current.tenant, &id, &schemes)?;
     repo::rotate(&mut tx, &id, &signing.rows, old_until).await?;
     let view = repo::get(&mut tx, &id, &scope)
         .await?

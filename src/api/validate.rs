@@ -11,7 +11,10 @@ use tracing::debug;
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
 use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, ResolveError};
 use crate::delivery::subscriptions::EventFilter;
-use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
+use crate::delivery::subscriptions::parse::{
+    TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
+    refuse_credentials,
+};
 use crate::units::Rate;
 
 use super::auth::Scope;
@@ -129,7 +132,7 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
         problems.add("url", format!("longer than {MAX_URL_LEN} characters"));
         return None;
     }
-    match parse_url(raw) {
+    match parse_url(raw).and_then(|u| refuse_credentials(&u, URL_CREDENTIALS_INSTEAD).map(|()| u)) {
         Ok(u) => Some(u),
         Err(message) => {
             problems.add("url", message);
@@ -290,6 +293,11 @@ fn oauth2(
         raw.auth_method.as_deref(),
     );
     let ok = secret_text("oauth2.client_secret", &raw.client_secret, problems);
+    let built = built.and_then(|o| {
+        refuse_credentials(&o.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
+            .map(|()| o)
+            .map_err(|why| ("token_url", why))
+    });
     match built {
         Err((field, why)) => {
             problems.add(&format!("oauth2.{field}"), why);
@@ -403,14 +411,24 @@ pub async fn create(
     egress_policy: &Egress,
 ) -> Result<Checked, ApiError> {
     let mut problems = Problems::default();
-    let id = match req.id {
-        Some(id) => {
+    let id = match (req.id, scope) {
+        // Ids are unique across tenants: a tenant that could name one would learn, from a
+        // conflict, that another tenant has it. The refusal is the same whatever the id.
+        (Some(_), Scope::Tenant(_)) => {
+            problems.add(
+                "id",
+                "a tenant token's subscriptions get generated ids: leave id out (the answer \
+                 and its Location name the new one); only an admin token names an id",
+            );
+            String::new()
+        }
+        (Some(id), Scope::Admin) => {
             if check_id(&id).is_err() {
                 problems.add("id", "expected 1 to 128 letters, digits, '_' or '-'");
             }
             id
         }
-        None => format!("sub_{}", uuid::Uuid::new_v4().simple()),
+        (None, _) => format!("sub_{}", uuid::Uuid::new_v4().simple()),
     };
     let tenant = match (req.tenant, scope.tenant()) {
         (Some(t), Some(own)) if t != own => {

@@ -58,7 +58,7 @@ pub(super) async fn run(cmd: StoreCommand, config: &Config) -> anyhow::Result<Ex
             match keyring {
                 Ok(ring) => match ring.current_key_id() {
                     Some(id) => println!(
-                        "sealing key:    {id} ({} sealed with an older key)",
+                        "sealing key:    {id} ({} sealed with an older key or in the older form)",
                         counts.sealed - crate::store::postgres::sealed_with(&store, &ring).await?
                     ),
                     None => println!("sealing key:    none (store.keys is empty)"),
@@ -82,11 +82,15 @@ pub(super) async fn run(cmd: StoreCommand, config: &Config) -> anyhow::Result<Ex
             let Some(key) = ring.current_key_id() else {
                 bail!("store.keys is empty: nothing to seal with");
             };
-            let resealed = crate::store::postgres::reseal(&store, &ring).await?;
+            let done = crate::store::postgres::reseal(&store, &ring).await?;
             println!(
-                "{}: {resealed} secret(s) sealed again with key {key}; every sealed secret now \
-                 opens with it, and older keys can leave store.keys.",
-                store.shown()
+                "{}: {} secret(s) sealed again with key {key}, bound to their tenant, \
+                 subscription and purpose; {} remembered create answer(s) now refer to their \
+                 secret instead of holding it. Every sealed secret now opens with this key, and \
+                 older keys can leave store.keys.",
+                store.shown(),
+                done.secrets,
+                done.answers
             );
             Ok(ExitCode::SUCCESS)
         }

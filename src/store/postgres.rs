@@ -21,7 +21,7 @@ use crate::delivery::subscriptions::{
 use crate::units::Rate;
 
 use super::request::{self, RequestParts, StoredRequest};
-use super::seal::Keyring;
+use super::seal::{Binding, Keyring};
 
 /// The schema, embedded: `migrations/NNNN_name.sql`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -80,8 +80,12 @@ pub struct PgStore {
 
 const SUBSCRIPTION_COLUMNS: &str =
     "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, request";
-const SECRET_COLUMNS: &str = "subscription_id, purpose, reference, sealed, \
-     (extract(epoch from expires_at) * 1000)::int8 AS expires_ms";
+/// A secret's row with its subscription's tenant: a sealed value opens only for the tenant,
+/// subscription and purpose it was sealed for.
+const SECRET_COLUMNS: &str = "x.subscription_id, x.purpose, x.reference, x.sealed, \
+     (extract(epoch from x.expires_at) * 1000)::int8 AS expires_ms, s.tenant";
+const SECRETS_WITH_TENANT: &str =
+    "subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id";
 
 impl PgStore {
     /// Connects (lazily for the pool's later connections); fails if the first does not open
@@ -179,8 +183,8 @@ impl PgStore {
             .fetch_all(&mut *tx)
             .await?;
         let secrets = sqlx::query(&format!(
-            "SELECT {SECRET_COLUMNS} FROM subscription_secrets \
-             ORDER BY subscription_id, position DESC"
+            "SELECT {SECRET_COLUMNS} FROM {SECRETS_WITH_TENANT} \
+             ORDER BY x.subscription_id, x.position DESC"
         ))
         .fetch_all(&mut *tx)
         .await?;
@@ -210,8 +214,8 @@ impl PgStore {
         .fetch_all(&mut *tx)
         .await?;
         let secrets = sqlx::query(&format!(
-            "SELECT {SECRET_COLUMNS} FROM subscription_secrets WHERE subscription_id = ANY($1) \
-             ORDER BY subscription_id, position DESC"
+            "SELECT {SECRET_COLUMNS} FROM {SECRETS_WITH_TENANT} \
+             WHERE x.subscription_id = ANY($1) ORDER BY x.subscription_id, x.position DESC"
         ))
         .bind(ids)
         .fetch_all(&mut *tx)
@@ -350,9 +354,10 @@ fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProble
             .unwrap_or_else(|_| request::SIGNING.into());
         let entry = by_sub.entry(sub_id.clone()).or_default();
         if purpose == request::SIGNING {
-            entry.signing.push(secret(row, &sub_id));
+            entry.signing.push(secret(row, &sub_id, &purpose));
         } else {
-            entry.other.push((purpose, secret(row, &sub_id)));
+            let spec = secret(row, &sub_id, &purpose);
+            entry.other.push((purpose, spec));
         }
     }
     let mut list = Vec::with_capacity(rows.len());
@@ -367,16 +372,19 @@ fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProble
     (list, problems)
 }
 
-fn secret(row: &PgRow, sub_id: &str) -> Result<SecretSpec, String> {
+fn secret(row: &PgRow, sub_id: &str, purpose: &str) -> Result<SecretSpec, String> {
     let reference: Option<String> = row.try_get("reference").map_err(|e| e.to_string())?;
     let sealed: Option<Vec<u8>> = row.try_get("sealed").map_err(|e| e.to_string())?;
     let expires_ms: Option<i64> = row.try_get("expires_ms").map_err(|e| e.to_string())?;
     let reference = match (reference, sealed) {
         (Some(r), None) => SecretRef::parse(&r)?,
-        (None, Some(bytes)) => SecretRef::Sealed(SealedSecret {
-            subscription_id: sub_id.to_owned(),
-            sealed: Arc::from(bytes),
-        }),
+        (None, Some(bytes)) => {
+            let tenant: String = row.try_get("tenant").map_err(|e| e.to_string())?;
+            SecretRef::Sealed(SealedSecret {
+                binding: Binding::new(&tenant, sub_id, purpose),
+                sealed: Arc::from(bytes),
+            })
+        }
         _ => return Err("a secret row needs a reference or a sealed value, not both".into()),
     };
     let expires = expires_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs()));
@@ -473,31 +481,50 @@ pub async fn sealed_with(store: &PgStore, ring: &Keyring) -> Result<usize, Store
     Ok(rows.iter().filter(|s| ring.is_current(s)).count())
 }
 
-/// Seals every sealed secret not sealed with the first key again with it, in one transaction;
-/// returns how many. A secret that does not open with any key of the ring stops it: nothing is
+/// The field of a remembered create answer (`idempotency_keys.body`) that refers to its signing
+/// secret's row (`subscription_secrets.position`), whose secret a repeated request is shown
+/// again; `null` once that row is gone. The answer never holds the secret itself.
+pub const REMEMBERED_SECRET_ROW: &str = "secret_position";
+/// Where earlier versions kept the secret in a remembered answer, sealed for its subscription
+/// id alone; still read, and turned into [`REMEMBERED_SECRET_ROW`] by [`reseal`].
+pub const REMEMBERED_SEALED_SECRET: &str = "sealed_secret";
+
+/// What [`reseal`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resealed {
+    /// Sealed values sealed again with the first key, in the current form.
+    pub secrets: usize,
+    /// Remembered create answers that held their secret and now refer to its row.
+    pub answers: usize,
+}
+
+/// Seals every sealed value not sealed with the first key in the current form (bound to its
+/// tenant, subscription and purpose) again, whatever its purpose; and turns the remembered
+/// create answers that hold their secret sealed into answers that refer to the secret's row.
+/// One transaction: a value that does not open with any key of the ring stops it, nothing is
 /// changed, and the error names its subscription.
-pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<usize, ResealError> {
+pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<Resealed, ResealError> {
     let mut tx = store.pool().begin().await.map_err(StoreError::from)?;
-    let rows: Vec<(String, i64, Vec<u8>)> = sqlx::query_as(
-        "SELECT subscription_id, position, sealed FROM subscription_secrets \
-         WHERE sealed IS NOT NULL FOR UPDATE",
+    let rows: Vec<(String, i64, String, String, Vec<u8>)> = sqlx::query_as(
+        "SELECT x.subscription_id, x.position, x.purpose, s.tenant, x.sealed \
+         FROM subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id \
+         WHERE x.sealed IS NOT NULL FOR UPDATE OF x",
     )
     .fetch_all(&mut *tx)
     .await
     .map_err(StoreError::from)?;
-    let mut count = 0;
-    for (id, position, sealed) in rows {
+    let mut done = Resealed::default();
+    for (id, position, purpose, tenant, sealed) in rows {
         if ring.is_current(&sealed) {
             continue;
         }
-        let secret = ring.open(&id, &sealed).map_err(|e| ResealError::Open {
-            id: id.clone(),
-            message: e.to_string(),
-        })?;
-        let again = ring.seal(&id, &secret).map_err(|e| ResealError::Open {
-            id: id.clone(),
-            message: e.to_string(),
-        })?;
+        let binding = Binding::new(&tenant, &id, &purpose);
+        let secret = ring
+            .open(&binding, &sealed)
+            .map_err(|e| ResealError::open(&id, e))?;
+        let again = ring
+            .seal(&binding, &secret)
+            .map_err(|e| ResealError::open(&id, e))?;
         sqlx::query(
             "UPDATE subscription_secrets SET sealed = $3 \
              WHERE subscription_id = $1 AND position = $2",
@@ -508,9 +535,86 @@ pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<usize, ResealErro
         .execute(&mut *tx)
         .await
         .map_err(StoreError::from)?;
-        count += 1;
+        done.secrets += 1;
     }
+    done.answers = refer_remembered_secrets(&mut tx, ring).await?;
     tx.commit().await.map_err(StoreError::from)?;
+    Ok(done)
+}
+
+/// Turns each remembered create answer holding its secret sealed into one referring to the
+/// signing row that holds the same secret (`null` when none does any more: rotated away, or
+/// the subscription deleted); how many.
+async fn refer_remembered_secrets(
+    tx: &mut Transaction<'_, Postgres>,
+    ring: &Keyring,
+) -> Result<usize, ResealError> {
+    use base64::Engine;
+    use subtle::ConstantTimeEq;
+    let answers: Vec<(String, String, serde_json::Value)> = sqlx::query_as(&format!(
+        "SELECT scope, key, body FROM idempotency_keys \
+         WHERE body -> '{REMEMBERED_SEALED_SECRET}' IS NOT NULL FOR UPDATE"
+    ))
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(StoreError::from)?;
+    let count = answers.len();
+    for (scope, key, mut body) in answers {
+        let subscription = &body["subscription"];
+        let (Some(id), Some(tenant)) = (
+            subscription["id"].as_str().map(str::to_owned),
+            subscription["tenant"].as_str().map(str::to_owned),
+        ) else {
+            return Err(ResealError::Answer {
+                scope,
+                key,
+                message: "it names no subscription id and tenant".into(),
+            });
+        };
+        let sealed = body[REMEMBERED_SEALED_SECRET]
+            .as_str()
+            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+            .ok_or_else(|| ResealError::Answer {
+                scope: scope.clone(),
+                key: key.clone(),
+                message: "its sealed secret is not base64".into(),
+            })?;
+        let secret = ring
+            .open(&Binding::new(&tenant, &id, request::SIGNING), &sealed)
+            .map_err(|e| ResealError::open(&id, e))?;
+        let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(
+            "SELECT x.position, s.tenant, x.sealed \
+             FROM subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id \
+             WHERE x.subscription_id = $1 AND x.purpose = 'signing' AND x.sealed IS NOT NULL",
+        )
+        .bind(&id)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(StoreError::from)?;
+        let mut position = None;
+        for (at, row_tenant, row_sealed) in rows {
+            let opened = ring
+                .open(
+                    &Binding::new(&row_tenant, &id, request::SIGNING),
+                    &row_sealed,
+                )
+                .map_err(|e| ResealError::open(&id, e))?;
+            if row_tenant == tenant && bool::from(opened.ct_eq(&secret)) {
+                position = Some(at);
+            }
+        }
+        if let Some(object) = body.as_object_mut() {
+            object.remove(REMEMBERED_SEALED_SECRET);
+            object.insert(REMEMBERED_SECRET_ROW.into(), position.into());
+        }
+        sqlx::query("UPDATE idempotency_keys SET body = $3 WHERE scope = $1 AND key = $2")
+            .bind(&scope)
+            .bind(&key)
+            .bind(&body)
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::from)?;
+    }
     Ok(count)
 }
 
@@ -520,6 +624,24 @@ pub enum ResealError {
     Store(#[from] StoreError),
     #[error("the sealed secret of subscription {id:?}: {message}; nothing was changed")]
     Open { id: String, message: String },
+    #[error(
+        "the answer remembered for Idempotency-Key {key:?} ({scope}): {message}; nothing was \
+         changed"
+    )]
+    Answer {
+        scope: String,
+        key: String,
+        message: String,
+    },
+}
+
+impl ResealError {
+    fn open(id: &str, error: super::seal::SealError) -> Self {
+        Self::Open {
+            id: id.to_owned(),
+            message: error.to_string(),
+        }
+    }
 }
 
 /// Sets `paused` of a subscription; `None` when there is no such subscription, else whether

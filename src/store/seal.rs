@@ -1,11 +1,15 @@
-//! Secrets at rest: signing secrets the API generates are stored sealed with XChaCha20-Poly1305
-//! under a key of `store.keys`, and bound to their subscription id (as associated data), so a
-//! sealed value copied to another row does not open.
+//! Secrets at rest: secrets the API generates or is given are stored sealed with
+//! XChaCha20-Poly1305 under a key of `store.keys`, and bound (as associated data) to where they
+//! belong: their tenant, their subscription and their purpose (`signing`, `header:x-api-key`,
+//! `basic_auth.password`, ...). A sealed value copied to another row, another field of its row,
+//! or a row moved to another tenant, does not open.
 //!
-//! A sealed value is `1 | key id (4 bytes) | nonce (24 bytes) | ciphertext and tag`. The key id
-//! is the start of the key's SHA-256, so the keyring finds the key that opens it. Rotation: put
-//! a new key first in `store.keys` (new secrets are sealed with the first key), keep the old ones
-//! after it until `hookrelay store reseal` has sealed every secret with the first key again.
+//! A sealed value is `form | key id (4 bytes) | nonce (24 bytes) | ciphertext and tag`. The key
+//! id is the start of the key's SHA-256, so the keyring finds the key that opens it. Form 2 binds
+//! tenant, subscription and purpose; form 1, written by earlier versions, binds the subscription
+//! id alone and still opens, until `hookrelay store reseal` seals it again in form 2. Rotation:
+//! put a new key first in `store.keys` (new secrets are sealed with the first key), keep the old
+//! ones after it until `hookrelay store reseal` has sealed every secret with the first key again.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -13,7 +17,10 @@ use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use sha2::{Digest, Sha256};
 
-const VERSION: u8 = 1;
+/// Bound to tenant, subscription and purpose.
+const FORM: u8 = 2;
+/// Bound to the subscription id alone: opened, never written.
+const OLD_FORM: u8 = 1;
 const KEY_ID_LEN: usize = 4;
 const NONCE_LEN: usize = 24;
 const HEADER_LEN: usize = 1 + KEY_ID_LEN + NONCE_LEN;
@@ -29,10 +36,43 @@ pub enum SealError {
     NoKey,
     #[error("sealed with key {key_id}, which is not in store.keys")]
     UnknownKey { key_id: String },
-    #[error("not a sealed secret of this version, or damaged")]
+    #[error("not a sealed secret of a form this version knows, or damaged")]
     Malformed,
-    #[error("does not open with key {key_id}: damaged, or sealed for another subscription")]
+    #[error(
+        "does not open with key {key_id}: damaged, or sealed for another subscription, field or \
+         tenant (a sealed value opens only where it was sealed)"
+    )]
     DoesNotOpen { key_id: String },
+}
+
+/// Where a sealed value belongs; it opens only there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Binding {
+    pub tenant: String,
+    pub subscription_id: String,
+    /// `signing`, `header:<name>`, `basic_auth.password`, ... (see [`super::request`]).
+    pub purpose: String,
+}
+
+impl Binding {
+    pub fn new(tenant: &str, subscription_id: &str, purpose: &str) -> Self {
+        Self {
+            tenant: tenant.to_owned(),
+            subscription_id: subscription_id.to_owned(),
+            purpose: purpose.to_owned(),
+        }
+    }
+
+    /// The associated data of form 2: each part after its length, so no two bindings give
+    /// the same bytes.
+    fn associated_data(&self) -> Vec<u8> {
+        let mut out = b"hookrelay sealed 2".to_vec();
+        for part in [&self.tenant, &self.subscription_id, &self.purpose] {
+            out.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            out.extend_from_slice(part.as_bytes());
+        }
+        out
+    }
 }
 
 struct Key {
@@ -96,8 +136,8 @@ impl Keyring {
         self.keys.first().map(|k| hex(&k.id))
     }
 
-    /// Seals `secret` for subscription `subscription_id` with the newest key.
-    pub fn seal(&self, subscription_id: &str, secret: &[u8]) -> Result<Vec<u8>, SealError> {
+    /// Seals `secret` for `binding` with the newest key.
+    pub fn seal(&self, binding: &Binding, secret: &[u8]) -> Result<Vec<u8>, SealError> {
         let key = self.keys.first().ok_or(SealError::NoKey)?;
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
         let sealed = key
@@ -106,23 +146,28 @@ impl Keyring {
                 &nonce,
                 Payload {
                     msg: secret,
-                    aad: subscription_id.as_bytes(),
+                    aad: &binding.associated_data(),
                 },
             )
             .map_err(|_| SealError::Malformed)?;
         let mut out = Vec::with_capacity(HEADER_LEN + sealed.len());
-        out.push(VERSION);
+        out.push(FORM);
         out.extend_from_slice(&key.id);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&sealed);
         Ok(out)
     }
 
-    /// Opens what [`Keyring::seal`] sealed for the same subscription id.
-    pub fn open(&self, subscription_id: &str, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
-        if sealed.len() < HEADER_LEN + 16 || sealed[0] != VERSION {
+    /// Opens what was sealed for `binding`: in form 2, or in form 1 for its subscription id.
+    pub fn open(&self, binding: &Binding, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
+        if sealed.len() < HEADER_LEN + 16 {
             return Err(SealError::Malformed);
         }
+        let aad = match sealed[0] {
+            FORM => binding.associated_data(),
+            OLD_FORM => binding.subscription_id.as_bytes().to_vec(),
+            _ => return Err(SealError::Malformed),
+        };
         let id = &sealed[1..1 + KEY_ID_LEN];
         let key = self
             .keys
@@ -135,16 +180,17 @@ impl Keyring {
                 nonce,
                 Payload {
                     msg: &sealed[HEADER_LEN..],
-                    aad: subscription_id.as_bytes(),
+                    aad: &aad,
                 },
             )
             .map_err(|_| SealError::DoesNotOpen { key_id: hex(id) })
     }
 
-    /// Whether `sealed` was sealed with the newest key (`store reseal` skips those).
+    /// Whether `sealed` is sealed with the newest key, in the current form (`store reseal`
+    /// skips those).
     pub fn is_current(&self, sealed: &[u8]) -> bool {
         match (self.keys.first(), sealed.get(1..1 + KEY_ID_LEN)) {
-            (Some(k), Some(id)) => k.id == id,
+            (Some(k), Some(id)) => sealed[0] == FORM && k.id == id,
             _ => false,
         }
     }
@@ -166,27 +212,42 @@ pub fn generate_key() -> String {
 mod tests {
     use super::*;
 
+    fn binding(tenant: &str, id: &str, purpose: &str) -> Binding {
+        Binding::new(tenant, id, purpose)
+    }
+
     #[test]
-    fn a_sealed_secret_opens_only_for_its_subscription_and_with_a_key_of_the_ring() {
+    fn a_sealed_secret_opens_only_where_it_was_sealed_and_with_a_key_of_the_ring() {
         let old = generate_key();
         let new = generate_key();
         let ring = Keyring::from_base64(&[&old]).unwrap();
-        let sealed = ring.seal("sub-1", b"whsec_abc").unwrap();
-        assert_eq!(ring.open("sub-1", &sealed).unwrap(), b"whsec_abc");
-        assert!(matches!(
-            ring.open("sub-2", &sealed),
-            Err(SealError::DoesNotOpen { .. })
-        ));
+        let here = binding("acme", "sub-1", "signing");
+        let sealed = ring.seal(&here, b"whsec_abc").unwrap();
+        assert_eq!(ring.open(&here, &sealed).unwrap(), b"whsec_abc");
+        for elsewhere in [
+            binding("acme", "sub-2", "signing"),
+            binding("acme", "sub-1", "basic_auth.password"),
+            binding("globex", "sub-1", "signing"),
+            // The parts are delimited: moving a character from one to the next is elsewhere.
+            binding("acm", "esub-1", "signing"),
+        ] {
+            let err = ring.open(&elsewhere, &sealed).unwrap_err();
+            assert!(
+                matches!(err, SealError::DoesNotOpen { .. }),
+                "{elsewhere:?}"
+            );
+            assert!(err.to_string().contains("opens only where it was sealed"));
+        }
 
         // Rotation: the new key seals, the old one still opens what it sealed.
         let rotated = Keyring::from_base64(&[&new, &old]).unwrap();
-        assert_eq!(rotated.open("sub-1", &sealed).unwrap(), b"whsec_abc");
+        assert_eq!(rotated.open(&here, &sealed).unwrap(), b"whsec_abc");
         assert!(!rotated.is_current(&sealed));
-        let resealed = rotated.seal("sub-1", b"whsec_abc").unwrap();
+        let resealed = rotated.seal(&here, b"whsec_abc").unwrap();
         assert!(rotated.is_current(&resealed));
         // Without the old key, the old value names the key it needs.
         let only_new = Keyring::from_base64(&[&new]).unwrap();
-        let err = only_new.open("sub-1", &sealed).unwrap_err();
+        let err = only_new.open(&here, &sealed).unwrap_err();
         assert_eq!(
             err,
             SealError::UnknownKey {
@@ -197,9 +258,37 @@ mod tests {
         let mut damaged = sealed.clone();
         let last = damaged.len() - 1;
         damaged[last] ^= 1;
-        assert!(ring.open("sub-1", &damaged).is_err());
-        assert_eq!(ring.open("sub-1", b"short"), Err(SealError::Malformed));
-        assert_eq!(Keyring::empty().seal("s", b"x"), Err(SealError::NoKey));
+        assert!(ring.open(&here, &damaged).is_err());
+        assert_eq!(ring.open(&here, b"short"), Err(SealError::Malformed));
+        let mut unknown_form = sealed.clone();
+        unknown_form[0] = 9;
+        assert_eq!(ring.open(&here, &unknown_form), Err(SealError::Malformed));
+        assert_eq!(Keyring::empty().seal(&here, b"x"), Err(SealError::NoKey));
+    }
+
+    /// Form 1, as earlier versions sealed: `whsec_abc` for subscription `sub-1`, bound to its id
+    /// alone, under the key of 32 bytes 0..=31.
+    const OLD_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    const OLD_FORM_SEALED: &str = "01630dcd2907070707070707070707070707070707070707070707070791d728bd3d36a5f61f6cb8d6ba61e5f51142e99342b9835f50";
+
+    #[test]
+    fn a_value_of_the_old_form_opens_for_its_subscription_and_is_not_current() {
+        let ring = Keyring::from_base64(&[OLD_KEY]).unwrap();
+        let sealed: Vec<u8> = (0..OLD_FORM_SEALED.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&OLD_FORM_SEALED[i..i + 2], 16).unwrap())
+            .collect();
+        // Any tenant and purpose: form 1 did not bind them.
+        let open = ring.open(&binding("acme", "sub-1", "signing"), &sealed);
+        assert_eq!(open.unwrap(), b"whsec_abc");
+        assert_eq!(
+            ring.open(&binding("acme", "sub-2", "signing"), &sealed),
+            Err(SealError::DoesNotOpen {
+                key_id: key_id_of(&sealed)
+            })
+        );
+        // Sealed with the first key, yet `store reseal` seals it again, in form 2.
+        assert!(!ring.is_current(&sealed));
     }
 
     #[test]

@@ -147,13 +147,12 @@ pub async fn export(
         let reference = |file: String, r: &SecretRef| -> Result<String, ExportError> {
             match (r, secrets_dir) {
                 (SecretRef::Sealed(sealed), Some(dir)) => {
-                    let secret =
-                        keyring
-                            .open(&sub.id, &sealed.sealed)
-                            .map_err(|e| ExportError::Unseal {
-                                id: sub.id.clone(),
-                                message: e.to_string(),
-                            })?;
+                    let secret = keyring.open(&sealed.binding, &sealed.sealed).map_err(|e| {
+                        ExportError::Unseal {
+                            id: sub.id.clone(),
+                            message: e.to_string(),
+                        }
+                    })?;
                     let path = dir.join(file);
                     write_private(&path, &secret)?;
                     Ok(format!("file:{}", path.display()))

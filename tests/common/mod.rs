@@ -714,3 +714,30 @@ pub async fn failing_until_healthy(
     .unwrap();
     (receiver, healthy)
 }
+
+/// A value sealed as hookrelay sealed before a sealed value was bound to its tenant and
+/// purpose: `1 | key id | nonce | ciphertext`, the subscription id alone as associated data.
+pub fn seal_old_form(key: &str, subscription_id: &str, secret: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+    use sha2::Digest;
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(key)
+        .unwrap();
+    let cipher = chacha20poly1305::XChaCha20Poly1305::new_from_slice(&key).unwrap();
+    let nonce = chacha20poly1305::XChaCha20Poly1305::generate_nonce(&mut OsRng);
+    let sealed = cipher
+        .encrypt(
+            &nonce,
+            Payload {
+                msg: secret,
+                aad: subscription_id.as_bytes(),
+            },
+        )
+        .unwrap();
+    let mut out = vec![1u8];
+    out.extend_from_slice(&sha2::Sha256::digest(&key)[..4]);
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&sealed);
+    out
+}

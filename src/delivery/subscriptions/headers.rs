@@ -3,19 +3,26 @@
 
 use super::secrets::SecretRef;
 
-/// Headers a subscription cannot set: the signature's, the body's, hookrelay's own, and those
-/// the HTTP client owns. `webhook-*` as a prefix.
-pub const RESERVED_HEADERS: [&str; 10] = [
+/// Headers a subscription cannot set: the signature's, the body's, hookrelay's own, those the
+/// HTTP client owns, those of the connection rather than the request, and the proxy's
+/// credentials. `webhook-*` as a prefix.
+pub const RESERVED_HEADERS: [&str; 16] = [
     "content-type",
     "content-length",
     "content-encoding",
     "transfer-encoding",
     "host",
-    "connection",
     "user-agent",
     "idempotency-key",
     "x-delivery-attempt",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
     "te",
+    "trailer",
+    "expect",
+    "proxy-authorization",
 ];
 
 /// Why a header name cannot be a subscription's, or `None` when it can.
@@ -26,9 +33,18 @@ pub fn reserved_header(name: &str) -> Option<String> {
             "{name:?} is reserved: the webhook-* headers carry the id, timestamp and signature"
         ));
     }
-    RESERVED_HEADERS
-        .contains(&lower.as_str())
-        .then(|| format!("{name:?} is reserved: hookrelay or the HTTP client sets it"))
+    let why = match lower.as_str() {
+        // With `egress.proxy` set, the HTTP client leaves out the proxy's configured credentials
+        // when a request carries this header: a subscription would replace hookrelay's.
+        "proxy-authorization" => {
+            "it carries the credentials of egress.proxy, which are hookrelay's"
+        }
+        "connection" | "keep-alive" | "proxy-connection" | "upgrade" | "te" | "trailer"
+        | "expect" => "it governs the connection, which the HTTP client owns, not the request",
+        other if RESERVED_HEADERS.contains(&other) => "hookrelay or the HTTP client sets it",
+        _ => return None,
+    };
+    Some(format!("{name:?} is reserved: {why}"))
 }
 
 /// A header name a subscription may set, lower-cased, or why not.

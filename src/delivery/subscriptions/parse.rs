@@ -174,6 +174,26 @@ pub fn parse_url(raw: &str) -> Result<reqwest::Url, String> {
     }
 }
 
+/// Where the credentials of an endpoint go instead of its URL.
+pub const URL_CREDENTIALS_INSTEAD: &str = "give them as basic_auth (a username and a password \
+     kept as a secret)";
+/// Where the credentials of a token endpoint go instead of its URL.
+pub const TOKEN_URL_CREDENTIALS_INSTEAD: &str = "give them as client_id and client_secret \
+     (auth_method \"basic\" sends them as basic auth)";
+
+/// A URL as a subscription is given it (a file, the API) holds no credentials: a URL is stored,
+/// logged and shown as it is, so a password in it would be too. `instead` says where they go.
+/// The error does not repeat them.
+pub fn refuse_credentials(url: &reqwest::Url, instead: &str) -> Result<(), String> {
+    if url.username().is_empty() && url.password().is_none() {
+        return Ok(());
+    }
+    Err(format!(
+        "{:?} has credentials in it, which would be stored and shown as the URL is; {instead}",
+        crate::config::shown_url(url)
+    ))
+}
+
 /// A subscription's event types: exact names and `prefix.*` wildcards, at least one. Every
 /// problem is reported.
 pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, Vec<String>> {
@@ -200,14 +220,17 @@ pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, V
 /// An `[subscription.oauth2]` table, or the field and why not.
 fn parse_oauth2(o: &OAuth2Entry) -> Result<OAuth2, (&'static str, String)> {
     let client_secret = SecretRef::parse(&o.client_secret).map_err(|m| ("client_secret", m))?;
-    OAuth2::build(
+    let built = OAuth2::build(
         &o.token_url,
         &o.client_id,
         client_secret,
         o.scope.as_deref(),
         o.audience.as_deref(),
         o.auth_method.as_deref(),
-    )
+    )?;
+    refuse_credentials(&built.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
+        .map_err(|m| ("token_url", m))?;
+    Ok(built)
 }
 
 /// A `[subscription.tls]` table, or the field and why not.
@@ -391,7 +414,9 @@ impl Subscriptions {
             if let Err(e) = check_tenant(entry.tenant.get_ref()) {
                 errors.push(error(entry.tenant.span().start, "tenant", e.to_string()));
             }
-            let url = match parse_url(entry.url.get_ref()) {
+            let url = match parse_url(entry.url.get_ref())
+                .and_then(|url| refuse_credentials(&url, URL_CREDENTIALS_INSTEAD).map(|()| url))
+            {
                 Ok(url) => Some(url),
                 Err(message) => {
                     errors.push(error(entry.url.span().start, "url", message));
@@ -894,6 +919,55 @@ mod tests {
             plain_http.to_string().contains("must be https://"),
             "{plain_http}"
         );
+    }
+
+    #[test]
+    fn headers_of_the_connection_and_credentials_in_urls_are_refused() {
+        for header in [
+            "Proxy-Authorization",
+            "Expect",
+            "Upgrade",
+            "Keep-Alive",
+            "Trailer",
+            "TE",
+            "Proxy-Connection",
+        ] {
+            let err = with(&format!("headers = {{ \"{header}\" = \"x\" }}\n")).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("{header:?} is reserved")),
+                "{header}: {err}"
+            );
+        }
+        let with_url = |url: &str| {
+            Subscriptions::parse(
+                "subs.toml",
+                &format!(
+                    "[[subscription]]\nid = \"s\"\ntenant = \"t\"\nurl = \"{url}\"\n\
+                     secrets = [\"env:X\"]\n"
+                ),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let in_url = with_url("https://hook:hunter2@h.example/x");
+        assert!(
+            in_url.contains("url: ") && in_url.contains("basic_auth"),
+            "{in_url}"
+        );
+        let in_token_url = with(
+            "oauth2 = { token_url = \"https://c:hunter2@i.example/t\", client_id = \"c\", \
+             client_secret = \"env:S\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            in_token_url.contains("oauth2.token_url") && in_token_url.contains("client_secret"),
+            "{in_token_url}"
+        );
+        // A user name alone is a credential too; and the message never repeats the password.
+        let user = with_url("https://hook@h.example/x");
+        assert!(user.contains("basic_auth"), "{user}");
+        assert!(!in_url.contains("hunter2") && !in_token_url.contains("hunter2"));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::{Env, ProcessEnv};
 use crate::delivery::signing::{KeyError, SigningKey};
-use crate::store::seal::Keyring;
+use crate::store::seal::{Binding, Keyring};
 
 use super::*;
 
@@ -22,11 +22,12 @@ pub enum SecretRef {
     Sealed(SealedSecret),
 }
 
-/// A sealed secret as the store holds it: the ciphertext and the subscription it is bound to.
+/// A sealed secret as the store holds it: the ciphertext, and where it was read from (its
+/// tenant, subscription and purpose), which is where it must have been sealed for to open.
 /// Shown as `sealed:<key id>`; the ciphertext is never shown.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct SealedSecret {
-    pub subscription_id: String,
+    pub binding: Binding,
     pub sealed: Arc<[u8]>,
 }
 
@@ -219,13 +220,12 @@ impl SecretStore {
                 })?
             }
             SecretRef::Sealed(s) => {
-                let opened = self
-                    .keyring
-                    .open(&s.subscription_id, &s.sealed)
-                    .map_err(|e| SecretError::Unsealable {
+                let opened = self.keyring.open(&s.binding, &s.sealed).map_err(|e| {
+                    SecretError::Unsealable {
                         reference: shown.clone(),
                         message: e.to_string(),
-                    })?;
+                    }
+                })?;
                 String::from_utf8(opened).map_err(|_| SecretError::Unsealable {
                     reference: shown.clone(),
                     message: "opens to something that is not text".into(),
