@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hookrelay::api::auth::Tokens;
+use hookrelay::api::quota::Limits;
 use hookrelay::api::validate::Egress;
 use hookrelay::api::{ApiSetup, BrokerSetup};
 use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
@@ -111,10 +112,23 @@ impl Api {
         Self::start_with_policy(broker, max_body, EgressPolicy::default()).await
     }
 
+    async fn start_limited(broker: Option<BrokerSetup>, limits: Limits) -> Self {
+        Self::start_setup(broker, 64 * 1024, EgressPolicy::default(), limits).await
+    }
+
     async fn start_with_policy(
         broker: Option<BrokerSetup>,
         max_body: usize,
         policy: EgressPolicy,
+    ) -> Self {
+        Self::start_setup(broker, max_body, policy, Limits::default()).await
+    }
+
+    async fn start_setup(
+        broker: Option<BrokerSetup>,
+        max_body: usize,
+        policy: EgressPolicy,
+        limits: Limits,
     ) -> Self {
         let db = TestDb::create().await;
         let keyring = Arc::new(Keyring::from_base64(&[generate_key()]).unwrap());
@@ -130,6 +144,7 @@ impl Api {
             max_body,
             broker,
             history: Some(db.store.pool().clone()),
+            limits,
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1359,24 +1374,276 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
     api.stop().await;
 }
 
+/// Polls a replay job until it is no longer running (or [`WAIT`] passes); its last view.
+async fn settled(api: &Api, token: &str, id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let job = api
+            .call(Method::GET, &format!("/v1/replays/{id}"), token, None)
+            .await
+            .body;
+        if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A rate no pace can be made of was once accepted: the job's thread panicked converting it,
+/// the job stayed `running` and kept one of the process's replay slots until a restart.
 #[tokio::test]
-async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
-    let t = TestLadder::apply("api-resume", &["300ms"], &["300ms"]).await;
+async fn replay_and_resume_rates_and_tenant_windows_are_bounded() {
+    let t = TestLadder::apply("api-replay-bounds", &["300ms"], &["300ms"]).await;
     let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
-    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+    api.create(ACME, acme_sub("sub_a")).await;
+    for rate in ["1e-300/s", "1e308/s", "0.0000001/s", "2000000/s", "1e400/s"] {
+        for token in [ACME, ADMIN] {
+            let refused = api
+                .call(
+                    Method::POST,
+                    "/v1/replays",
+                    token,
+                    Some(json!({ "from": "1h", "rate": rate, "dry_run": true })),
+                )
+                .await;
+            refused.problem(422);
+            assert_eq!(refused.fields(), ["rate"], "{rate}: {}", refused.body);
+        }
+        let resume = api
+            .call(
+                Method::POST,
+                "/v1/subscriptions/sub_a/resume",
+                ACME,
+                Some(json!({ "rate": rate })),
+            )
+            .await;
+        resume.problem(422);
+        assert_eq!(resume.fields(), ["rate"], "{rate}: {}", resume.body);
+    }
+    // A tenant's token replays a bounded window at a bounded pace (api.tenant_replay_window,
+    // api.tenant_replay_rate); an admin's is bounded by what a rate can be alone.
+    let wide = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ACME,
+            Some(json!({ "from": "30d", "dry_run": true })),
+        )
         .await;
-    // What a worker does for a paused subscription: park its deliveries.
-    t.ladder
-        .declare_paused_queue(&t.channel, "sub_p")
+    wide.problem(422);
+    assert_eq!(wide.fields(), ["from"], "{}", wide.body);
+    let fast = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ACME,
+            Some(json!({ "from": "1h", "rate": "5000/s", "dry_run": true })),
+        )
+        .await;
+    fast.problem(422);
+    assert_eq!(fast.fields(), ["rate"], "{}", fast.body);
+    // A time before 1970 is not a time the archive has (and once panicked being written back).
+    let ancient = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ADMIN,
+            Some(json!({ "from": "100y", "dry_run": true })),
+        )
+        .await;
+    ancient.problem(422);
+    assert_eq!(ancient.fields(), ["from"], "{}", ancient.body);
+    // Four slots, all free: nothing refused above holds one.
+    for _ in 0..4 {
+        let started = api
+            .call(
+                Method::POST,
+                "/v1/replays",
+                ADMIN,
+                Some(json!({ "from": "30d", "rate": "5000/s", "dry_run": true })),
+            )
+            .await;
+        assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.body);
+        let id = started.body["id"].as_str().unwrap();
+        let job = settled(&api, ADMIN, id).await;
+        assert_eq!(job["state"], "finished", "{job}");
+    }
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn replays_are_limited_per_tenant_and_a_tenant_cancels_its_own() {
+    let t = TestLadder::apply("api-replay-tenant", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ACME, acme_sub("sub_a")).await;
+    api.create(
+        GLOBEX,
+        json!({ "id": "sub_g", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+    for (id, tenant, sub) in [
+        ("evt_t1", "acme", "sub_a"),
+        ("evt_t2", "acme", "sub_a"),
+        ("evt_t3", "globex", "sub_g"),
+        ("evt_t4", "globex", "sub_g"),
+    ] {
+        t.publish(&common::event(id, tenant, sub)).await;
+    }
+    let lane = t.ladder.first_lane();
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 4 }).await);
+    // One a minute: the first goes at once, the second keeps the job running.
+    let slow = json!({ "from": "1h", "rate": "1/m" });
+    let start = |token: &'static str| {
+        let body = slow.clone();
+        let api = &api;
+        async move {
+            api.call(Method::POST, "/v1/replays", token, Some(body))
+                .await
+        }
+    };
+    let acme = start(ACME).await;
+    assert_eq!(acme.status, StatusCode::ACCEPTED, "{}", acme.body);
+    let acme_id = acme.body["id"].as_str().unwrap().to_owned();
+    // api.replays_per_tenant (1): acme's second waits for its first; globex is not held up.
+    let second = start(ACME).await;
+    second.problem(409);
+    let globex = start(GLOBEX).await;
+    assert_eq!(globex.status, StatusCode::ACCEPTED, "{}", globex.body);
+    let globex_id = globex.body["id"].as_str().unwrap().to_owned();
+
+    // Cancelling: another tenant's replay is not found, as on every route.
+    let cancel = |id: &str| format!("/v1/replays/{id}/cancel");
+    api.call(Method::POST, &cancel(&acme_id), GLOBEX, None)
+        .await
+        .problem(404);
+    api.call(Method::POST, &cancel("rpl_0000000000000000"), ACME, None)
+        .await
+        .problem(404);
+    let cancelled = api.call(Method::POST, &cancel(&acme_id), ACME, None).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    let job = settled(&api, ACME, &acme_id).await;
+    assert_eq!(job["state"], "cancelled", "{job}");
+    assert!(job["finished_at"].is_string(), "{job}");
+    assert!(
+        job["published"].as_u64().unwrap() < 2,
+        "stopped before its second event: {job}"
+    );
+    // Cancelling again says the same; its slot is free again.
+    let again = api.call(Method::POST, &cancel(&acme_id), ACME, None).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["state"], "cancelled");
+    let next = start(ACME).await;
+    assert_eq!(next.status, StatusCode::ACCEPTED, "{}", next.body);
+    // An admin cancels anyone's.
+    let by_admin = api
+        .call(Method::POST, &cancel(&globex_id), ADMIN, None)
+        .await;
+    assert_eq!(by_admin.status, StatusCode::OK, "{}", by_admin.body);
+    assert_eq!(
+        settled(&api, GLOBEX, &globex_id).await["state"],
+        "cancelled"
+    );
+    // A replay that ended by itself is not cancelled after the fact.
+    let quick = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            GLOBEX,
+            Some(json!({ "from": "1h", "dry_run": true })),
+        )
+        .await;
+    assert_eq!(quick.status, StatusCode::ACCEPTED, "{}", quick.body);
+    let quick_id = quick.body["id"].as_str().unwrap();
+    assert_eq!(settled(&api, GLOBEX, quick_id).await["state"], "finished");
+    api.call(Method::POST, &cancel(quick_id), GLOBEX, None)
+        .await
+        .problem(409);
+    api.stop().await;
+}
+
+/// Attempt records as a worker publishes them to the attempt log: each envelope delivered.
+async fn log_delivered(t: &TestLadder, ids: &[&str]) {
+    let records: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            json!({ "envelope": id, "tenant": "acme", "subscription": "sub_a", "attempt": 1,
+                    "status": 204, "outcome": "delivered", "lane": "l", "redrives": 0,
+                    "at": hookrelay::units::now_rfc3339() })
+        })
+        .collect();
+    let publisher = t.publisher().await;
+    publisher
+        .send(
+            &t.ladder.attempts_exchange(),
+            "delivered.acme",
+            &serde_json::to_vec(&records).unwrap(),
+            BasicProperties::default(),
+            false,
+        )
+        .await
+        .unwrap()
         .await
         .unwrap();
-    let parking = t.ladder.paused_queue("sub_p");
-    for i in 0..3 {
+    publisher.close().await;
+}
+
+#[tokio::test]
+async fn an_only_undelivered_replay_past_its_index_bound_fails_saying_so() {
+    let t = TestLadder::apply("api-replay-index", &["300ms"], &["300ms"]).await;
+    let limits = Limits {
+        replay_index_max: 3,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
+    for id in ["evt_i1", "evt_i2"] {
+        t.publish(&common::event(id, "acme", "sub_a")).await;
+    }
+    let only_undelivered = json!({ "from": "1h", "only_undelivered": true, "dry_run": true });
+    // Within the bound: the log's two deliveries are remembered and skipped.
+    log_delivered(&t, &["evt_i1", "evt_i2"]).await;
+    let within = api
+        .call(
+            Method::POST,
+            "/v1/replays",
+            ADMIN,
+            Some(only_undelivered.clone()),
+        )
+        .await;
+    assert_eq!(within.status, StatusCode::ACCEPTED, "{}", within.body);
+    let job = settled(&api, ADMIN, within.body["id"].as_str().unwrap()).await;
+    assert_eq!(job["state"], "finished", "{job}");
+    assert_eq!(job["delivered_already"], 2, "{job}");
+    // Past it: the job fails and says why, rather than holding an index without end.
+    log_delivered(&t, &["evt_x1", "evt_x2"]).await;
+    let past = api
+        .call(Method::POST, "/v1/replays", ADMIN, Some(only_undelivered))
+        .await;
+    assert_eq!(past.status, StatusCode::ACCEPTED, "{}", past.body);
+    let job = settled(&api, ADMIN, past.body["id"].as_str().unwrap()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap();
+    assert!(
+        error.contains("only_undelivered") && error.contains('3'),
+        "{error}"
+    );
+    assert_eq!(job["published"], 0, "{job}");
+    api.stop().await;
+}
+
+/// What a worker does for a paused subscription: park its deliveries (`n` of acme's). The
+/// parking queue.
+async fn park(t: &TestLadder, subscription: &str, n: usize) -> String {
+    t.ladder
+        .declare_paused_queue(&t.channel, subscription)
+        .await
+        .unwrap();
+    let parking = t.ladder.paused_queue(subscription);
+    for i in 0..n {
         let mut headers = FieldTable::default();
         headers.insert(TENANT_HEADER.into(), AMQPValue::LongString("acme".into()));
         headers.insert(
             SUBSCRIPTION_HEADER.into(),
-            AMQPValue::LongString("sub_p".into()),
+            AMQPValue::LongString(subscription.into()),
         );
         t.channel
             .basic_publish(
@@ -1395,7 +1662,18 @@ async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
             .await
             .unwrap();
     }
-    assert!(wait_until(WAIT, || async { t.depth(&parking).await == 3 }).await);
+    let count = u32::try_from(n).unwrap();
+    assert!(wait_until(WAIT, || async { t.depth(&parking).await == count }).await);
+    parking
+}
+
+#[tokio::test]
+async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
+    let t = TestLadder::apply("api-resume", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+        .await;
+    let parking = park(&t, "sub_p", 3).await;
 
     let resumed = api
         .call(
@@ -1442,6 +1720,9 @@ async fn the_served_openapi_document_is_the_checked_in_one() {
         "/v1/subscriptions/{id}/resume",
         "/v1/subscriptions/{id}/secrets/rotate",
         "/v1/subscriptions/{id}/test",
+        "/v1/replays",
+        "/v1/replays/{id}",
+        "/v1/replays/{id}/cancel",
     ] {
         assert!(doc["paths"][path].is_object(), "{path}");
     }

@@ -18,6 +18,7 @@ pub mod history;
 pub mod model;
 pub mod openapi;
 pub mod problem;
+pub mod quota;
 pub mod replays;
 pub mod repo;
 pub mod subscriptions;
@@ -82,6 +83,8 @@ pub struct ApiSetup {
     /// The history database (`history.database`, else the store's); `None`: the history
     /// routes are answered 503.
     pub history: Option<PgPool>,
+    /// Per-tenant quotas and the bounds of replays (`[api]`).
+    pub limits: quota::Limits,
 }
 
 /// The handlers' shared state.
@@ -96,7 +99,8 @@ pub struct Shared {
     pub max_body: usize,
     broker: Option<BrokerSetup>,
     history: Option<PgPool>,
-    replays: replays::SharedJobs,
+    limits: quota::Limits,
+    replays: Arc<replays::SharedJobs>,
     /// Connected at the first test event or resume, so the API serves without a broker.
     publisher: OnceCell<Arc<Publisher>>,
     /// Resumes returning parked deliveries, and replays; waited for at shutdown.
@@ -249,6 +253,7 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         max_body: setup.max_body,
         broker: setup.broker,
         history: setup.history,
+        limits: setup.limits,
         replays: Default::default(),
         publisher: OnceCell::new(),
         background: TaskTracker::new(),
@@ -269,6 +274,7 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/events/{id}", get(history::event))
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
+        .route("/v1/replays/{id}/cancel", post(replays::cancel))
         .route_layer(from_fn_with_state(setup.tokens, auth::require_token));
     let app = guarded
         .route("/v1/openapi.json", get(openapi::serve))

@@ -38,6 +38,7 @@ use super::subscriptions;
         history::attempts,
         replays::create,
         replays::read,
+        replays::cancel,
     ),
     components(schemas(
         model::CreateSubscription,
