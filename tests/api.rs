@@ -1691,6 +1691,90 @@ async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
     api.stop().await;
 }
 
+/// `PUT /api/vhost-limits/<vhost>/max-connections`: `Some(n)` sets it, `None` lifts it.
+async fn limit_connections(config: &hookrelay::config::Config, vhost: &str, max: Option<u32>) {
+    let mut url = config.management.url.expose_url().clone();
+    let (user, password) = (url.username().to_owned(), url.password().map(str::to_owned));
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.path_segments_mut()
+        .unwrap()
+        .extend(["api", "vhost-limits", vhost, "max-connections"]);
+    let client = reqwest::Client::new();
+    let request = match max {
+        Some(n) => client.put(url).json(&json!({ "value": n })),
+        None => client.delete(url),
+    };
+    let answer = request.basic_auth(user, password).send().await.unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+}
+
+/// Resumes once opened a broker connection each, paused or not: 200 concurrent resumes made
+/// 200. Here the test's vhost allows two connections, the test's own and the API's: every
+/// resume works through the API's one, and only the one that changed `paused` acts.
+#[tokio::test]
+async fn concurrent_resumes_act_once_on_the_api_connection() {
+    let mut config = common::config();
+    let vhost = common::unique("vhost");
+    let root = common::management(&config);
+    root.create_vhost(&vhost).await.unwrap();
+    let mut url = config.amqp.url.expose_url().clone();
+    url.set_path(&format!("/{vhost}"));
+    config.amqp.url = hookrelay::config::SecretUrl::parse(url.as_str()).unwrap();
+    let t = TestLadder::apply_on(
+        config.clone(),
+        "api-resumes",
+        hookrelay::contract::ladder::QueueType::Quorum,
+        &["300ms"],
+        &["300ms"],
+    )
+    .await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+        .await;
+    api.create(ACME, acme_sub("sub_live")).await;
+    let parking = park(&t, "sub_p", 3).await;
+    limit_connections(&config, &vhost, Some(2)).await;
+
+    let resumes = (0..200).map(|i| {
+        let path = if i % 2 == 0 {
+            "/v1/subscriptions/sub_p/resume"
+        } else {
+            "/v1/subscriptions/sub_live/resume"
+        };
+        api.call(Method::POST, path, ACME, Some(json!({ "rate": "100/s" })))
+    });
+    let answers = futures_util::future::join_all(resumes).await;
+    let mut returning = 0;
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(answer.body["subscription"]["paused"], false);
+        if answer.body["returning_parked"] == true {
+            returning += 1;
+            assert_eq!(answer.body["subscription"]["id"], "sub_p");
+        }
+    }
+    assert_eq!(
+        returning, 1,
+        "only the resume that changed paused returns parked deliveries"
+    );
+    let lane = t.ladder.first_lane();
+    assert!(
+        wait_until(WAIT, || async { t.depth(&lane).await == 3 }).await,
+        "the parked deliveries came back (through the API's connection: the vhost allows no other)"
+    );
+    assert!(wait_until(WAIT, || async { !t.queue_exists(&parking).await }).await);
+    // Once resumed, a resume changes nothing.
+    let again = api
+        .call(Method::POST, "/v1/subscriptions/sub_p/resume", ACME, None)
+        .await;
+    assert_eq!(again.body["returning_parked"], false, "{}", again.body);
+    api.stop().await;
+    limit_connections(&config, &vhost, None).await;
+    drop(t);
+    root.delete_vhost(&vhost).await.unwrap();
+}
+
 #[tokio::test]
 async fn the_served_openapi_document_is_the_checked_in_one() {
     let checked_in =

@@ -24,9 +24,11 @@ pub mod repo;
 pub mod subscriptions;
 pub mod validate;
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -35,7 +37,6 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use lapin::{Connection, ConnectionProperties};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -101,12 +102,49 @@ pub struct Shared {
     history: Option<PgPool>,
     limits: quota::Limits,
     replays: Arc<replays::SharedJobs>,
-    /// Connected at the first test event or resume, so the API serves without a broker.
+    /// Connected at the first test event or resume, so the API serves without a broker. Its
+    /// one connection carries the resumes' work too.
     publisher: OnceCell<Arc<Publisher>>,
+    /// Subscriptions whose parked deliveries are being returned.
+    returning: Returning,
     /// Resumes returning parked deliveries, and replays; waited for at shutdown.
     background: TaskTracker,
     /// Cancelled at shutdown: replays stop where they are.
     stop: CancellationToken,
+}
+
+/// Subscriptions whose parked deliveries are being returned, one run at a time each: a resume
+/// that comes while one runs is remembered (with its rate) for a run after it.
+#[derive(Debug, Default)]
+struct Returning(Mutex<HashMap<String, Option<Option<Rate>>>>);
+
+impl Returning {
+    /// Whether the caller is to run; false when a run is under way, which then goes once more
+    /// at `rate`.
+    fn begin(&self, id: &str, rate: Option<Rate>) -> bool {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match runs.entry(id.to_owned()) {
+            Entry::Occupied(mut run) => {
+                *run.get_mut() = Some(rate);
+                false
+            }
+            Entry::Vacant(free) => {
+                free.insert(None);
+                true
+            }
+        }
+    }
+
+    /// At the end of a run: the rate to run again at, when a resume came meanwhile; else the
+    /// subscription is free.
+    fn again(&self, id: &str) -> Option<Option<Rate>> {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let again = runs.get_mut(id).and_then(Option::take);
+        if again.is_none() {
+            runs.remove(id);
+        }
+        again
+    }
 }
 
 impl Deref for ApiState {
@@ -150,17 +188,28 @@ impl ApiState {
     }
 
     /// Starts returning `id`'s parked deliveries, after the workers have had time to see it
-    /// resumed; false when there is no broker to do it with.
+    /// resumed, unless a run for it is under way (which then goes once more); false when there
+    /// is no broker to do it with.
     fn return_parked(&self, id: &str, rate: Option<Rate>) -> bool {
         let Some(broker) = self.broker.clone() else {
             return false;
         };
+        if !self.returning.begin(id, rate) {
+            return true;
+        }
         let state = self.clone();
         let id = id.to_owned();
         self.background.spawn(async move {
-            tokio::time::sleep(broker.resume_wait).await;
-            if let Err(e) = state.move_parked(&broker, &id, rate).await {
-                subscriptions::log_parked_failure(&id, &e);
+            let mut rate = rate;
+            loop {
+                tokio::time::sleep(broker.resume_wait).await;
+                if let Err(e) = state.move_parked(&broker, &id, rate).await {
+                    subscriptions::log_parked_failure(&id, &e);
+                }
+                match state.returning.again(&id) {
+                    Some(next) => rate = next,
+                    None => break,
+                }
             }
         });
         true
@@ -182,11 +231,8 @@ impl ApiState {
             return Ok(());
         }
         let (publisher, _) = self.publisher().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-        let conn = Connection::connect(
-            broker.amqp_url.expose(),
-            ConnectionProperties::default().with_connection_name("hookrelay api resume".into()),
-        )
-        .await?;
+        // The publisher's connection: the move's channels beside its publishes, no other.
+        let conn = publisher.connection().await?;
         let options = MoveOptions {
             rate,
             ..Default::default()
@@ -202,9 +248,7 @@ impl ApiState {
             &options,
             false,
         )
-        .await;
-        let _ = conn.close(200, "resumed".into()).await;
-        let resumed = resumed?;
+        .await?;
         info!(
             subscription = %id,
             returned = resumed.moved(),
@@ -256,6 +300,7 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         limits: setup.limits,
         replays: Default::default(),
         publisher: OnceCell::new(),
+        returning: Returning::default(),
         background: TaskTracker::new(),
         stop: CancellationToken::new(),
     }));
@@ -316,4 +361,28 @@ pub async fn serve(
         publisher.close().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_is_returned_by_one_run_at_a_time_and_no_resume_is_lost() {
+        let returning = Returning::default();
+        let slow: Rate = "1/s".parse().unwrap();
+        let fast: Rate = "100/s".parse().unwrap();
+        assert!(returning.begin("sub_a", None));
+        // Resumes while it runs: none runs beside it; the last one's rate goes next.
+        assert!(!returning.begin("sub_a", Some(slow)));
+        assert!(!returning.begin("sub_a", Some(fast)));
+        assert!(
+            returning.begin("sub_b", None),
+            "another subscription is not held up"
+        );
+        assert_eq!(returning.again("sub_a"), Some(Some(fast)));
+        assert_eq!(returning.again("sub_a"), None);
+        assert!(returning.begin("sub_a", None), "free once its run ended");
+        assert_eq!(returning.again("sub_b"), None);
+    }
 }

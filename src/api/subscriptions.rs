@@ -378,19 +378,21 @@ pub async fn remove(
     }
 }
 
-/// Sets `paused`, in one transaction; the view after.
+/// Sets `paused`, in one transaction; the view after, and whether this call changed it (the
+/// row is locked, so of concurrent calls one alone does).
 async fn set_paused(
     state: &ApiState,
     scope: &Scope,
     id: &str,
     paused: bool,
-) -> Result<SubscriptionView, ApiError> {
+) -> Result<(SubscriptionView, bool), ApiError> {
     path_id(id)?;
     let mut tx = state.pool.begin().await?;
     let mut sub = repo::lock(&mut tx, id, scope)
         .await?
         .ok_or(ApiError::NotFound)?;
-    if sub.paused != paused {
+    let changed = sub.paused != paused;
+    if changed {
         sub.paused = paused;
         repo::save(&mut tx, &sub, &[]).await?;
     }
@@ -398,7 +400,7 @@ async fn set_paused(
         .await?
         .ok_or(ApiError::NotFound)?;
     tx.commit().await?;
-    Ok(view)
+    Ok((view, changed))
 }
 
 /// Pauses a subscription: workers park its deliveries; nothing is attempted, cancelled or
@@ -417,14 +419,16 @@ pub async fn pause(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
-    let view = set_paused(&state, &scope, &id, true).await?;
+    let (view, _) = set_paused(&state, &scope, &id, true).await?;
     info!(subscription = %id, "Paused subscription");
     Ok(axum::Json(view))
 }
 
 /// Resumes a paused subscription, then returns its parked deliveries at `rate`: after
 /// `api.resume_wait` (for the workers to see the change), in the background, with the mover
-/// of `hookrelay subscriptions resume`.
+/// of `hookrelay subscriptions resume`. Only a resume that changes `paused` does that (one at a
+/// time per subscription, on the API's one broker connection); resuming one that is not
+/// paused changes nothing and answers `returning_parked: false`.
 #[utoipa::path(
     post, path = "/v1/subscriptions/{id}/resume", tag = "subscriptions",
     params(("id" = String, Path)),
@@ -450,8 +454,8 @@ pub async fn resume(
         .map(str::parse::<Rate>)
         .transpose()
         .map_err(|e| ApiError::field("rate", e))?;
-    let view = set_paused(&state, &scope, &id, false).await?;
-    let returning_parked = state.return_parked(&id, rate);
+    let (view, changed) = set_paused(&state, &scope, &id, false).await?;
+    let returning_parked = changed && state.return_parked(&id, rate);
     info!(subscription = %id, returning_parked, "Resumed subscription");
     Ok(axum::Json(Resumed {
         subscription: view,
