@@ -1691,6 +1691,178 @@ async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
     api.stop().await;
 }
 
+/// One HTTP/1.1 answer read off a raw connection: status, headers (names lower-cased), body.
+struct RawAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the server said it closes the connection after this answer.
+    fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+}
+
+/// The next answer on `reader`, or `None` when the server closed the connection first.
+async fn read_answer<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> Option<RawAnswer> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).await.ok()? == 0 {
+        return None;
+    }
+    let status = status_line.split(' ').nth(1)?.parse().ok()?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await.ok()?;
+    Some(RawAnswer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A client that keeps its connection after an answer must learn when the server will not:
+/// the API once answered 401 before reading a request's body, said nothing, and closed, so the
+/// next request a keep-alive client sent on that connection got no answer.
+#[tokio::test]
+async fn a_refused_request_with_a_body_keeps_its_connection_or_says_it_closes() {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let api = Api::start_with(None, 4096).await;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let body = serde_json::to_vec(&acme_sub("sub_k")).unwrap();
+    let refused_post = |body_len: usize, token: &str| {
+        format!(
+            "POST /v1/subscriptions HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {body_len}\r\n\r\n"
+        )
+    };
+    let next = format!(
+        "GET /v1/subscriptions HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {ADMIN}\r\n\r\n"
+    );
+    let wrong = "wrong-token-0123456789abcdef";
+
+    // The body never comes: whatever the server does, it says it closes.
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(refused_post(body.len(), wrong).as_bytes())
+        .await
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let first = tokio::time::timeout(WAIT, read_answer(&mut reader))
+        .await
+        .expect("an answer without the body")
+        .expect("an answer, not a closed connection");
+    assert_eq!(first.status, 401);
+    let problem: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(problem["type"], "urn:hookrelay:problem:unauthorized");
+    assert!(
+        first.closes(),
+        "answered before the body without Connection: close: {:?}",
+        first.headers
+    );
+
+    // The body comes a moment after the head, the next request right behind it: both are
+    // answered, or the first says the connection closes.
+    for pause in [Duration::ZERO, Duration::from_millis(200)] {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream
+            .write_all(refused_post(body.len(), wrong).as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(pause).await;
+        // The server may have answered and closed meanwhile: a failed write is its answer.
+        let _ = stream.write_all(&body).await;
+        let _ = stream.write_all(next.as_bytes()).await;
+        let mut reader = BufReader::new(stream);
+        let first = read_answer(&mut reader).await.expect("the 401");
+        assert_eq!(first.status, 401, "{pause:?}");
+        if !first.closes() {
+            let second = tokio::time::timeout(WAIT, read_answer(&mut reader))
+                .await
+                .expect("an answer or a close");
+            let second = second.unwrap_or_else(|| {
+                panic!("after {pause:?}: the connection closed without saying so after a 401")
+            });
+            assert_eq!(second.status, 200, "{pause:?}");
+        }
+    }
+
+    // A body over api.max_body_bytes is answered 413 before it is read to its end: said too.
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let big = vec![b' '; 64 * 1024];
+    stream
+        .write_all(refused_post(big.len(), ADMIN).as_bytes())
+        .await
+        .unwrap();
+    let (read_half, mut write_half) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = write_half.write_all(&big).await;
+        write_half
+    });
+    let mut reader = BufReader::new(read_half);
+    let first = read_answer(&mut reader).await.expect("the 413");
+    assert_eq!(first.status, 413);
+    assert!(
+        first.closes(),
+        "413 without Connection: close: {:?}",
+        first.headers
+    );
+    drop(writer.await);
+
+    // A keep-alive client with a pool of one: every request answered.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        let refused = client
+            .post(format!("{}/v1/subscriptions", api.base))
+            .bearer_auth(wrong)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let listed = client
+            .get(format!("{}/v1/subscriptions", api.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(listed.status(), StatusCode::OK);
+    }
+    assert_eq!(api.db.count("subscriptions").await, 0);
+    api.stop().await;
+}
+
 /// `PUT /api/vhost-limits/<vhost>/max-connections`: `Some(n)` sets it, `None` lifts it.
 async fn limit_connections(config: &hookrelay::config::Config, vhost: &str, max: Option<u32>) {
     let mut url = config.management.url.expose_url().clone();

@@ -4,6 +4,7 @@
 //! answer takes nor a memory dump tells a token.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -19,6 +20,11 @@ use super::problem::Problem;
 
 /// A token shorter than this is refused at start: a bearer token must not be guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
+
+/// How long a refused request's body is waited for before the 401, so that the connection can
+/// take the client's next request. A slower or larger body is left, and the 401 says the
+/// connection closes ([`super::keepalive`]).
+pub const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
@@ -163,19 +169,29 @@ fn bearer(request: &Request) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// What [`require_token`] checks requests with.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    pub tokens: Tokens,
+    /// The most of a refused request's body read before its 401 (`api.max_body_bytes`).
+    pub drain: usize,
+}
+
 /// Lets through requests with a valid token, with its [`Scope`] in the request's extensions;
-/// answers every other 401, with no detail.
-pub async fn require_token(
-    State(tokens): State<Tokens>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match bearer(&request).and_then(|t| tokens.scope_of(t)) {
+/// answers every other 401, with no detail, once its body is read (at most `drain` bytes,
+/// within [`DRAIN_WAIT`]).
+pub async fn require_token(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    match bearer(&request).and_then(|t| gate.tokens.scope_of(t)) {
         Some(scope) => {
             request.extensions_mut().insert(scope);
             next.run(request).await
         }
-        None => Problem::unauthorized().into_response(),
+        None => {
+            let body = axum::body::to_bytes(request.into_body(), gate.drain);
+            // What was read is dropped unlooked-at; a body not read to its end is announced.
+            let _ = tokio::time::timeout(DRAIN_WAIT, body).await;
+            Problem::unauthorized().into_response()
+        }
     }
 }
 

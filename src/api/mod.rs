@@ -4,6 +4,7 @@
 //! them with an overlap, and sends test events through the ingress exchange.
 //!
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
+//! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
 //! - [`problem`]: errors as RFC 9457 problem details.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
@@ -15,6 +16,7 @@
 
 pub mod auth;
 pub mod history;
+pub mod keepalive;
 pub mod model;
 pub mod openapi;
 pub mod problem;
@@ -33,7 +35,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -320,12 +322,19 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
         .route("/v1/replays/{id}/cancel", post(replays::cancel))
-        .route_layer(from_fn_with_state(setup.tokens, auth::require_token));
+        .route_layer(from_fn_with_state(
+            auth::Gate {
+                tokens: setup.tokens,
+                drain: setup.max_body,
+            },
+            auth::require_token,
+        ));
     let app = guarded
         .route("/v1/openapi.json", get(openapi::serve))
         .fallback(s::no_route)
         .method_not_allowed_fallback(s::method_not_allowed)
         .layer(DefaultBodyLimit::max(setup.max_body))
+        .layer(from_fn(keepalive::announce_close))
         .with_state(state.clone());
     (app, state)
 }
