@@ -612,6 +612,15 @@ pub struct ApiConfig {
     /// before it returns the subscription's parked deliveries.
     #[serde(with = "humantime_serde")]
     pub resume_wait: Duration,
+    /// Subscriptions one tenant may have; a create beyond is answered 409.
+    pub max_subscriptions_per_tenant: u32,
+    /// Entries a subscription's `event_types` may hold.
+    pub max_event_types: usize,
+    /// Requests that change something (every POST, PATCH and DELETE but test events) one
+    /// tenant's tokens may make per minute; beyond, 429 with `Retry-After`.
+    pub writes_per_minute: u32,
+    /// Test events one tenant's tokens may send per minute; beyond, 429 with `Retry-After`.
+    pub test_events_per_minute: u32,
     /// Replays running at once in the API process.
     pub replays_running: usize,
     /// Replays one tenant's tokens may have running at once.
@@ -634,6 +643,10 @@ impl Default for ApiConfig {
             tokens: Vec::new(),
             max_body_bytes: 64 * 1024,
             resume_wait: Duration::from_secs(2),
+            max_subscriptions_per_tenant: 1_000,
+            max_event_types: 100,
+            writes_per_minute: 120,
+            test_events_per_minute: 20,
             replays_running: 4,
             replays_per_tenant: 1,
             tenant_replay_window: Duration::from_secs(24 * 3600),
@@ -875,12 +888,17 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if self.api.replays_running == 0
+        if self.api.max_subscriptions_per_tenant == 0
+            || self.api.max_event_types == 0
+            || self.api.writes_per_minute == 0
+            || self.api.test_events_per_minute == 0
+            || self.api.replays_running == 0
             || self.api.replays_per_tenant == 0
             || self.api.replay_index_max == 0
         {
             return Err(ConfigError::invalid(
-                "api.replays_running/replays_per_tenant/replay_index_max",
+                "api.max_subscriptions_per_tenant/max_event_types/writes_per_minute/\
+                 test_events_per_minute/replays_running/replays_per_tenant/replay_index_max",
                 "must be at least 1 (a large number for practically no limit)",
             ));
         }
@@ -1390,7 +1408,7 @@ mod tests {
     }
 
     #[test]
-    fn the_api_replay_bounds_are_typed_and_checked() {
+    fn the_api_quotas_and_replay_bounds_are_typed_and_checked() {
         let config = Config::load(
             None,
             &env(&[
@@ -1408,6 +1426,8 @@ mod tests {
             ("HOOKRELAY_API_REPLAYS_PER_TENANT", "5", "must not exceed"),
             ("HOOKRELAY_API_REPLAYS_RUNNING", "0", "at least 1"),
             ("HOOKRELAY_API_REPLAY_INDEX_MAX", "0", "at least 1"),
+            ("HOOKRELAY_API_WRITES_PER_MINUTE", "0", "at least 1"),
+            ("HOOKRELAY_API_MAX_EVENT_TYPES", "0", "at least 1"),
             (
                 "HOOKRELAY_API_TENANT_REPLAY_WINDOW",
                 "0s",

@@ -70,6 +70,7 @@ struct Answer {
     status: StatusCode,
     content_type: String,
     location: Option<String>,
+    retry_after: Option<String>,
     body: Value,
 }
 
@@ -200,6 +201,11 @@ impl Api {
             .get("location")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = response.bytes().await.unwrap();
         let body = if bytes.is_empty() {
             Value::Null
@@ -211,6 +217,7 @@ impl Api {
             status,
             content_type,
             location,
+            retry_after,
             body,
         }
     }
@@ -1374,6 +1381,200 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
     api.stop().await;
 }
 
+/// The seconds a 429 says to wait.
+fn retry_after(answer: &Answer) -> u64 {
+    answer
+        .retry_after
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a 429 without Retry-After: {}", answer.body))
+}
+
+#[tokio::test]
+async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
+    let t = TestLadder::apply("api-quotas", &["300ms"], &["300ms"]).await;
+    // One write and one test event a minute: a second within the minute is refused whatever
+    // the machine's speed.
+    let limits = Limits {
+        max_subscriptions_per_tenant: 2,
+        max_event_types: 3,
+        writes_per_minute: 1,
+        test_events_per_minute: 1,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
+
+    // event_types: at most 3 entries, reported with the request's other problems.
+    let four = json!(["a.1", "a.2", "a.3", "a.4"]);
+    let refused = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(json!({ "tenant": "acme", "url": "ftp://x", "event_types": four })),
+        )
+        .await;
+    refused.problem(422);
+    let mut fields = refused.fields();
+    fields.sort();
+    assert_eq!(fields, ["event_types", "url"], "{}", refused.body);
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_1", "tenant": "acme", "url": "https://hooks.acme.example/1",
+                "event_types": ["a.1", "a.2", "a.3"] }),
+    )
+    .await;
+    let patched = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_1",
+            ADMIN,
+            Some(json!({ "event_types": four })),
+        )
+        .await;
+    patched.problem(422);
+    assert_eq!(patched.fields(), ["event_types"], "{}", patched.body);
+
+    // Subscriptions per tenant: 2 for acme, whoever creates them; globex has its own count.
+    api.create(ADMIN, acme_sub("sub_2")).await;
+    let third = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(acme_sub("sub_3")),
+        )
+        .await;
+    let problem = third.problem(409);
+    assert_eq!(
+        problem["type"], "urn:hookrelay:problem:quota-exceeded",
+        "{problem}"
+    );
+    assert_eq!(api.db.count("subscriptions").await, 2);
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+    // Creates at once for one tenant are counted one after the other: one room, one created.
+    let creates = (0..6).map(|i| {
+        let body = json!({ "id": format!("sub_g{i}"), "tenant": "globex",
+                           "url": "https://hooks.globex.example/in" });
+        api.call(Method::POST, "/v1/subscriptions", ADMIN, Some(body))
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(creates)
+        .await
+        .iter()
+        .map(|a| a.status.as_u16())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        5,
+        "{statuses:?}"
+    );
+    // Deleting one makes room again.
+    let deleted = api
+        .call(Method::DELETE, "/v1/subscriptions/sub_2", ADMIN, None)
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    api.create(ADMIN, acme_sub("sub_3")).await;
+
+    // Writes a minute, per tenant: acme's second is refused, with when to try again; reads go
+    // on, and neither globex nor an admin is held up.
+    let change = json!({ "description": "changed" });
+    let first = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_1",
+            ACME,
+            Some(change.clone()),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let second = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_1",
+            ACME,
+            Some(change.clone()),
+        )
+        .await;
+    let problem = second.problem(429);
+    assert_eq!(
+        problem["type"], "urn:hookrelay:problem:rate-limited",
+        "{problem}"
+    );
+    let wait = retry_after(&second);
+    assert!((1..=60).contains(&wait), "{wait}");
+    for refused in [
+        api.call(Method::POST, "/v1/subscriptions/sub_1/pause", ACME, None)
+            .await,
+        api.call(Method::DELETE, "/v1/subscriptions/sub_1", ACME, None)
+            .await,
+        api.call(
+            Method::POST,
+            "/v1/replays",
+            ACME,
+            Some(json!({ "from": "1h", "dry_run": true })),
+        )
+        .await,
+    ] {
+        refused.problem(429);
+        retry_after(&refused);
+    }
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_1", ACME, None)
+        .await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(
+        read.body["description"], "changed",
+        "the refused ones changed nothing"
+    );
+    assert_eq!(read.body["paused"], false);
+    let globex = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_g",
+            GLOBEX,
+            Some(change.clone()),
+        )
+        .await;
+    assert_eq!(globex.status, StatusCode::OK, "{}", globex.body);
+    for _ in 0..3 {
+        let admin = api
+            .call(
+                Method::PATCH,
+                "/v1/subscriptions/sub_1",
+                ADMIN,
+                Some(change.clone()),
+            )
+            .await;
+        assert_eq!(admin.status, StatusCode::OK, "{}", admin.body);
+    }
+
+    // Test events a minute, counted apart from writes: acme's writes are spent, its first test
+    // event goes.
+    let sent = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ACME, None)
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{}", sent.body);
+    let again = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ACME, None)
+        .await;
+    again.problem(429);
+    assert!((1..=60).contains(&retry_after(&again)));
+    let by_admin = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ADMIN, None)
+        .await;
+    assert_eq!(by_admin.status, StatusCode::ACCEPTED, "{}", by_admin.body);
+    api.stop().await;
+}
+
 /// Polls a replay job until it is no longer running (or [`WAIT`] passes); its last view.
 async fn settled(api: &Api, token: &str, id: &str) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -1901,7 +2102,12 @@ async fn concurrent_resumes_act_once_on_the_api_connection() {
         &["300ms"],
     )
     .await;
-    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    // Above the 200 resumes this makes: a tenant's writes a minute are not what is tested.
+    let limits = Limits {
+        writes_per_minute: 1_000,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
     api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
         .await;
     api.create(ACME, acme_sub("sub_live")).await;

@@ -4,7 +4,6 @@
 //! answer takes nor a memory dump tells a token.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -20,11 +19,6 @@ use super::problem::Problem;
 
 /// A token shorter than this is refused at start: a bearer token must not be guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
-
-/// How long a refused request's body is waited for before the 401, so that the connection can
-/// take the client's next request. A slower or larger body is left, and the 401 says the
-/// connection closes ([`super::keepalive`]).
-pub const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
@@ -178,8 +172,8 @@ pub struct Gate {
 }
 
 /// Lets through requests with a valid token, with its [`Scope`] in the request's extensions;
-/// answers every other 401, with no detail, once its body is read (at most `drain` bytes,
-/// within [`DRAIN_WAIT`]).
+/// answers every other 401, with no detail, once its body is read
+/// ([`super::keepalive::drain`], at most `drain` bytes).
 pub async fn require_token(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
     match bearer(&request).and_then(|t| gate.tokens.scope_of(t)) {
         Some(scope) => {
@@ -187,9 +181,7 @@ pub async fn require_token(State(gate): State<Gate>, mut request: Request, next:
             next.run(request).await
         }
         None => {
-            let body = axum::body::to_bytes(request.into_body(), gate.drain);
-            // What was read is dropped unlooked-at; a body not read to its end is announced.
-            let _ = tokio::time::timeout(DRAIN_WAIT, body).await;
+            super::keepalive::drain(request.into_body(), gate.drain).await;
             Problem::unauthorized().into_response()
         }
     }

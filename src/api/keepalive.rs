@@ -2,12 +2,14 @@
 //! was read to the end (a 401, a 404 for no route, a 413) leaves bytes on the connection that
 //! HTTP/1.1 cannot skip, and hyper then closes it after the answer: the client's next request
 //! on it would get no answer. So such an answer says `Connection: close`, and the client opens
-//! a new one. (The 401 reads a small body first, see [`super::auth`], and keeps the connection.)
+//! a new one. The refusals made before a handler runs (401, 429) [`drain`] a small body first,
+//! and keep the connection.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
@@ -63,4 +65,14 @@ pub async fn announce_close(request: Request, next: Next) -> Response {
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// How long a refused request's body is waited for before its answer.
+pub const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Reads and drops a refused request's body, at most `limit` bytes within [`DRAIN_WAIT`], so
+/// that the connection can take the client's next request. A larger or slower body is left,
+/// and [`announce_close`] says the connection closes.
+pub async fn drain(body: Body, limit: usize) {
+    let _ = tokio::time::timeout(DRAIN_WAIT, axum::body::to_bytes(body, limit)).await;
 }

@@ -6,6 +6,7 @@
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
 //! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
 //! - [`problem`]: errors as RFC 9457 problem details.
+//! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
 //! - [`repo`]: its SQL.
@@ -103,6 +104,8 @@ pub struct Shared {
     broker: Option<BrokerSetup>,
     history: Option<PgPool>,
     limits: quota::Limits,
+    /// Each tenant's writes and test events of the last minute.
+    pace: quota::Pace,
     replays: Arc<replays::SharedJobs>,
     /// Connected at the first test event or resume, so the API serves without a broker. Its
     /// one connection carries the resumes' work too.
@@ -300,6 +303,7 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         broker: setup.broker,
         history: setup.history,
         limits: setup.limits,
+        pace: quota::Pace::default(),
         replays: Default::default(),
         publisher: OnceCell::new(),
         returning: Returning::default(),
@@ -322,6 +326,8 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
         .route("/v1/replays/{id}/cancel", post(replays::cancel))
+        // Inside the token check (a layer wraps those before it): the scope is known.
+        .route_layer(from_fn_with_state(state.clone(), quota::limit))
         .route_layer(from_fn_with_state(
             auth::Gate {
                 tokens: setup.tokens,

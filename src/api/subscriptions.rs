@@ -30,7 +30,7 @@ use super::model::{
 };
 use super::problem::{ApiError, FieldError, Problem};
 use super::repo::{self, Remembered};
-use super::validate;
+use super::{quota, validate};
 
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -200,7 +200,7 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken, or the tenant has api.max_subscriptions_per_tenant (quota-exceeded)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )
@@ -230,7 +230,15 @@ pub async fn create(
         return Ok(created(StatusCode::OK, body, &id));
     }
     let schemes = validate::schemes(req.signatures.as_deref(), "signatures")?;
-    let sub = validate::create(req, &scope, &state.egress).await?;
+    let types = req.event_types.as_ref().map(Vec::len);
+    let sub = validate::create(req, &scope, &state.egress).await;
+    let sub = quota::with_event_types(sub, types, state.limits.max_event_types)?;
+    quota::check_subscriptions(
+        &mut tx,
+        &sub.tenant,
+        state.limits.max_subscriptions_per_tenant,
+    )
+    .await?;
     let signing = new_signing(&state, &sub.id, &schemes)?;
     let sealed = seal_all(&state, &sub.id, &sub.new_secrets)?;
     if !repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? {
@@ -343,7 +351,12 @@ pub async fn update(
     let current = repo::lock(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
-    let changed = validate::update(current, change, &state.egress).await?;
+    let types = change
+        .event_types
+        .as_ref()
+        .and_then(|t| t.as_ref().map(Vec::len));
+    let changed = validate::update(current, change, &state.egress).await;
+    let changed = quota::with_event_types(changed, types, state.limits.max_event_types)?;
     let sealed = seal_all(&state, &id, &changed.new_secrets)?;
     repo::save(&mut tx, &changed, &sealed).await?;
     let view = repo::get(&mut tx, &id, &scope)
