@@ -83,6 +83,15 @@ impl Answer {
         &self.body
     }
 
+    /// The fields a 422 names, sorted.
+    #[track_caller]
+    fn invalid(&self) -> Vec<String> {
+        self.problem(422);
+        let mut fields = self.fields();
+        fields.sort();
+        fields
+    }
+
     /// The fields a problem names.
     fn fields(&self) -> Vec<String> {
         self.body["errors"]
@@ -220,6 +229,12 @@ impl Api {
             retry_after,
             body,
         }
+    }
+
+    /// Asks for a replay as `token`.
+    async fn replay(&self, token: &str, body: Value) -> Answer {
+        self.call(Method::POST, "/v1/replays", token, Some(body))
+            .await
     }
 
     async fn call(&self, method: Method, path: &str, token: &str, body: Option<Value>) -> Answer {
@@ -1333,17 +1348,7 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
         started.location.as_deref(),
         Some(format!("/v1/replays/{id}").as_str())
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let job = loop {
-        let job = api
-            .call(Method::GET, &format!("/v1/replays/{id}"), ACME, None)
-            .await
-            .body;
-        if job["state"] != "running" || tokio::time::Instant::now() > deadline {
-            break job;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let job = settled(&api, ACME, &id).await;
     assert_eq!(job["state"], "finished", "{job}");
     assert_eq!(job["matched"], 3, "{job}");
     assert_eq!(job["published"], 3, "{job}");
@@ -1414,10 +1419,7 @@ async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
             Some(json!({ "tenant": "acme", "url": "ftp://x", "event_types": four })),
         )
         .await;
-    refused.problem(422);
-    let mut fields = refused.fields();
-    fields.sort();
-    assert_eq!(fields, ["event_types", "url"], "{}", refused.body);
+    assert_eq!(refused.invalid(), ["event_types", "url"]);
     api.create(
         ADMIN,
         json!({ "id": "sub_1", "tenant": "acme", "url": "https://hooks.acme.example/1",
@@ -1432,8 +1434,7 @@ async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
             Some(json!({ "event_types": four })),
         )
         .await;
-    patched.problem(422);
-    assert_eq!(patched.fields(), ["event_types"], "{}", patched.body);
+    assert_eq!(patched.invalid(), ["event_types"]);
 
     // Subscriptions per tenant: 2 for acme, whoever creates them; globex has its own count.
     api.create(ADMIN, acme_sub("sub_2")).await;
@@ -1486,24 +1487,17 @@ async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
 
     // Writes a minute, per tenant: acme's second is refused, with when to try again; reads go
     // on, and neither globex nor an admin is held up.
-    let change = json!({ "description": "changed" });
-    let first = api
-        .call(
-            Method::PATCH,
-            "/v1/subscriptions/sub_1",
-            ACME,
-            Some(change.clone()),
-        )
-        .await;
+    let change = |token: &'static str, sub: &'static str| {
+        let api = &api;
+        async move {
+            let body = json!({ "description": "changed" });
+            let path = format!("/v1/subscriptions/{sub}");
+            api.call(Method::PATCH, &path, token, Some(body)).await
+        }
+    };
+    let first = change(ACME, "sub_1").await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
-    let second = api
-        .call(
-            Method::PATCH,
-            "/v1/subscriptions/sub_1",
-            ACME,
-            Some(change.clone()),
-        )
-        .await;
+    let second = change(ACME, "sub_1").await;
     let problem = second.problem(429);
     assert_eq!(
         problem["type"], "urn:hookrelay:problem:rate-limited",
@@ -1516,13 +1510,8 @@ async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
             .await,
         api.call(Method::DELETE, "/v1/subscriptions/sub_1", ACME, None)
             .await,
-        api.call(
-            Method::POST,
-            "/v1/replays",
-            ACME,
-            Some(json!({ "from": "1h", "dry_run": true })),
-        )
-        .await,
+        api.replay(ACME, json!({ "from": "1h", "dry_run": true }))
+            .await,
     ] {
         refused.problem(429);
         retry_after(&refused);
@@ -1536,24 +1525,10 @@ async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
         "the refused ones changed nothing"
     );
     assert_eq!(read.body["paused"], false);
-    let globex = api
-        .call(
-            Method::PATCH,
-            "/v1/subscriptions/sub_g",
-            GLOBEX,
-            Some(change.clone()),
-        )
-        .await;
+    let globex = change(GLOBEX, "sub_g").await;
     assert_eq!(globex.status, StatusCode::OK, "{}", globex.body);
     for _ in 0..3 {
-        let admin = api
-            .call(
-                Method::PATCH,
-                "/v1/subscriptions/sub_1",
-                ADMIN,
-                Some(change.clone()),
-            )
-            .await;
+        let admin = change(ADMIN, "sub_1").await;
         assert_eq!(admin.status, StatusCode::OK, "{}", admin.body);
     }
 
@@ -1600,15 +1575,12 @@ async fn replay_and_resume_rates_and_tenant_windows_are_bounded() {
     for rate in ["1e-300/s", "1e308/s", "0.0000001/s", "2000000/s", "1e400/s"] {
         for token in [ACME, ADMIN] {
             let refused = api
-                .call(
-                    Method::POST,
-                    "/v1/replays",
+                .replay(
                     token,
-                    Some(json!({ "from": "1h", "rate": rate, "dry_run": true })),
+                    json!({ "from": "1h", "rate": rate, "dry_run": true }),
                 )
                 .await;
-            refused.problem(422);
-            assert_eq!(refused.fields(), ["rate"], "{rate}: {}", refused.body);
+            assert_eq!(refused.invalid(), ["rate"], "{rate}");
         }
         let resume = api
             .call(
@@ -1618,50 +1590,23 @@ async fn replay_and_resume_rates_and_tenant_windows_are_bounded() {
                 Some(json!({ "rate": rate })),
             )
             .await;
-        resume.problem(422);
-        assert_eq!(resume.fields(), ["rate"], "{rate}: {}", resume.body);
+        assert_eq!(resume.invalid(), ["rate"], "{rate}");
     }
     // A tenant's token replays a bounded window at a bounded pace (api.tenant_replay_window,
     // api.tenant_replay_rate); an admin's is bounded by what a rate can be alone.
-    let wide = api
-        .call(
-            Method::POST,
-            "/v1/replays",
-            ACME,
-            Some(json!({ "from": "30d", "dry_run": true })),
-        )
-        .await;
-    wide.problem(422);
-    assert_eq!(wide.fields(), ["from"], "{}", wide.body);
-    let fast = api
-        .call(
-            Method::POST,
-            "/v1/replays",
-            ACME,
-            Some(json!({ "from": "1h", "rate": "5000/s", "dry_run": true })),
-        )
-        .await;
-    fast.problem(422);
-    assert_eq!(fast.fields(), ["rate"], "{}", fast.body);
+    let wide = json!({ "from": "30d", "dry_run": true });
+    assert_eq!(api.replay(ACME, wide).await.invalid(), ["from"]);
+    let fast = json!({ "from": "1h", "rate": "5000/s", "dry_run": true });
+    assert_eq!(api.replay(ACME, fast).await.invalid(), ["rate"]);
     // A time before 1970 is not a time the archive has (and once panicked being written back).
-    let ancient = api
-        .call(
-            Method::POST,
-            "/v1/replays",
-            ADMIN,
-            Some(json!({ "from": "100y", "dry_run": true })),
-        )
-        .await;
-    ancient.problem(422);
-    assert_eq!(ancient.fields(), ["from"], "{}", ancient.body);
+    let ancient = json!({ "from": "100y", "dry_run": true });
+    assert_eq!(api.replay(ADMIN, ancient).await.invalid(), ["from"]);
     // Four slots, all free: nothing refused above holds one.
     for _ in 0..4 {
         let started = api
-            .call(
-                Method::POST,
-                "/v1/replays",
+            .replay(
                 ADMIN,
-                Some(json!({ "from": "30d", "rate": "5000/s", "dry_run": true })),
+                json!({ "from": "30d", "rate": "5000/s", "dry_run": true }),
             )
             .await;
         assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.body);
@@ -1694,14 +1639,7 @@ async fn replays_are_limited_per_tenant_and_a_tenant_cancels_its_own() {
     assert!(wait_until(WAIT, || async { t.depth(&lane).await == 4 }).await);
     // One a minute: the first goes at once, the second keeps the job running.
     let slow = json!({ "from": "1h", "rate": "1/m" });
-    let start = |token: &'static str| {
-        let body = slow.clone();
-        let api = &api;
-        async move {
-            api.call(Method::POST, "/v1/replays", token, Some(body))
-                .await
-        }
-    };
+    let start = |token: &'static str| api.replay(token, slow.clone());
     let acme = start(ACME).await;
     assert_eq!(acme.status, StatusCode::ACCEPTED, "{}", acme.body);
     let acme_id = acme.body["id"].as_str().unwrap().to_owned();
@@ -1746,12 +1684,7 @@ async fn replays_are_limited_per_tenant_and_a_tenant_cancels_its_own() {
     );
     // A replay that ended by itself is not cancelled after the fact.
     let quick = api
-        .call(
-            Method::POST,
-            "/v1/replays",
-            GLOBEX,
-            Some(json!({ "from": "1h", "dry_run": true })),
-        )
+        .replay(GLOBEX, json!({ "from": "1h", "dry_run": true }))
         .await;
     assert_eq!(quick.status, StatusCode::ACCEPTED, "{}", quick.body);
     let quick_id = quick.body["id"].as_str().unwrap();
@@ -1802,23 +1735,14 @@ async fn an_only_undelivered_replay_past_its_index_bound_fails_saying_so() {
     let only_undelivered = json!({ "from": "1h", "only_undelivered": true, "dry_run": true });
     // Within the bound: the log's two deliveries are remembered and skipped.
     log_delivered(&t, &["evt_i1", "evt_i2"]).await;
-    let within = api
-        .call(
-            Method::POST,
-            "/v1/replays",
-            ADMIN,
-            Some(only_undelivered.clone()),
-        )
-        .await;
+    let within = api.replay(ADMIN, only_undelivered.clone()).await;
     assert_eq!(within.status, StatusCode::ACCEPTED, "{}", within.body);
     let job = settled(&api, ADMIN, within.body["id"].as_str().unwrap()).await;
     assert_eq!(job["state"], "finished", "{job}");
     assert_eq!(job["delivered_already"], 2, "{job}");
     // Past it: the job fails and says why, rather than holding an index without end.
     log_delivered(&t, &["evt_x1", "evt_x2"]).await;
-    let past = api
-        .call(Method::POST, "/v1/replays", ADMIN, Some(only_undelivered))
-        .await;
+    let past = api.replay(ADMIN, only_undelivered).await;
     assert_eq!(past.status, StatusCode::ACCEPTED, "{}", past.body);
     let job = settled(&api, ADMIN, past.body["id"].as_str().unwrap()).await;
     assert_eq!(job["state"], "failed", "{job}");
