@@ -622,6 +622,28 @@ pub struct ApiConfig {
     /// before it returns the subscription's parked deliveries.
     #[serde(with = "humantime_serde")]
     pub resume_wait: Duration,
+    /// Subscriptions one tenant may have; a create beyond is answered 409.
+    pub max_subscriptions_per_tenant: u32,
+    /// Entries a subscription's `event_types` may hold.
+    pub max_event_types: usize,
+    /// Requests that change something (every POST, PATCH and DELETE but test events) one
+    /// tenant's tokens may make per minute; beyond, 429 with `Retry-After`.
+    pub writes_per_minute: u32,
+    /// Test events one tenant's tokens may send per minute; beyond, 429 with `Retry-After`.
+    pub test_events_per_minute: u32,
+    /// Replays running at once in the API process.
+    pub replays_running: usize,
+    /// Replays one tenant's tokens may have running at once.
+    pub replays_per_tenant: usize,
+    /// The widest window (`to` - `from`) a tenant's token may replay.
+    #[serde(with = "humantime_serde")]
+    pub tenant_replay_window: Duration,
+    /// The fastest pace a tenant's token may replay at, and its replays' pace when not given.
+    #[serde(deserialize_with = "read_required_rate")]
+    pub tenant_replay_rate: Rate,
+    /// Envelope ids the index of one `only_undelivered` replay may hold (about 100 bytes
+    /// each); past it the replay fails and says so.
+    pub replay_index_max: usize,
 }
 
 impl Default for ApiConfig {
@@ -631,6 +653,15 @@ impl Default for ApiConfig {
             tokens: Vec::new(),
             max_body_bytes: 64 * 1024,
             resume_wait: Duration::from_secs(2),
+            max_subscriptions_per_tenant: 1_000,
+            max_event_types: 100,
+            writes_per_minute: 120,
+            test_events_per_minute: 20,
+            replays_running: 4,
+            replays_per_tenant: 1,
+            tenant_replay_window: Duration::from_secs(24 * 3600),
+            tenant_replay_rate: crate::ops::replay::default_rate(),
+            replay_index_max: 500_000,
         }
     }
 }
@@ -867,6 +898,32 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if self.api.max_subscriptions_per_tenant == 0
+            || self.api.max_event_types == 0
+            || self.api.writes_per_minute == 0
+            || self.api.test_events_per_minute == 0
+            || self.api.replays_running == 0
+            || self.api.replays_per_tenant == 0
+            || self.api.replay_index_max == 0
+        {
+            return Err(ConfigError::invalid(
+                "api.max_subscriptions_per_tenant/max_event_types/writes_per_minute/\
+                 test_events_per_minute/replays_running/replays_per_tenant/replay_index_max",
+                "must be at least 1 (a large number for practically no limit)",
+            ));
+        }
+        if self.api.replays_per_tenant > self.api.replays_running {
+            return Err(ConfigError::invalid(
+                "api.replays_per_tenant",
+                "must not exceed api.replays_running",
+            ));
+        }
+        if self.api.tenant_replay_window.is_zero() {
+            return Err(ConfigError::invalid(
+                "api.tenant_replay_window",
+                "must be longer than zero",
+            ));
+        }
         for token in &self.api.tokens {
             crate::delivery::subscriptions::SecretRef::parse(&token.token)
                 .map_err(|e| ConfigError::invalid("api.tokens", format!("token: {e}")))?;
@@ -1003,6 +1060,12 @@ fn read_listen<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Sock
 
 fn read_rate<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Rate>, D::Error> {
     read_optional(deserializer, |text| text.parse::<Rate>())
+}
+
+fn read_required_rate<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Rate, D::Error> {
+    String::deserialize(deserializer)?
+        .parse()
+        .map_err(D::Error::custom)
 }
 
 fn read_proxy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<SecretUrl>, D::Error> {
@@ -1351,6 +1414,38 @@ mod tests {
             assert!(shown.contains(&field), "{var}: {shown}");
             assert!(shown.contains(expected), "{var}: {shown}");
             assert!(!shown.contains("s3cret"), "{var}: {shown}");
+        }
+    }
+
+    #[test]
+    fn the_api_quotas_and_replay_bounds_are_typed_and_checked() {
+        let config = Config::load(
+            None,
+            &env(&[
+                ("HOOKRELAY_API_TENANT_REPLAY_RATE", "600/m"),
+                ("HOOKRELAY_API_TENANT_REPLAY_WINDOW", "2h"),
+                ("HOOKRELAY_API_REPLAYS_PER_TENANT", "2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.api.tenant_replay_rate, "10/s".parse().unwrap());
+        assert_eq!(config.api.tenant_replay_window, Duration::from_secs(7200));
+        assert_eq!(config.api.replays_per_tenant, 2);
+        for (var, value, expected) in [
+            ("HOOKRELAY_API_TENANT_REPLAY_RATE", "1e-300/s", "between"),
+            ("HOOKRELAY_API_REPLAYS_PER_TENANT", "5", "must not exceed"),
+            ("HOOKRELAY_API_REPLAYS_RUNNING", "0", "at least 1"),
+            ("HOOKRELAY_API_REPLAY_INDEX_MAX", "0", "at least 1"),
+            ("HOOKRELAY_API_WRITES_PER_MINUTE", "0", "at least 1"),
+            ("HOOKRELAY_API_MAX_EVENT_TYPES", "0", "at least 1"),
+            (
+                "HOOKRELAY_API_TENANT_REPLAY_WINDOW",
+                "0s",
+                "longer than zero",
+            ),
+        ] {
+            let err = Config::load(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(expected), "{var}: {err}");
         }
     }
 

@@ -8,13 +8,30 @@ pub fn fmt_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string().replace(' ', "")
 }
 
-/// A pace such as `50/s` or `600/m`; a bare number is per second.
+/// A pace such as `50/s` or `600/m`; a bare number is per second. Always between
+/// [`Rate::MIN_PER_SECOND`] and [`Rate::MAX_PER_SECOND`], so every rate makes a pace: a rate of
+/// `1e-300/s` once made an interval no `Duration` holds, and `1e308/s` one of zero, and either
+/// panicked whatever was pacing by it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rate {
     per_second: f64,
 }
 
 impl Rate {
+    /// One per 277 hours and a bit (an interval of 1,000,000 s).
+    pub const MIN_PER_SECOND: f64 = 1e-6;
+    /// An interval of 1 µs.
+    pub const MAX_PER_SECOND: f64 = 1e6;
+    const BOUNDS: &str = "between one per 277 hours (0.000001/s) and 1000000/s";
+
+    /// A rate this code writes as a default, brought within the bounds.
+    pub fn shipped(per_second: f64) -> Self {
+        Self {
+            per_second: per_second.clamp(Self::MIN_PER_SECOND, Self::MAX_PER_SECOND),
+        }
+    }
+
+    /// The time between two events: from 1 µs to 1,000,000 s, by the bounds.
     pub fn interval(self) -> Duration {
         Duration::from_secs_f64(1.0 / self.per_second)
     }
@@ -34,12 +51,12 @@ impl std::str::FromStr for Rate {
             "h" | "hour" => 3600.0,
             other => return Err(format!("unknown unit {other:?} in {s:?}; use /s, /m or /h")),
         };
-        if !(n > 0.0 && n.is_finite()) {
-            return Err(format!("{s:?}: the rate must be above zero"));
+        let per_second = n / seconds;
+        // NaN fails both comparisons, and so is refused with the rest.
+        if !(Self::MIN_PER_SECOND..=Self::MAX_PER_SECOND).contains(&per_second) {
+            return Err(format!("{s:?}: the rate must be {}", Self::BOUNDS));
         }
-        Ok(Self {
-            per_second: n / seconds,
-        })
+        Ok(Self { per_second })
     }
 }
 
@@ -110,7 +127,8 @@ pub fn parse_when(s: &str) -> Result<SystemTime, String> {
     })?;
     SystemTime::now()
         .checked_sub(ago)
-        .ok_or_else(|| format!("{s:?} ago is before the epoch"))
+        .filter(|t| *t >= UNIX_EPOCH)
+        .ok_or_else(|| format!("{s:?} ago is before 1970"))
 }
 
 #[cfg(test)]
@@ -162,6 +180,40 @@ mod tests {
         let r: Rate = "600/m".parse().unwrap();
         assert_eq!(r.to_string(), "10/s");
         assert_eq!(r.to_string().parse::<Rate>().unwrap(), r);
+    }
+
+    #[test]
+    fn rates_are_bounded_and_their_interval_never_panics() {
+        for bad in [
+            "1e-300/s",
+            "1e308/s",
+            "0.0000001/s",
+            "1000001/s",
+            "1e400/s",
+            "NaN/s",
+        ] {
+            let e = bad.parse::<Rate>().unwrap_err();
+            assert!(e.contains("between"), "{bad}: {e}");
+        }
+        for edge in ["0.000001/s", "1000000/s", "0.0036/h", "60000000/m"] {
+            let r: Rate = edge.parse().unwrap_or_else(|e| panic!("{edge}: {e}"));
+            // A pace tokio's interval takes: above zero, far from overflowing an instant.
+            let i = r.interval();
+            assert!(
+                i > Duration::ZERO && i <= Duration::from_secs(1_000_000),
+                "{edge}: {i:?}"
+            );
+            assert_eq!(r.to_string().parse::<Rate>().unwrap(), r, "{edge}");
+        }
+    }
+
+    #[test]
+    fn a_time_before_the_epoch_is_refused() {
+        assert!(parse_when("1h").is_ok());
+        assert!(parse_when("2026-12-01T10:00:00Z").is_ok());
+        let e = parse_when("100y").unwrap_err();
+        assert!(e.contains("before 1970"), "{e}");
+        assert!(parse_when("1960-01-01T00:00:00Z").is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hookrelay::api::auth::Tokens;
+use hookrelay::api::quota::Limits;
 use hookrelay::api::validate::Egress;
 use hookrelay::api::{ApiSetup, BrokerSetup};
 use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
@@ -71,6 +72,7 @@ struct Answer {
     status: StatusCode,
     content_type: String,
     location: Option<String>,
+    retry_after: Option<String>,
     body: Value,
 }
 
@@ -91,6 +93,15 @@ impl Answer {
         let message = problem["errors"][0]["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{problem}");
         problem
+    }
+
+    /// The fields a 422 names, sorted.
+    #[track_caller]
+    fn invalid(&self) -> Vec<String> {
+        self.problem(422);
+        let mut fields = self.fields();
+        fields.sort();
+        fields
     }
 
     /// The fields a problem names.
@@ -123,6 +134,7 @@ struct Options {
     lookup_timeout: Duration,
     /// Whether it has a history database (the store's).
     history: bool,
+    limits: Limits,
 }
 
 impl Default for Options {
@@ -134,6 +146,7 @@ impl Default for Options {
             lookup: Arc::new(lookup()),
             lookup_timeout: Duration::from_secs(1),
             history: true,
+            limits: Limits::default(),
         }
     }
 }
@@ -145,6 +158,10 @@ impl Api {
 
     async fn start_with(broker: Option<BrokerSetup>, max_body: usize) -> Self {
         Self::start_with_policy(broker, max_body, EgressPolicy::default()).await
+    }
+
+    async fn start_limited(broker: Option<BrokerSetup>, limits: Limits) -> Self {
+        Self::start_setup(broker, 64 * 1024, EgressPolicy::default(), limits).await
     }
 
     async fn start_with_policy(
@@ -161,6 +178,22 @@ impl Api {
         .await
     }
 
+    async fn start_setup(
+        broker: Option<BrokerSetup>,
+        max_body: usize,
+        policy: EgressPolicy,
+        limits: Limits,
+    ) -> Self {
+        Self::start_with_options(Options {
+            broker,
+            max_body,
+            policy,
+            limits,
+            ..Options::default()
+        })
+        .await
+    }
+
     async fn start_with_options(options: Options) -> Self {
         let Options {
             broker,
@@ -169,6 +202,7 @@ impl Api {
             lookup,
             lookup_timeout,
             history,
+            limits,
         } = options;
         let db = TestDb::create().await;
         let key = generate_key();
@@ -185,6 +219,7 @@ impl Api {
             max_body,
             broker,
             history: history.then(|| db.store.pool().clone()),
+            limits,
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -241,6 +276,11 @@ impl Api {
             .get("location")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = response.bytes().await.unwrap();
         let body = if bytes.is_empty() {
             Value::Null
@@ -252,8 +292,15 @@ impl Api {
             status,
             content_type,
             location,
+            retry_after,
             body,
         }
+    }
+
+    /// Asks for a replay as `token`.
+    async fn replay(&self, token: &str, body: Value) -> Answer {
+        self.call(Method::POST, "/v1/replays", token, Some(body))
+            .await
     }
 
     async fn call(&self, method: Method, path: &str, token: &str, body: Option<Value>) -> Answer {
@@ -1372,17 +1419,7 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
         started.location.as_deref(),
         Some(format!("/v1/replays/{id}").as_str())
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let job = loop {
-        let job = api
-            .call(Method::GET, &format!("/v1/replays/{id}"), ACME, None)
-            .await
-            .body;
-        if job["state"] != "running" || tokio::time::Instant::now() > deadline {
-            break job;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let job = settled(&api, ACME, &id).await;
     assert_eq!(job["state"], "finished", "{job}");
     assert_eq!(job["matched"], 3, "{job}");
     assert_eq!(job["published"], 3, "{job}");
@@ -1420,24 +1457,389 @@ async fn history_and_replays_answer_each_tenant_for_its_own_alone() {
     api.stop().await;
 }
 
+/// The seconds a 429 says to wait.
+fn retry_after(answer: &Answer) -> u64 {
+    answer
+        .retry_after
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a 429 without Retry-After: {}", answer.body))
+}
+
 #[tokio::test]
-async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
-    let t = TestLadder::apply("api-resume", &["300ms"], &["300ms"]).await;
-    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
-    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+async fn tenant_quotas_are_kept_with_409_422_and_429_with_retry_after() {
+    let t = TestLadder::apply("api-quotas", &["300ms"], &["300ms"]).await;
+    // One write and one test event a minute: a second within the minute is refused whatever
+    // the machine's speed.
+    let limits = Limits {
+        max_subscriptions_per_tenant: 2,
+        max_event_types: 3,
+        writes_per_minute: 1,
+        test_events_per_minute: 1,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
+
+    // event_types: at most 3 entries, reported with the request's other problems.
+    let four = json!(["a.1", "a.2", "a.3", "a.4"]);
+    let refused = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(json!({ "tenant": "acme", "url": "ftp://x", "event_types": four })),
+        )
         .await;
-    // What a worker does for a paused subscription: park its deliveries.
-    t.ladder
-        .declare_paused_queue(&t.channel, "sub_p")
+    assert_eq!(refused.invalid(), ["event_types", "url"]);
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_1", "tenant": "acme", "url": "https://hooks.acme.example/1",
+                "event_types": ["a.1", "a.2", "a.3"] }),
+    )
+    .await;
+    let patched = api
+        .call(
+            Method::PATCH,
+            "/v1/subscriptions/sub_1",
+            ADMIN,
+            Some(json!({ "event_types": four })),
+        )
+        .await;
+    assert_eq!(patched.invalid(), ["event_types"]);
+
+    // Subscriptions per tenant: 2 for acme, whoever creates them; globex has its own count.
+    api.create(ADMIN, acme_sub("sub_2")).await;
+    let third = api
+        .call(
+            Method::POST,
+            "/v1/subscriptions",
+            ADMIN,
+            Some(acme_sub("sub_3")),
+        )
+        .await;
+    let problem = third.problem(409);
+    assert_eq!(
+        problem["type"], "urn:hookrelay:problem:quota-exceeded",
+        "{problem}"
+    );
+    assert_eq!(api.db.count("subscriptions").await, 2);
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+    // Creates at once for one tenant are counted one after the other: one room, one created.
+    let creates = (0..6).map(|i| {
+        let body = json!({ "id": format!("sub_g{i}"), "tenant": "globex",
+                           "url": "https://hooks.globex.example/in" });
+        api.call(Method::POST, "/v1/subscriptions", ADMIN, Some(body))
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(creates)
+        .await
+        .iter()
+        .map(|a| a.status.as_u16())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        5,
+        "{statuses:?}"
+    );
+    // Deleting one makes room again.
+    let deleted = api
+        .call(Method::DELETE, "/v1/subscriptions/sub_2", ADMIN, None)
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    api.create(ADMIN, acme_sub("sub_3")).await;
+
+    // Writes a minute, per tenant: acme's second is refused, with when to try again; reads go
+    // on, and neither globex nor an admin is held up.
+    let change = |token: &'static str, sub: &'static str| {
+        let api = &api;
+        async move {
+            let body = json!({ "description": "changed" });
+            let path = format!("/v1/subscriptions/{sub}");
+            api.call(Method::PATCH, &path, token, Some(body)).await
+        }
+    };
+    let first = change(ACME, "sub_1").await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let second = change(ACME, "sub_1").await;
+    let problem = second.problem(429);
+    assert_eq!(
+        problem["type"], "urn:hookrelay:problem:rate-limited",
+        "{problem}"
+    );
+    let wait = retry_after(&second);
+    assert!((1..=60).contains(&wait), "{wait}");
+    for refused in [
+        api.call(Method::POST, "/v1/subscriptions/sub_1/pause", ACME, None)
+            .await,
+        api.call(Method::DELETE, "/v1/subscriptions/sub_1", ACME, None)
+            .await,
+        api.replay(ACME, json!({ "from": "1h", "dry_run": true }))
+            .await,
+    ] {
+        refused.problem(429);
+        retry_after(&refused);
+    }
+    let read = api
+        .call(Method::GET, "/v1/subscriptions/sub_1", ACME, None)
+        .await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(
+        read.body["description"], "changed",
+        "the refused ones changed nothing"
+    );
+    assert_eq!(read.body["paused"], false);
+    let globex = change(GLOBEX, "sub_g").await;
+    assert_eq!(globex.status, StatusCode::OK, "{}", globex.body);
+    for _ in 0..3 {
+        let admin = change(ADMIN, "sub_1").await;
+        assert_eq!(admin.status, StatusCode::OK, "{}", admin.body);
+    }
+
+    // Test events a minute, counted apart from writes: acme's writes are spent, its first test
+    // event goes.
+    let sent = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ACME, None)
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{}", sent.body);
+    let again = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ACME, None)
+        .await;
+    again.problem(429);
+    assert!((1..=60).contains(&retry_after(&again)));
+    let by_admin = api
+        .call(Method::POST, "/v1/subscriptions/sub_3/test", ADMIN, None)
+        .await;
+    assert_eq!(by_admin.status, StatusCode::ACCEPTED, "{}", by_admin.body);
+    api.stop().await;
+}
+
+/// Polls a replay job until it is no longer running (or [`WAIT`] passes); its last view.
+async fn settled(api: &Api, token: &str, id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let job = api
+            .call(Method::GET, &format!("/v1/replays/{id}"), token, None)
+            .await
+            .body;
+        if job["state"] != "running" || tokio::time::Instant::now() > deadline {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A rate no pace can be made of was once accepted: the job's thread panicked converting it,
+/// the job stayed `running` and kept one of the process's replay slots until a restart.
+#[tokio::test]
+async fn replay_and_resume_rates_and_tenant_windows_are_bounded() {
+    let t = TestLadder::apply("api-replay-bounds", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    for rate in ["1e-300/s", "1e308/s", "0.0000001/s", "2000000/s", "1e400/s"] {
+        for token in [ACME, ADMIN] {
+            let refused = api
+                .replay(
+                    token,
+                    json!({ "from": "1h", "rate": rate, "dry_run": true }),
+                )
+                .await;
+            assert_eq!(refused.invalid(), ["rate"], "{rate}");
+        }
+        let resume = api
+            .call(
+                Method::POST,
+                "/v1/subscriptions/sub_a/resume",
+                ACME,
+                Some(json!({ "rate": rate })),
+            )
+            .await;
+        assert_eq!(resume.invalid(), ["rate"], "{rate}");
+    }
+    // A tenant's token replays a bounded window at a bounded pace (api.tenant_replay_window,
+    // api.tenant_replay_rate); an admin's is bounded by what a rate can be alone.
+    let wide = json!({ "from": "30d", "dry_run": true });
+    assert_eq!(api.replay(ACME, wide).await.invalid(), ["from"]);
+    let fast = json!({ "from": "1h", "rate": "5000/s", "dry_run": true });
+    assert_eq!(api.replay(ACME, fast).await.invalid(), ["rate"]);
+    // A time before 1970 is not a time the archive has (and once panicked being written back).
+    let ancient = json!({ "from": "100y", "dry_run": true });
+    assert_eq!(api.replay(ADMIN, ancient).await.invalid(), ["from"]);
+    // Four slots, all free: nothing refused above holds one.
+    for _ in 0..4 {
+        let started = api
+            .replay(
+                ADMIN,
+                json!({ "from": "30d", "rate": "5000/s", "dry_run": true }),
+            )
+            .await;
+        assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.body);
+        let id = started.body["id"].as_str().unwrap();
+        let job = settled(&api, ADMIN, id).await;
+        assert_eq!(job["state"], "finished", "{job}");
+    }
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn replays_are_limited_per_tenant_and_a_tenant_cancels_its_own() {
+    let t = TestLadder::apply("api-replay-tenant", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, acme_sub("sub_a")).await;
+    api.create(
+        ADMIN,
+        json!({ "id": "sub_g", "tenant": "globex", "url": "https://hooks.globex.example/in" }),
+    )
+    .await;
+    for (id, tenant, sub) in [
+        ("evt_t1", "acme", "sub_a"),
+        ("evt_t2", "acme", "sub_a"),
+        ("evt_t3", "globex", "sub_g"),
+        ("evt_t4", "globex", "sub_g"),
+    ] {
+        t.publish(&common::event(id, tenant, sub)).await;
+    }
+    let lane = t.ladder.first_lane();
+    assert!(wait_until(WAIT, || async { t.depth(&lane).await == 4 }).await);
+    // One a minute: the first goes at once, the second keeps the job running.
+    let slow = json!({ "from": "1h", "rate": "1/m" });
+    let start = |token: &'static str| api.replay(token, slow.clone());
+    let acme = start(ACME).await;
+    assert_eq!(acme.status, StatusCode::ACCEPTED, "{}", acme.body);
+    let acme_id = acme.body["id"].as_str().unwrap().to_owned();
+    // api.replays_per_tenant (1): acme's second waits for its first; globex is not held up.
+    let second = start(ACME).await;
+    second.problem(409);
+    let globex = start(GLOBEX).await;
+    assert_eq!(globex.status, StatusCode::ACCEPTED, "{}", globex.body);
+    let globex_id = globex.body["id"].as_str().unwrap().to_owned();
+
+    // Cancelling: another tenant's replay is not found, as on every route.
+    let cancel = |id: &str| format!("/v1/replays/{id}/cancel");
+    api.call(Method::POST, &cancel(&acme_id), GLOBEX, None)
+        .await
+        .problem(404);
+    api.call(Method::POST, &cancel("rpl_0000000000000000"), ACME, None)
+        .await
+        .problem(404);
+    let cancelled = api.call(Method::POST, &cancel(&acme_id), ACME, None).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    let job = settled(&api, ACME, &acme_id).await;
+    assert_eq!(job["state"], "cancelled", "{job}");
+    assert!(job["finished_at"].is_string(), "{job}");
+    assert!(
+        job["published"].as_u64().unwrap() < 2,
+        "stopped before its second event: {job}"
+    );
+    // Cancelling again says the same; its slot is free again.
+    let again = api.call(Method::POST, &cancel(&acme_id), ACME, None).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["state"], "cancelled");
+    let next = start(ACME).await;
+    assert_eq!(next.status, StatusCode::ACCEPTED, "{}", next.body);
+    // An admin cancels anyone's.
+    let by_admin = api
+        .call(Method::POST, &cancel(&globex_id), ADMIN, None)
+        .await;
+    assert_eq!(by_admin.status, StatusCode::OK, "{}", by_admin.body);
+    assert_eq!(
+        settled(&api, GLOBEX, &globex_id).await["state"],
+        "cancelled"
+    );
+    // A replay that ended by itself is not cancelled after the fact.
+    let quick = api
+        .replay(GLOBEX, json!({ "from": "1h", "dry_run": true }))
+        .await;
+    assert_eq!(quick.status, StatusCode::ACCEPTED, "{}", quick.body);
+    let quick_id = quick.body["id"].as_str().unwrap();
+    assert_eq!(settled(&api, GLOBEX, quick_id).await["state"], "finished");
+    api.call(Method::POST, &cancel(quick_id), GLOBEX, None)
+        .await
+        .problem(409);
+    api.stop().await;
+}
+
+/// Attempt records as a worker publishes them to the attempt log: each envelope delivered.
+async fn log_delivered(t: &TestLadder, ids: &[&str]) {
+    let records: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            json!({ "envelope": id, "tenant": "acme", "subscription": "sub_a", "attempt": 1,
+                    "status": 204, "outcome": "delivered", "lane": "l", "redrives": 0,
+                    "at": hookrelay::units::now_rfc3339() })
+        })
+        .collect();
+    let publisher = t.publisher().await;
+    publisher
+        .send(
+            &t.ladder.attempts_exchange(),
+            "delivered.acme",
+            &serde_json::to_vec(&records).unwrap(),
+            BasicProperties::default(),
+            false,
+        )
+        .await
+        .unwrap()
         .await
         .unwrap();
-    let parking = t.ladder.paused_queue("sub_p");
-    for i in 0..3 {
+    publisher.close().await;
+}
+
+#[tokio::test]
+async fn an_only_undelivered_replay_past_its_index_bound_fails_saying_so() {
+    let t = TestLadder::apply("api-replay-index", &["300ms"], &["300ms"]).await;
+    let limits = Limits {
+        replay_index_max: 3,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
+    for id in ["evt_i1", "evt_i2"] {
+        t.publish(&common::event(id, "acme", "sub_a")).await;
+    }
+    let only_undelivered = json!({ "from": "1h", "only_undelivered": true, "dry_run": true });
+    // Within the bound: the log's two deliveries are remembered and skipped.
+    log_delivered(&t, &["evt_i1", "evt_i2"]).await;
+    let within = api.replay(ADMIN, only_undelivered.clone()).await;
+    assert_eq!(within.status, StatusCode::ACCEPTED, "{}", within.body);
+    let job = settled(&api, ADMIN, within.body["id"].as_str().unwrap()).await;
+    assert_eq!(job["state"], "finished", "{job}");
+    assert_eq!(job["delivered_already"], 2, "{job}");
+    // Past it: the job fails and says why, rather than holding an index without end.
+    log_delivered(&t, &["evt_x1", "evt_x2"]).await;
+    let past = api.replay(ADMIN, only_undelivered).await;
+    assert_eq!(past.status, StatusCode::ACCEPTED, "{}", past.body);
+    let job = settled(&api, ADMIN, past.body["id"].as_str().unwrap()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap();
+    assert!(
+        error.contains("only_undelivered") && error.contains('3'),
+        "{error}"
+    );
+    assert_eq!(job["published"], 0, "{job}");
+    api.stop().await;
+}
+
+/// What a worker does for a paused subscription: park its deliveries (`n` of acme's). The
+/// parking queue.
+async fn park(t: &TestLadder, subscription: &str, n: usize) -> String {
+    t.ladder
+        .declare_paused_queue(&t.channel, subscription)
+        .await
+        .unwrap();
+    let parking = t.ladder.paused_queue(subscription);
+    for i in 0..n {
         let mut headers = FieldTable::default();
         headers.insert(TENANT_HEADER.into(), AMQPValue::LongString("acme".into()));
         headers.insert(
             SUBSCRIPTION_HEADER.into(),
-            AMQPValue::LongString("sub_p".into()),
+            AMQPValue::LongString(subscription.into()),
         );
         t.channel
             .basic_publish(
@@ -1456,7 +1858,18 @@ async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
             .await
             .unwrap();
     }
-    assert!(wait_until(WAIT, || async { t.depth(&parking).await == 3 }).await);
+    let count = u32::try_from(n).unwrap();
+    assert!(wait_until(WAIT, || async { t.depth(&parking).await == count }).await);
+    parking
+}
+
+#[tokio::test]
+async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
+    let t = TestLadder::apply("api-resume", &["300ms"], &["300ms"]).await;
+    let api = Api::start_with(Some(broker(&t)), 64 * 1024).await;
+    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+        .await;
+    let parking = park(&t, "sub_p", 3).await;
 
     let resumed = api
         .call(
@@ -1472,6 +1885,267 @@ async fn a_resume_returns_the_parked_deliveries_to_their_lane() {
     assert!(wait_until(WAIT, || async { t.depth(&lane).await == 3 }).await);
     assert!(wait_until(WAIT, || async { !t.queue_exists(&parking).await }).await);
     api.stop().await;
+}
+
+/// One HTTP/1.1 answer read off a raw connection: status, headers (names lower-cased), body.
+struct RawAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the server said it closes the connection after this answer.
+    fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+}
+
+/// The next answer on `reader`, or `None` when the server closed the connection first.
+async fn read_answer<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> Option<RawAnswer> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).await.ok()? == 0 {
+        return None;
+    }
+    let status = status_line.split(' ').nth(1)?.parse().ok()?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await.ok()?;
+    Some(RawAnswer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A client that keeps its connection after an answer must learn when the server will not:
+/// the API once answered 401 before reading a request's body, said nothing, and closed, so the
+/// next request a keep-alive client sent on that connection got no answer.
+#[tokio::test]
+async fn a_refused_request_with_a_body_keeps_its_connection_or_says_it_closes() {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let api = Api::start_with(None, 4096).await;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let body = serde_json::to_vec(&acme_sub("sub_k")).unwrap();
+    let refused_post = |body_len: usize, token: &str| {
+        format!(
+            "POST /v1/subscriptions HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {body_len}\r\n\r\n"
+        )
+    };
+    let next = format!(
+        "GET /v1/subscriptions HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {ADMIN}\r\n\r\n"
+    );
+    let wrong = "wrong-token-0123456789abcdef";
+
+    // The body never comes: whatever the server does, it says it closes.
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(refused_post(body.len(), wrong).as_bytes())
+        .await
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let first = tokio::time::timeout(WAIT, read_answer(&mut reader))
+        .await
+        .expect("an answer without the body")
+        .expect("an answer, not a closed connection");
+    assert_eq!(first.status, 401);
+    let problem: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(problem["type"], "urn:hookrelay:problem:unauthorized");
+    assert!(
+        first.closes(),
+        "answered before the body without Connection: close: {:?}",
+        first.headers
+    );
+
+    // The body comes a moment after the head, the next request right behind it: both are
+    // answered, or the first says the connection closes.
+    for pause in [Duration::ZERO, Duration::from_millis(200)] {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream
+            .write_all(refused_post(body.len(), wrong).as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(pause).await;
+        // The server may have answered and closed meanwhile: a failed write is its answer.
+        let _ = stream.write_all(&body).await;
+        let _ = stream.write_all(next.as_bytes()).await;
+        let mut reader = BufReader::new(stream);
+        let first = read_answer(&mut reader).await.expect("the 401");
+        assert_eq!(first.status, 401, "{pause:?}");
+        if !first.closes() {
+            let second = tokio::time::timeout(WAIT, read_answer(&mut reader))
+                .await
+                .expect("an answer or a close");
+            let second = second.unwrap_or_else(|| {
+                panic!("after {pause:?}: the connection closed without saying so after a 401")
+            });
+            assert_eq!(second.status, 200, "{pause:?}");
+        }
+    }
+
+    // A body over api.max_body_bytes is answered 413 before it is read to its end: said too.
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let big = vec![b' '; 64 * 1024];
+    stream
+        .write_all(refused_post(big.len(), ADMIN).as_bytes())
+        .await
+        .unwrap();
+    let (read_half, mut write_half) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = write_half.write_all(&big).await;
+        write_half
+    });
+    let mut reader = BufReader::new(read_half);
+    let first = read_answer(&mut reader).await.expect("the 413");
+    assert_eq!(first.status, 413);
+    assert!(
+        first.closes(),
+        "413 without Connection: close: {:?}",
+        first.headers
+    );
+    drop(writer.await);
+
+    // A keep-alive client with a pool of one: every request answered.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        let refused = client
+            .post(format!("{}/v1/subscriptions", api.base))
+            .bearer_auth(wrong)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let listed = client
+            .get(format!("{}/v1/subscriptions", api.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(listed.status(), StatusCode::OK);
+    }
+    assert_eq!(api.db.count("subscriptions").await, 0);
+    api.stop().await;
+}
+
+/// `PUT /api/vhost-limits/<vhost>/max-connections`: `Some(n)` sets it, `None` lifts it.
+async fn limit_connections(config: &hookrelay::config::Config, vhost: &str, max: Option<u32>) {
+    let mut url = config.management.url.expose_url().clone();
+    let (user, password) = (url.username().to_owned(), url.password().map(str::to_owned));
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.path_segments_mut()
+        .unwrap()
+        .extend(["api", "vhost-limits", vhost, "max-connections"]);
+    let client = reqwest::Client::new();
+    let request = match max {
+        Some(n) => client.put(url).json(&json!({ "value": n })),
+        None => client.delete(url),
+    };
+    let answer = request.basic_auth(user, password).send().await.unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+}
+
+/// Resumes once opened a broker connection each, paused or not: 200 concurrent resumes made
+/// 200. Here the test's vhost allows two connections, the test's own and the API's: every
+/// resume works through the API's one, and only the one that changed `paused` acts.
+#[tokio::test]
+async fn concurrent_resumes_act_once_on_the_api_connection() {
+    let mut config = common::config();
+    let vhost = common::unique("vhost");
+    let root = common::management(&config);
+    root.create_vhost(&vhost).await.unwrap();
+    let mut url = config.amqp.url.expose_url().clone();
+    url.set_path(&format!("/{vhost}"));
+    config.amqp.url = hookrelay::config::SecretUrl::parse(url.as_str()).unwrap();
+    let t = TestLadder::apply_on(
+        config.clone(),
+        "api-resumes",
+        hookrelay::contract::ladder::QueueType::Quorum,
+        &["300ms"],
+        &["300ms"],
+    )
+    .await;
+    // Above the 200 resumes this makes: a tenant's writes a minute are not what is tested.
+    let limits = Limits {
+        writes_per_minute: 1_000,
+        ..Default::default()
+    };
+    let api = Api::start_limited(Some(broker(&t)), limits).await;
+    api.create(ADMIN, json!({ "id": "sub_p", "tenant": "acme", "url": "https://hooks.acme.example/p", "paused": true }))
+        .await;
+    api.create(ADMIN, acme_sub("sub_live")).await;
+    let parking = park(&t, "sub_p", 3).await;
+    limit_connections(&config, &vhost, Some(2)).await;
+
+    let resumes = (0..200).map(|i| {
+        let path = if i % 2 == 0 {
+            "/v1/subscriptions/sub_p/resume"
+        } else {
+            "/v1/subscriptions/sub_live/resume"
+        };
+        api.call(Method::POST, path, ACME, Some(json!({ "rate": "100/s" })))
+    });
+    let answers = futures_util::future::join_all(resumes).await;
+    let mut returning = 0;
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(answer.body["subscription"]["paused"], false);
+        if answer.body["returning_parked"] == true {
+            returning += 1;
+            assert_eq!(answer.body["subscription"]["id"], "sub_p");
+        }
+    }
+    assert_eq!(
+        returning, 1,
+        "only the resume that changed paused returns parked deliveries"
+    );
+    let lane = t.ladder.first_lane();
+    assert!(
+        wait_until(WAIT, || async { t.depth(&lane).await == 3 }).await,
+        "the parked deliveries came back (through the API's connection: the vhost allows no other)"
+    );
+    assert!(wait_until(WAIT, || async { !t.queue_exists(&parking).await }).await);
+    // Once resumed, a resume changes nothing.
+    let again = api
+        .call(Method::POST, "/v1/subscriptions/sub_p/resume", ACME, None)
+        .await;
+    assert_eq!(again.body["returning_parked"], false, "{}", again.body);
+    api.stop().await;
+    limit_connections(&config, &vhost, None).await;
+    drop(t);
+    root.delete_vhost(&vhost).await.unwrap();
 }
 
 #[tokio::test]
@@ -1503,6 +2177,9 @@ async fn the_served_openapi_document_is_the_checked_in_one() {
         "/v1/subscriptions/{id}/resume",
         "/v1/subscriptions/{id}/secrets/rotate",
         "/v1/subscriptions/{id}/test",
+        "/v1/replays",
+        "/v1/replays/{id}",
+        "/v1/replays/{id}/cancel",
     ] {
         assert!(doc["paths"][path].is_object(), "{path}");
     }
@@ -1954,8 +2631,8 @@ async fn another_tenants_ids_are_answered_as_unknown_ones() {
     .problem(409);
 
     // A replay naming another tenant's subscription is started as one naming an unknown one:
-    // a tenant's replay reads its own tenant's events only, so both find nothing.
-    let mut jobs = Vec::new();
+    // a tenant's replay reads its own tenant's events only, so both find nothing. (One after
+    // the other: a tenant runs one replay at a time, api.replays_per_tenant.)
     for sub in ["sub_g", "sub_none"] {
         let started = api
             .call(
@@ -1972,10 +2649,8 @@ async fn another_tenants_ids_are_answered_as_unknown_ones() {
             started.body
         );
         assert_eq!(started.body["tenant"], "acme");
-        jobs.push(started.body["id"].as_str().unwrap().to_owned());
-    }
-    for id in &jobs {
-        let job = api.replay_once_done(id, ACME).await;
+        let id = started.body["id"].as_str().unwrap().to_owned();
+        let job = api.replay_once_done(&id, ACME).await;
         assert_eq!(job["state"], "finished", "{job}");
         assert_eq!(job["published"], 0, "{job}");
     }

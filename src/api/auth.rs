@@ -163,19 +163,27 @@ fn bearer(request: &Request) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// What [`require_token`] checks requests with.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    pub tokens: Tokens,
+    /// The most of a refused request's body read before its 401 (`api.max_body_bytes`).
+    pub drain: usize,
+}
+
 /// Lets through requests with a valid token, with its [`Scope`] in the request's extensions;
-/// answers every other 401, with no detail.
-pub async fn require_token(
-    State(tokens): State<Tokens>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match bearer(&request).and_then(|t| tokens.scope_of(t)) {
+/// answers every other 401, with no detail, once its body is read
+/// ([`super::keepalive::drain`], at most `drain` bytes).
+pub async fn require_token(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    match bearer(&request).and_then(|t| gate.tokens.scope_of(t)) {
         Some(scope) => {
             request.extensions_mut().insert(scope);
             next.run(request).await
         }
-        None => Problem::unauthorized().into_response(),
+        None => {
+            super::keepalive::drain(request.into_body(), gate.drain).await;
+            Problem::unauthorized().into_response()
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! them with an overlap, and sends test events through the ingress exchange.
 //!
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
+//! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
 //! - [`problem`]: errors as RFC 9457 problem details.
+//! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
 //! - [`repo`]: its SQL.
@@ -15,24 +17,27 @@
 
 pub mod auth;
 pub mod history;
+pub mod keepalive;
 pub mod model;
 pub mod openapi;
 pub mod problem;
+pub mod quota;
 pub mod replays;
 pub mod repo;
 pub mod subscriptions;
 pub mod validate;
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
-use lapin::{Connection, ConnectionProperties};
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -80,6 +85,8 @@ pub struct ApiSetup {
     /// The history database (`history.database`, else the store's); `None`: the history
     /// routes are answered 503.
     pub history: Option<PgPool>,
+    /// Per-tenant quotas and the bounds of replays (`[api]`).
+    pub limits: quota::Limits,
 }
 
 /// The handlers' shared state.
@@ -94,13 +101,53 @@ pub struct Shared {
     pub max_body: usize,
     broker: Option<BrokerSetup>,
     history: Option<PgPool>,
-    replays: replays::SharedJobs,
-    /// Connected at the first test event or resume, so the API serves without a broker.
+    limits: quota::Limits,
+    /// Each tenant's writes and test events of the last minute.
+    pace: quota::Pace,
+    replays: Arc<replays::SharedJobs>,
+    /// Connected at the first test event or resume, so the API serves without a broker. Its
+    /// one connection carries the resumes' work too.
     publisher: OnceCell<Arc<Publisher>>,
+    /// Subscriptions whose parked deliveries are being returned.
+    returning: Returning,
     /// Resumes returning parked deliveries, and replays; waited for at shutdown.
     background: TaskTracker,
     /// Cancelled at shutdown: replays stop where they are.
     stop: CancellationToken,
+}
+
+/// Subscriptions whose parked deliveries are being returned, one run at a time each: a resume
+/// that comes while one runs is remembered (with its rate) for a run after it.
+#[derive(Debug, Default)]
+struct Returning(Mutex<HashMap<String, Option<Option<Rate>>>>);
+
+impl Returning {
+    /// Whether the caller is to run; false when a run is under way, which then goes once more
+    /// at `rate`.
+    fn begin(&self, id: &str, rate: Option<Rate>) -> bool {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match runs.entry(id.to_owned()) {
+            Entry::Occupied(mut run) => {
+                *run.get_mut() = Some(rate);
+                false
+            }
+            Entry::Vacant(free) => {
+                free.insert(None);
+                true
+            }
+        }
+    }
+
+    /// At the end of a run: the rate to run again at, when a resume came meanwhile; else the
+    /// subscription is free.
+    fn again(&self, id: &str) -> Option<Option<Rate>> {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let again = runs.get_mut(id).and_then(Option::take);
+        if again.is_none() {
+            runs.remove(id);
+        }
+        again
+    }
 }
 
 impl Deref for ApiState {
@@ -144,17 +191,28 @@ impl ApiState {
     }
 
     /// Starts returning `id`'s parked deliveries, after the workers have had time to see it
-    /// resumed; false when there is no broker to do it with.
+    /// resumed, unless a run for it is under way (which then goes once more); false when there
+    /// is no broker to do it with.
     fn return_parked(&self, id: &str, rate: Option<Rate>) -> bool {
         let Some(broker) = self.broker.clone() else {
             return false;
         };
+        if !self.returning.begin(id, rate) {
+            return true;
+        }
         let state = self.clone();
         let id = id.to_owned();
         self.background.spawn(async move {
-            tokio::time::sleep(broker.resume_wait).await;
-            if let Err(e) = state.move_parked(&broker, &id, rate).await {
-                subscriptions::log_parked_failure(&id, &e);
+            let mut rate = rate;
+            loop {
+                tokio::time::sleep(broker.resume_wait).await;
+                if let Err(e) = state.move_parked(&broker, &id, rate).await {
+                    subscriptions::log_parked_failure(&id, &e);
+                }
+                match state.returning.again(&id) {
+                    Some(next) => rate = next,
+                    None => break,
+                }
             }
         });
         true
@@ -176,11 +234,8 @@ impl ApiState {
             return Ok(());
         }
         let (publisher, _) = self.publisher().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-        let conn = Connection::connect(
-            broker.amqp_url.expose(),
-            ConnectionProperties::default().with_connection_name("hookrelay api resume".into()),
-        )
-        .await?;
+        // The publisher's connection: the move's channels beside its publishes, no other.
+        let conn = publisher.connection().await?;
         let options = MoveOptions {
             rate,
             ..Default::default()
@@ -196,9 +251,7 @@ impl ApiState {
             &options,
             false,
         )
-        .await;
-        let _ = conn.close(200, "resumed".into()).await;
-        let resumed = resumed?;
+        .await?;
         info!(
             subscription = %id,
             returned = resumed.moved(),
@@ -219,8 +272,11 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         max_body: setup.max_body,
         broker: setup.broker,
         history: setup.history,
+        limits: setup.limits,
+        pace: quota::Pace::default(),
         replays: Default::default(),
         publisher: OnceCell::new(),
+        returning: Returning::default(),
         background: TaskTracker::new(),
         stop: CancellationToken::new(),
     }));
@@ -239,12 +295,22 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/events/{id}", get(history::event))
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
-        .route_layer(from_fn_with_state(setup.tokens, auth::require_token));
+        .route("/v1/replays/{id}/cancel", post(replays::cancel))
+        // Inside the token check (a layer wraps those before it): the scope is known.
+        .route_layer(from_fn_with_state(state.clone(), quota::limit))
+        .route_layer(from_fn_with_state(
+            auth::Gate {
+                tokens: setup.tokens,
+                drain: setup.max_body,
+            },
+            auth::require_token,
+        ));
     let app = guarded
         .route("/v1/openapi.json", get(openapi::serve))
         .fallback(s::no_route)
         .method_not_allowed_fallback(s::method_not_allowed)
         .layer(DefaultBodyLimit::max(setup.max_body))
+        .layer(from_fn(keepalive::announce_close))
         .with_state(state.clone());
     (app, state)
 }
@@ -280,4 +346,28 @@ pub async fn serve(
         publisher.close().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_is_returned_by_one_run_at_a_time_and_no_resume_is_lost() {
+        let returning = Returning::default();
+        let slow: Rate = "1/s".parse().unwrap();
+        let fast: Rate = "100/s".parse().unwrap();
+        assert!(returning.begin("sub_a", None));
+        // Resumes while it runs: none runs beside it; the last one's rate goes next.
+        assert!(!returning.begin("sub_a", Some(slow)));
+        assert!(!returning.begin("sub_a", Some(fast)));
+        assert!(
+            returning.begin("sub_b", None),
+            "another subscription is not held up"
+        );
+        assert_eq!(returning.again("sub_a"), Some(Some(fast)));
+        assert_eq!(returning.again("sub_a"), None);
+        assert!(returning.begin("sub_a", None), "free once its run ended");
+        assert_eq!(returning.again("sub_b"), None);
+    }
 }

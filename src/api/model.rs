@@ -340,8 +340,10 @@ pub struct ResumeSubscription {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Resumed {
     pub subscription: SubscriptionView,
-    /// Whether the API is returning the parked deliveries (it has a broker connection); if
-    /// false, `hookrelay subscriptions resume ID` returns them.
+    /// Whether this resume set the API returning the parked deliveries: it changed `paused`
+    /// and the API has a broker connection. False for a subscription that was not paused
+    /// (nothing changed), or without a broker: then `hookrelay subscriptions resume ID` returns
+    /// whatever is still parked.
     pub returning_parked: bool,
 }
 

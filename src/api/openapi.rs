@@ -4,6 +4,10 @@
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use utoipa::openapi::content::Content;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Ref, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -38,6 +42,7 @@ use super::subscriptions;
         history::attempts,
         replays::create,
         replays::read,
+        replays::cancel,
     ),
     components(schemas(
         model::CreateSubscription,
@@ -62,7 +67,7 @@ use super::subscriptions;
         problem::Problem,
         problem::FieldError,
     )),
-    modifiers(&Bearer),
+    modifiers(&Bearer, &TenantPace),
     security(("bearer" = [])),
     tags(
         (name = "subscriptions", description = "Who receives which events, where, signed with what"),
@@ -81,6 +86,50 @@ impl Modify for Bearer {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Every route that changes something may answer a tenant's token 429 ([`super::quota`]):
+/// said here once rather than on each handler.
+struct TenantPace;
+
+impl Modify for TenantPace {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let spent = if path == "/v1/subscriptions/{id}/test" {
+                "This tenant's test events a minute (api.test_events_per_minute) are spent"
+            } else {
+                "This tenant's writes a minute (api.writes_per_minute) are spent"
+            };
+            let writes = [
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in writes.into_iter().flatten() {
+                let retry_after = HeaderBuilder::new()
+                    .schema(
+                        ObjectBuilder::new()
+                            .schema_type(Type::Integer)
+                            .minimum(Some(1)),
+                    )
+                    .description(Some("Seconds until one more is allowed"))
+                    .build();
+                let response = ResponseBuilder::new()
+                    .description(format!("{spent}; try again after Retry-After seconds"))
+                    .header("Retry-After", retry_after)
+                    .content(
+                        problem::CONTENT_TYPE,
+                        Content::new(Some(Ref::from_schema_name("Problem"))),
+                    )
+                    .build();
+                operation
+                    .responses
+                    .responses
+                    .insert("429".into(), response.into());
+            }
+        }
     }
 }
 

@@ -106,6 +106,21 @@ pub enum ApiError {
          request"
     )]
     IdempotencyMismatch,
+    /// A tenant's quota of something kept (subscriptions) is reached.
+    #[error("{0}")]
+    Quota(String),
+    /// A tenant's requests a minute are spent.
+    #[error(
+        "this tenant has made its {per_minute} {what} of the last minute ({setting}); try again \
+         in {retry_after} s"
+    )]
+    RateLimited {
+        what: &'static str,
+        setting: &'static str,
+        per_minute: u32,
+        /// Seconds, for `Retry-After`.
+        retry_after: u64,
+    },
     #[error("{0}")]
     Unavailable(String),
     /// Logged, never shown: it may name internals.
@@ -179,6 +194,15 @@ impl ApiError {
                     detail,
                 )
             },
+            ApiError::Quota(_) => {
+                Problem::new(S::CONFLICT, "quota-exceeded", "Quota exceeded", detail)
+            }
+            ApiError::RateLimited { .. } => Problem::new(
+                S::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Too many requests",
+                detail,
+            ),
             ApiError::Unavailable(_) => Problem::new(
                 S::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -200,7 +224,13 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(message) = &self {
             error!(error = %message, "API request failed");
         }
-        self.to_problem().into_response()
+        let mut response = self.to_problem().into_response();
+        if let ApiError::RateLimited { retry_after, .. } = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        }
+        response
     }
 }
 

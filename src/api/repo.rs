@@ -603,6 +603,24 @@ pub async fn idempotency_remember(
     Ok(())
 }
 
+/// How many subscriptions `tenant` has, with a lock on that count held until the transaction
+/// ends (an advisory lock per tenant: creates for one tenant count one at a time).
+pub async fn tenant_subscriptions_locked(
+    conn: &mut PgConnection,
+    tenant: &str,
+) -> Result<i64, ApiError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("hookrelay.subscriptions.{tenant}"))
+        .execute(&mut *conn)
+        .await?;
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM subscriptions WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

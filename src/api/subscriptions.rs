@@ -33,7 +33,7 @@ use super::model::{
 };
 use super::problem::{ApiError, FieldError, Problem};
 use super::repo::{self, Remembered};
-use super::validate;
+use super::{quota, validate};
 
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -291,7 +291,7 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated), or the secret of the subscription this Idempotency-Key created is gone", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated), the tenant has api.max_subscriptions_per_tenant (quota-exceeded), or the secret of the subscription this Idempotency-Key created is gone", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )
@@ -319,7 +319,9 @@ pub async fn create(
     // Checked (its names looked up, which may take seconds) and sealed before a connection is
     // taken: the pool is every tenant's.
     let schemes = validate::schemes(req.signatures.as_deref(), "signatures")?;
-    let sub = validate::create(req, &scope, &state.egress).await?;
+    let types = req.event_types.as_ref().map(Vec::len);
+    let sub = validate::create(req, &scope, &state.egress).await;
+    let sub = quota::with_event_types(sub, types, state.limits.max_event_types)?;
     let signing = new_signing(&state, &sub.tenant, &sub.id, &schemes)?;
     let sealed = seal_all(&state, &sub)?;
     let mut tx = state.pool.begin().await?;
@@ -329,6 +331,14 @@ pub async fn create(
     {
         return Ok(answer);
     }
+    // Counted under the tenant's lock, in the transaction that inserts: no connection is held
+    // across a name lookup, and concurrent creates cannot both take the last place.
+    quota::check_subscriptions(
+        &mut tx,
+        &sub.tenant,
+        state.limits.max_subscriptions_per_tenant,
+    )
+    .await?;
     let Some(positions) = repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? else {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
@@ -436,6 +446,10 @@ pub async fn update(
     // Read, checked (its names looked up, which may take seconds) and sealed with no connection
     // or lock held; written only if the row is still as it was read, else done again on what
     // it is now, so a change made meanwhile is kept.
+    let types = change
+        .event_types
+        .as_ref()
+        .and_then(|t| t.as_ref().map(Vec::len));
     for _ in 0..UPDATE_TRIES {
         let (current, version) = {
             let mut conn = state.pool.acquire().await?;
@@ -443,7 +457,8 @@ pub async fn update(
                 .await?
                 .ok_or(ApiError::NotFound)?
         };
-        let changed = validate::update(current, change.clone(), &state.egress).await?;
+        let changed = validate::update(current, change.clone(), &state.egress).await;
+        let changed = quota::with_event_types(changed, types, state.limits.max_event_types)?;
         let sealed = seal_all(&state, &changed)?;
         let mut tx = state.pool.begin().await?;
         match repo::lock_version(&mut tx, &id, &scope).await? {
@@ -493,19 +508,21 @@ pub async fn remove(
     }
 }
 
-/// Sets `paused`, in one transaction; the view after.
+/// Sets `paused`, in one transaction; the view after, and whether this call changed it (the
+/// row is locked, so of concurrent calls one alone does).
 async fn set_paused(
     state: &ApiState,
     scope: &Scope,
     id: &str,
     paused: bool,
-) -> Result<SubscriptionView, ApiError> {
+) -> Result<(SubscriptionView, bool), ApiError> {
     path_id(id)?;
     let mut tx = state.pool.begin().await?;
     let mut sub = repo::lock(&mut tx, id, scope)
         .await?
         .ok_or(ApiError::NotFound)?;
-    if sub.paused != paused {
+    let changed = sub.paused != paused;
+    if changed {
         sub.paused = paused;
         repo::save(&mut tx, &sub, &[]).await?;
     }
@@ -513,7 +530,7 @@ async fn set_paused(
         .await?
         .ok_or(ApiError::NotFound)?;
     tx.commit().await?;
-    Ok(view)
+    Ok((view, changed))
 }
 
 /// Pauses a subscription: workers park its deliveries; nothing is attempted, cancelled or
@@ -532,14 +549,16 @@ pub async fn pause(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
-    let view = set_paused(&state, &scope, &id, true).await?;
+    let (view, _) = set_paused(&state, &scope, &id, true).await?;
     info!(subscription = %id, "Paused subscription");
     Ok(axum::Json(view))
 }
 
 /// Resumes a paused subscription, then returns its parked deliveries at `rate`: after
 /// `api.resume_wait` (for the workers to see the change), in the background, with the mover
-/// of `hookrelay subscriptions resume`.
+/// of `hookrelay subscriptions resume`. Only a resume that changes `paused` does that (one at a
+/// time per subscription, on the API's one broker connection); resuming one that is not
+/// paused changes nothing and answers `returning_parked: false`.
 #[utoipa::path(
     post, path = "/v1/subscriptions/{id}/resume", tag = "subscriptions",
     params(("id" = String, Path)),
@@ -565,8 +584,8 @@ pub async fn resume(
         .map(str::parse::<Rate>)
         .transpose()
         .map_err(|e| ApiError::field("rate", e))?;
-    let view = set_paused(&state, &scope, &id, false).await?;
-    let returning_parked = state.return_parked(&id, rate);
+    let (view, changed) = set_paused(&state, &scope, &id, false).await?;
+    let returning_parked = changed && state.return_parked(&id, rate);
     info!(subscription = %id, returning_parked, "Resumed subscription");
     Ok(axum::Json(Resumed {
         subscription: view,

@@ -410,7 +410,9 @@ impl Publisher {
     }
 
     /// The shared connection, or a new one from the pool once the current one has dropped.
-    async fn connection(&self) -> Result<Arc<deadpool_lapin::Object>, PublishError> {
+    /// Also for work that needs channels of its own beside the publishes (the API's resumes),
+    /// so that work opens no connection more.
+    pub async fn connection(&self) -> Result<Arc<deadpool_lapin::Object>, PublishError> {
         let mut slot = self.conn.lock().await;
         if let Some(conn) = slot.as_ref()
             && conn.status().connected()

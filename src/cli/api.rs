@@ -71,6 +71,7 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
             resume_wait: config.api.resume_wait,
         }),
         history: Some(history),
+        limits: crate::api::quota::Limits::from_config(&config.api),
     };
     tracing::info!(store = %store.shown(), "Starting the API");
     let (app, state) = crate::api::router(setup);

@@ -24,6 +24,7 @@ pub(super) async fn run(args: ReplayArgs, config: &Config) -> anyhow::Result<Exi
             event_type: args.event_type,
         },
         only_undelivered: args.only_undelivered,
+        index_max: None,
         rate: Some(args.rate),
         dry_run: args.dry_run,
     };

@@ -33,6 +33,11 @@ use crate::units::Rate;
 /// with every tenant's new events, so a replay must not outrun the workers.
 pub const DEFAULT_RATE: &str = "1000/s";
 
+/// [`DEFAULT_RATE`], as a rate.
+pub fn default_rate() -> Rate {
+    Rate::shipped(1_000.0)
+}
+
 /// Marks a replayed copy with the replay it came from (`rpl_<hex>`), for history and trace.
 pub const REPLAY_HEADER: &str = "x-hookrelay-replay";
 
@@ -56,6 +61,9 @@ pub struct ReplayOptions {
     pub to: Option<SystemTime>,
     pub filter: ReplayFilter,
     pub only_undelivered: bool,
+    /// The most envelope ids the `only_undelivered` index may hold; `None`: no bound (the
+    /// command line's, whose operator sees the process).
+    pub index_max: Option<usize>,
     pub rate: Option<Rate>,
     pub dry_run: bool,
 }
@@ -85,6 +93,12 @@ pub enum ReplayError {
         "--only-undelivered needs the attempt log's stream ([attempts] enabled = false in the ladder)"
     )]
     NoAttemptLog,
+    #[error(
+        "only_undelivered: the attempt log from the window's start to now names more than {max} \
+         envelopes, the most one replay keeps in memory (api.replay_index_max); start the window \
+         later, or replay without only_undelivered (receivers deduplicate by id)"
+    )]
+    IndexFull { max: usize },
     #[error(transparent)]
     Read(#[from] StreamReadError),
     #[error("publishing a replayed event: {0}")]
@@ -98,6 +112,8 @@ pub struct DeliveredIndex {
     delivered: HashSet<String>,
     fanned_out: HashSet<String>,
     children: HashMap<String, HashSet<String>>,
+    /// Ids held, over all three: what its memory grows with.
+    ids: usize,
 }
 
 impl DeliveredIndex {
@@ -105,21 +121,28 @@ impl DeliveredIndex {
         let Some(id) = &record.envelope else {
             return;
         };
-        match record.outcome.as_str() {
-            "delivered" => {
-                self.delivered.insert(id.clone());
-            }
-            "fanned_out" => {
-                self.fanned_out.insert(id.clone());
-            }
-            _ => {}
-        }
+        let added = match record.outcome.as_str() {
+            "delivered" => self.delivered.insert(id.clone()),
+            "fanned_out" => self.fanned_out.insert(id.clone()),
+            _ => false,
+        };
+        self.ids += usize::from(added);
         if let Some(event) = &record.event {
-            self.children
-                .entry(event.clone())
-                .or_default()
-                .insert(id.clone());
+            let children = self.children.entry(event.clone()).or_insert_with(|| {
+                self.ids += 1;
+                HashSet::new()
+            });
+            self.ids += usize::from(children.insert(id.clone()));
         }
+    }
+
+    /// Envelope and event ids held.
+    pub fn len(&self) -> usize {
+        self.ids
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids == 0
     }
 
     /// Whether every delivery of envelope `id` succeeded: its own, or, for an event that was
@@ -218,11 +241,13 @@ pub fn decide(
 type ConfirmWait =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PublishError>> + Send>>;
 
-/// The attempt log's view of what was delivered, from `from` to the log's end now.
+/// The attempt log's view of what was delivered, from `from` to the log's end now; at most
+/// `max` ids of it, else [`ReplayError::IndexFull`].
 async fn delivered_since(
     conn: &lapin::Connection,
     ladder: &Ladder,
     from: SystemTime,
+    max: Option<usize>,
 ) -> Result<DeliveredIndex, ReplayError> {
     let stream = ladder.stream(StreamKind::Attempts);
     let mut index = DeliveredIndex::default();
@@ -233,7 +258,10 @@ async fn delivered_since(
         for record in AttemptRecord::read_message(&d.data).unwrap_or_default() {
             index.add(&record);
         }
-        Ok(())
+        match max {
+            Some(max) if index.len() > max => Err(ReplayError::IndexFull { max }),
+            _ => Ok(()),
+        }
     })
     .await?;
     Ok(index)
@@ -273,7 +301,7 @@ pub async fn replay(
         return Ok(report);
     };
     let delivered = if options.only_undelivered {
-        Some(delivered_since(conn, ladder, options.from).await?)
+        Some(delivered_since(conn, ladder, options.from, options.index_max).await?)
     } else {
         None
     };
@@ -503,5 +531,28 @@ mod tests {
             decide("acme", &p("evt_fan", None), &all, Some(&index), "r"),
             Decision::Delivered
         );
+    }
+
+    #[test]
+    fn the_default_rate_reads_as_written() {
+        assert_eq!(DEFAULT_RATE.parse::<Rate>(), Ok(default_rate()));
+    }
+
+    #[test]
+    fn the_index_counts_every_id_it_holds_once() {
+        let mut index = DeliveredIndex::default();
+        assert!(index.is_empty());
+        index.add(&record("evt_ok", "delivered", None));
+        index.add(&record("evt_ok", "delivered", None));
+        index.add(&record("evt_retried", "retried", None));
+        assert_eq!(index.len(), 1);
+        index.add(&record("evt_fan", "fanned_out", None));
+        // A fan-out's delivery: its own id twice (delivered, a child) and its event's once.
+        let a = derived_id("evt_fan", "sub_a");
+        index.add(&record(a.as_str(), "delivered", Some("evt_fan")));
+        assert_eq!(index.len(), 5);
+        let b = derived_id("evt_fan", "sub_b");
+        index.add(&record(b.as_str(), "retried", Some("evt_fan")));
+        assert_eq!(index.len(), 6);
     }
 }

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::delivery::subscriptions::auth::{check_username, conflicts};
-use crate::delivery::subscriptions::headers::{check_header_name, check_header_value};
+use crate::delivery::subscriptions::headers::{
+    check_header_name, check_header_value, reserved_header,
+};
 use crate::delivery::subscriptions::{
     BasicAuth, ClientTls, ExtraHeader, HeaderValueSpec, OAuth2, SecretRef,
 };
@@ -155,6 +157,12 @@ impl StoredRequest {
         };
         let mut parts = RequestParts::default();
         for (name, header) in &self.headers {
+            // Refused on every write since it was reserved; a row stored before keeps delivering
+            // (left out, its deliveries would be cancelled as deleted), without the header.
+            if let Some(why) = reserved_header(name) {
+                tracing::warn!(header = %name, "A stored subscription's header is left out of its requests: {why}");
+                continue;
+            }
             let lower = check_header_name(name).map_err(|e| format!("headers: {e}"))?;
             let value = match (&header.value, header.secret) {
                 (Some(v), false) => {
@@ -266,5 +274,21 @@ mod tests {
             back.assemble(&url, &missing).unwrap_err(),
             "tls.key: no secret stored"
         );
+    }
+
+    #[test]
+    fn a_row_stored_before_a_header_was_reserved_keeps_delivering_without_it() {
+        let stored: StoredRequest = serde_json::from_value(serde_json::json!({
+            "headers": {
+                "expect": { "value": "100-continue" },
+                "proxy-authorization": { "value": "Basic eA==" },
+                "x-team": { "value": "orders" }
+            }
+        }))
+        .unwrap();
+        let url: reqwest::Url = "https://h.example/x".parse().unwrap();
+        let parts = stored.assemble(&url, &HashMap::new()).unwrap();
+        let names: Vec<&str> = parts.headers.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["x-team"]);
     }
 }

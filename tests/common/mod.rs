@@ -86,8 +86,13 @@ pub fn unique(name: &str) -> String {
     )
 }
 
+/// The management API, for the vhost the configuration's AMQP URL names.
 pub fn management(config: &Config) -> Management {
-    Management::new(&config.management.url, "/").expect("management client")
+    Management::new(
+        &config.management.url,
+        &Management::vhost_of(&config.amqp.url),
+    )
+    .expect("management client")
 }
 
 /// The connections whose client-given name is `name` (they appear a moment after connecting).

@@ -355,6 +355,7 @@ async fn measure(
         max_body: 64 * 1024,
         broker: None,
         history: Some(pool.clone()),
+        limits: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -479,6 +480,7 @@ pub async fn replay(
             to: None,
             filter: Default::default(),
             only_undelivered: false,
+            index_max: None,
             rate: None,
             dry_run: true,
         };
@@ -671,6 +673,7 @@ pub async fn replay_isolation(
                     ..Default::default()
                 },
                 only_undelivered: false,
+                index_max: None,
                 rate: paced.then(|| {
                     format!("{rate}/s")
                         .parse()
