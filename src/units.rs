@@ -83,6 +83,65 @@ impl serde::Serialize for Rate {
     }
 }
 
+/// What time it is for the decisions that read a clock (endpoint admission, the breaker, the
+/// ramp): the system's, or one that stands still until a simulation moves it, so the same code
+/// runs in a deterministic simulation of hours in milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Clock(Option<std::sync::Arc<SetClock>>);
+
+/// A clock's time as a simulation sets it: an offset from when it was made.
+#[derive(Debug)]
+pub struct SetClock {
+    base: std::time::Instant,
+    base_ms: u64,
+    elapsed_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Clock {
+    /// The system's clock.
+    pub fn system() -> Self {
+        Self(None)
+    }
+
+    /// A clock at `base_ms` (ms since the epoch) that moves only when told to.
+    pub fn set(base_ms: u64) -> (Self, std::sync::Arc<SetClock>) {
+        let set = std::sync::Arc::new(SetClock {
+            base: std::time::Instant::now(),
+            base_ms,
+            elapsed_ms: std::sync::atomic::AtomicU64::new(0),
+        });
+        (Self(Some(std::sync::Arc::clone(&set))), set)
+    }
+
+    pub fn now(&self) -> std::time::Instant {
+        match &self.0 {
+            None => std::time::Instant::now(),
+            Some(set) => set.base + set.elapsed(),
+        }
+    }
+
+    /// Milliseconds since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        match &self.0 {
+            None => now_ms(),
+            Some(set) => set.base_ms + set.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+impl SetClock {
+    /// Moves the clock to `elapsed` after it was made (never back).
+    pub fn advance_to(&self, elapsed: Duration) {
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        self.elapsed_ms
+            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_millis(self.elapsed_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()

@@ -45,6 +45,9 @@ pub const BUSY_DEFERRALS_HEADER: &str = "x-hookrelay-busy-deferrals";
 /// failed request to its endpoint made after this is fresh evidence that the endpoint is down
 /// (see [`crate::delivery::route::defer`]).
 pub const WAITING_SINCE_HEADER: &str = "x-hookrelay-waiting-since-ms";
+/// When a delivery was parked for its paused subscription (ms since the epoch): the time it is
+/// held there is the operator's, not its horizon's ([`returned_properties`]).
+pub const PARKED_AT_HEADER: &str = "x-hookrelay-parked-at-ms";
 /// The error of the last failed attempt.
 pub const LAST_ERROR_HEADER: &str = "x-hookrelay-last-error";
 /// Why a message is in the dead sink: `rejected`, `exhausted`, `invalid`, ...
@@ -555,6 +558,7 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
         BUSY_DEFERRALS_HEADER,
         FIRST_TRY_HEADER,
         WAITING_SINCE_HEADER,
+        PARKED_AT_HEADER,
         DUE_HEADER,
         LAST_ERROR_HEADER,
         REASON_HEADER,
@@ -592,13 +596,40 @@ pub fn read_u64_header(properties: &BasicProperties, name: &'static str) -> Opti
         .flatten()
 }
 
-/// Properties of a delivery parked for a paused subscription: the original's, unchanged (its id,
-/// its attempt count, what the broker recorded), with its tenant written down, since the routing
-/// key that carried it is not kept in the parking queue.
-pub fn parked_properties(original: &BasicProperties, tenant: &str) -> BasicProperties {
+/// Properties of a delivery parked for a paused subscription at `now_ms`: the original's,
+/// unchanged (its id, its attempt count, what the broker recorded), with its tenant written
+/// down, since the routing key that carried it is not kept in the parking queue, and when it
+/// was parked.
+pub fn parked_properties(original: &BasicProperties, tenant: &str, now_ms: u64) -> BasicProperties {
     let mut headers = original.headers().clone().unwrap_or_default();
     put_str(&mut headers, TENANT_HEADER, tenant);
+    put_u64(&mut headers, PARKED_AT_HEADER, now_ms);
     original.clone().with_headers(headers)
+}
+
+/// Properties of a parked delivery returned at `now_ms` when its subscription is resumed. The
+/// time it was held does not count against its delivery horizon: its first try moves later by
+/// as much. It waits afresh from now, so what its endpoint did before the resume is not fresh
+/// evidence against it. Without this, an envelope parked for longer than its horizon was
+/// dead-lettered `horizon_expired` at its first deferral after the resume.
+pub fn returned_properties(parked: &BasicProperties, now_ms: u64) -> BasicProperties {
+    let mut headers = parked.headers().clone().unwrap_or_default();
+    let Some(parked_at) = header_u64(Some(&headers), PARKED_AT_HEADER).ok().flatten() else {
+        return parked.clone();
+    };
+    let held = now_ms.saturating_sub(parked_at);
+    if let Some(first) = header_u64(Some(&headers), FIRST_TRY_HEADER).ok().flatten() {
+        put_u64(&mut headers, FIRST_TRY_HEADER, first.saturating_add(held));
+    }
+    if header_u64(Some(&headers), WAITING_SINCE_HEADER)
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        put_u64(&mut headers, WAITING_SINCE_HEADER, now_ms);
+    }
+    remove(&mut headers, PARKED_AT_HEADER);
+    parked.clone().with_headers(headers)
 }
 
 /// `properties` carrying the shard of the lane its delivery came from, or no shard header for a

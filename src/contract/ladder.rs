@@ -400,6 +400,15 @@ impl Ladder {
         self.schedule.iter().map(|id| self.tier(*id).delay).sum()
     }
 
+    /// The delivery horizon `configured` (`endpoints.horizon`) gives: itself, or for zero the
+    /// schedule's span.
+    pub fn horizon(&self, configured: Duration) -> Duration {
+        match configured {
+            Duration::ZERO => self.span(),
+            configured => configured,
+        }
+    }
+
     /// The shortest wait of the schedule (of the tiers, for a schedule of no retries): the
     /// longest an endpoint's breaker may stay open before it lets a probe through, so no
     /// envelope's next scheduled retry comes before the probe is due.

@@ -94,9 +94,7 @@ impl Dispatcher {
         metrics: Metrics,
     ) -> Self {
         Self {
-            endpoints: Endpoints::new(config.endpoints.clone())
-                .with_turns_ahead(ladder.longest_deferral())
-                .with_longest_open(ladder.shortest_wait()),
+            endpoints: Endpoints::for_ladder(config.endpoints.clone(), &ladder),
             parking: crate::delivery::parking::Parking::new(
                 config.amqp.url.clone(),
                 &ladder.prefix,
@@ -352,10 +350,7 @@ impl Dispatcher {
 
     /// The delivery horizon: as configured, or the schedule's span.
     fn horizon(&self) -> Duration {
-        match self.config.endpoints.horizon {
-            Duration::ZERO => self.ladder.span(),
-            configured => configured,
-        }
+        self.ladder.horizon(self.config.endpoints.horizon)
     }
 
     /// The subscription's own headers and its basic auth, secrets resolved now; the error names

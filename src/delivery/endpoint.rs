@@ -496,7 +496,7 @@ impl Slot {
             let Some(health) = all.get_mut(&self.key) else {
                 return;
             };
-            let now = Instant::now();
+            let now = inner.clock.now();
             health.finished(now, Some(now.saturating_duration_since(self.started)));
             health.record(
                 result,
@@ -533,7 +533,7 @@ impl Drop for Slot {
         if !self.finished
             && let Some(health) = self.endpoints.lock_health().get_mut(&self.key)
         {
-            health.finished(Instant::now(), None);
+            health.finished(self.endpoints.clock.now(), None);
         }
     }
 }
@@ -561,6 +561,8 @@ struct EndpointsInner {
     /// so an envelope's next scheduled retry always finds the probe due
     /// ([`Endpoints::with_longest_open`]).
     longest_open: Duration,
+    /// The system's, or a simulation's ([`Endpoints::with_clock`]).
+    clock: crate::units::Clock,
 }
 
 impl EndpointsInner {
@@ -844,7 +846,24 @@ impl Endpoints {
             recovering: AtomicUsize::new(0),
             turns_ahead: DEFAULT_TURNS_AHEAD,
             longest_open: Duration::MAX,
+            clock: crate::units::Clock::system(),
         }))
+    }
+
+    /// Judges admissions and results by `clock` (a simulation's) instead of the system's.
+    pub fn with_clock(mut self, clock: crate::units::Clock) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.clock = clock;
+        }
+        self
+    }
+
+    /// A worker's endpoints on `ladder`: turns booked at most its longest deferral queue
+    /// ahead, breakers open at most its shortest scheduled wait.
+    pub fn for_ladder(config: EndpointConfig, ladder: &crate::contract::ladder::Ladder) -> Self {
+        Self::new(config)
+            .with_turns_ahead(ladder.longest_deferral())
+            .with_longest_open(ladder.shortest_wait())
     }
 
     /// Keeps every breaker's open period (its cool-down, and the wait for a probe that never
@@ -926,7 +945,7 @@ impl Endpoints {
         {
             *turn_in = self
                 .0
-                .book_turn(&EndpointKey::of(url), *slots, Instant::now());
+                .book_turn(&EndpointKey::of(url), *slots, self.0.clock.now());
         }
         admitted
     }
@@ -1007,7 +1026,7 @@ impl Endpoints {
         let fleet = &self.0.fleet;
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let rate = rate.or(config.rate);
-        let now = Instant::now();
+        let now = self.0.clock.now();
         let (admitted, quarantine, ramp_full, busy, disable, failed_try_ms) = {
             let mut all = self.0.lock_health();
             let health = all.entry(key.clone()).or_insert_with(|| {
@@ -1133,7 +1152,7 @@ impl Endpoints {
                 endpoints: Arc::clone(&self.0),
                 finished: false,
                 started: now,
-                started_ms: crate::units::now_ms(),
+                started_ms: self.0.clock.now_ms(),
             }),
             Err(deferral) => {
                 if let Some(health) = self.0.lock_health().get_mut(&key) {

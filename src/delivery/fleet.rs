@@ -88,6 +88,21 @@ impl Fleet {
         self.workers()
     }
 
+    /// Takes a count made `since_start` after this session began consuming (`None`: it could
+    /// not be made, and the count in force stays), and settles the count once one made at least
+    /// [`JOIN_SETTLE`] after the start has been taken. Returns the count in force. The protocol
+    /// of [`count_fleet`], without its I/O.
+    pub fn counted(&self, consumers: Option<u32>, since_start: Duration) -> u32 {
+        let workers = match consumers {
+            Some(consumers) => self.observe(consumers),
+            None => self.workers(),
+        };
+        if !self.is_settled() && since_start >= JOIN_SETTLE {
+            self.settle();
+        }
+        workers
+    }
+
     /// The count is no longer young: attempts may be made.
     pub fn settle(&self) {
         self.0.settled.send_replace(true);
@@ -154,15 +169,11 @@ pub async fn count_fleet(
             Some(ch) => live_consumers(ch, &lane).await.map_err(|e| e.to_string()),
             None => Err("no channel".to_owned()),
         };
-        match counted {
+        let before = fleet.workers();
+        let consumers = match counted {
             Ok(consumers) => {
-                let before = fleet.workers();
-                let workers = fleet.observe(consumers);
-                if workers != before {
-                    info!(workers, "Fleet size changed; endpoint limits rebalanced");
-                }
-                changed(workers);
                 warned = false;
+                Some(consumers)
             }
             Err(e) => {
                 // A passive declare that fails closes its channel; the lane is gone, which ends
@@ -172,11 +183,14 @@ pub async fn count_fleet(
                     warn!(lane = %lane, error = %e, workers = fleet.workers(), "Cannot count the fleet; endpoint limits keep the last count");
                     warned = true;
                 }
+                None
             }
+        };
+        let workers = fleet.counted(consumers, started.elapsed());
+        if workers != before {
+            info!(workers, "Fleet size changed; endpoint limits rebalanced");
         }
-        if !fleet.is_settled() && started.elapsed() >= JOIN_SETTLE {
-            fleet.settle();
-        }
+        changed(workers);
         tokio::time::sleep(RECOUNT).await;
     }
 }

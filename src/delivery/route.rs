@@ -544,13 +544,16 @@ pub fn defer(
 /// Whether an attempt to the endpoint that started at `failed_try_ms` and failed is fresh
 /// evidence against it for `envelope`: it started no earlier than the envelope last went to
 /// wait (its last attempt or deferral). An envelope written before that moment was recorded
-/// is judged from when it fell due, which is later, so stricter.
+/// is judged from when it fell due, which is later, so stricter; one that never waited (a
+/// first attempt) has no evidence against it.
 pub fn is_fresh(envelope: &Envelope, failed_try_ms: Option<u64>) -> bool {
-    let since = envelope
+    let Some(since) = envelope
         .waiting_since_ms
         .or(envelope.due_ms)
         .or(envelope.first_try_ms)
-        .unwrap_or(0);
+    else {
+        return false;
+    };
     failed_try_ms.is_some_and(|tried| tried >= since)
 }
 
@@ -819,6 +822,20 @@ mod tests {
         e.due_ms = Some(late - 1_000);
         assert!(!is_fresh(&e, Some(late - 1_001)));
         assert!(is_fresh(&e, Some(late - 1_000)));
+        // One that never waited has none against it: not even with a zero horizon.
+        let fresh_one = before_the_attempt::envelope(Some("s1"));
+        assert!(!is_fresh(&fresh_one, Some(now)));
+        assert!(matches!(
+            defer(
+                &l,
+                &fresh_one,
+                "deferred: x",
+                tried(now),
+                Duration::ZERO,
+                now
+            ),
+            Outcome::Retry { deferred: true, .. }
+        ));
         // Waiting a busy endpoint's turn, or its rate's, is not trying: past the horizon,
         // such a deferral is still a deferral.
         for cause in [BUSY, DeferCause::OverRate] {

@@ -168,7 +168,7 @@ pub fn replacement(
                 messages: vec![Republish {
                     exchange: ladder.delay_exchange(),
                     routing_key: ladder.paused_routing_key(subscription),
-                    properties: headers::parked_properties(properties, &envelope.tenant),
+                    properties: headers::parked_properties(properties, &envelope.tenant, now_ms),
                 }],
             }
         }

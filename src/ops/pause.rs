@@ -25,6 +25,7 @@ use crate::contract::ladder::Ladder;
 use crate::delivery::subscriptions::Subscriptions;
 use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, depth, move_messages};
 use crate::ops::progress::Progress;
+use crate::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {
@@ -56,7 +57,9 @@ pub fn check_resumable(
 /// Where a parked delivery goes back to. One that hookrelay's accounting headers mark as a
 /// retry returns to its tenant's retry lane through the promote exchange (a first-attempt lane
 /// would take them for forgeries); a first attempt returns to the ingress, keyed by its tenant.
-pub fn return_route(ladder: &Ladder, properties: &BasicProperties) -> Plan {
+/// `now_ms` is when: the time it was parked is taken off its horizon
+/// ([`headers::returned_properties`]).
+pub fn return_route(ladder: &Ladder, properties: &BasicProperties, now_ms: u64) -> Plan {
     let Some(tenant) =
         headers::read_str_header(properties, TENANT_HEADER).filter(|t| check_tenant(t).is_ok())
     else {
@@ -73,7 +76,7 @@ pub fn return_route(ladder: &Ladder, properties: &BasicProperties) -> Plan {
     Plan::Move {
         exchange,
         routing_key,
-        properties: properties.clone(),
+        properties: headers::returned_properties(properties, now_ms),
     }
 }
 
@@ -122,7 +125,7 @@ pub async fn resume(
     };
     let _ = look.close(200, "looked".into()).await;
     let channel = conn.create_channel().await?;
-    let plan = |props: &BasicProperties, _: &[u8]| return_route(ladder, props);
+    let plan = |props: &BasicProperties, _: &[u8]| return_route(ladder, props, now_ms());
     let progress = show_progress.then(|| Progress::new(parked.into(), "moved"));
     let first_pass = move_messages(
         &channel,
@@ -196,7 +199,7 @@ mod tests {
     fn first_attempts_return_to_the_ingress_and_retries_to_the_retry_lanes() {
         let l = ladder();
         assert_eq!(
-            route_of(return_route(&l, &props(&[tenant()]))),
+            route_of(return_route(&l, &props(&[tenant()]), 0)),
             ("p.ingress".into(), "acme".into())
         );
         for accounting in [
@@ -205,14 +208,39 @@ mod tests {
             (ENDPOINT_HEADER, AMQPValue::LongString("h#0".into())),
         ] {
             assert_eq!(
-                route_of(return_route(&l, &props(&[tenant(), accounting]))),
+                route_of(return_route(&l, &props(&[tenant(), accounting]), 0)),
                 ("p.promote".into(), "paused.acme".into())
             );
         }
         assert!(matches!(
-            return_route(&l, &props(&[])),
+            return_route(&l, &props(&[]), 0),
             Plan::Keep(why) if why == "no tenant header"
         ));
+    }
+
+    #[test]
+    fn the_time_a_delivery_was_parked_is_not_taken_from_its_horizon() {
+        let l = ladder();
+        let parked = headers::parked_properties(
+            &props(&[
+                tenant(),
+                (ATTEMPTS_HEADER, AMQPValue::LongLongInt(1)),
+                (headers::FIRST_TRY_HEADER, AMQPValue::LongLongInt(1_000)),
+                (headers::WAITING_SINCE_HEADER, AMQPValue::LongLongInt(4_000)),
+            ]),
+            "acme",
+            5_000,
+        );
+        // Held for an hour, returned: its first try an hour later, waiting afresh from now.
+        let back = match return_route(&l, &parked, 3_605_000) {
+            Plan::Move { properties, .. } => properties,
+            Plan::Keep(why) => panic!("kept: {why}"),
+        };
+        let read = |name| headers::read_u64_header(&back, name);
+        assert_eq!(read(headers::FIRST_TRY_HEADER), Some(3_601_000));
+        assert_eq!(read(headers::WAITING_SINCE_HEADER), Some(3_605_000));
+        assert_eq!(read(headers::PARKED_AT_HEADER), None);
+        assert_eq!(read(ATTEMPTS_HEADER), Some(1), "its attempts are its own");
     }
 
     #[test]
