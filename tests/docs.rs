@@ -231,7 +231,10 @@ fn every_relative_link_leads_to_a_file() {
 #[test]
 fn readme_and_the_performance_page_stay_short() {
     let readme = README.lines().count();
-    assert!(readme <= 320, "README.md has {readme} lines; the rest belongs in docs/");
+    assert!(
+        readme <= 320,
+        "README.md has {readme} lines; the rest belongs in docs/"
+    );
     let performance = PERFORMANCE.lines().count();
     assert!(
         performance <= 160,
