@@ -727,3 +727,84 @@ async fn an_old_form_sealed_value_still_opens_and_reseal_upgrades_every_one() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains("does not open"), "{found:?}");
 }
+
+/// A storm of changes to one subscription, each sealing its three header secrets anew and
+/// moving it to another path, cap and rate: the worker keeps only what the version in force
+/// uses, not every version it has seen.
+#[tokio::test]
+async fn a_storm_of_changes_leaves_the_worker_only_what_is_in_force() {
+    use hookrelay::delivery::subscriptions::{ExtraHeader, HeaderValueSpec};
+    use hookrelay::store::request::header_purpose;
+
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let key = generate_key();
+    let ring = Keyring::from_base64(&[&key]).unwrap();
+    let t = TestLadder::apply("store-storm", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let version = |n: usize| {
+        let mut sub = common::subscription("storm", "acme", &receiver.url(&format!("/v{n}")), &s);
+        sub.max_concurrent = Some(5 + u32::try_from(n).unwrap());
+        sub.rate = Some(format!("{}/s", 100 + n).parse().unwrap());
+        sub.headers = (0..3)
+            .map(|h| {
+                let name = format!("x-key-{h}");
+                let binding = Binding::new("acme", "storm", &header_purpose(&name));
+                let value = format!("{n}-{h}-").repeat(200);
+                let sealed = Arc::from(ring.seal(&binding, value.as_bytes()).unwrap());
+                ExtraHeader {
+                    name,
+                    value: HeaderValueSpec::Secret(SecretRef::Sealed(SealedSecret {
+                        binding,
+                        sealed,
+                    })),
+                }
+            })
+            .collect();
+        sub
+    };
+    put(&store, &version(0)).await;
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    let opens = Keyring::from_base64(&[&key]).unwrap();
+    let w = RunningWorker::start_following(&t, config, store.clone(), opens).await;
+
+    const VERSIONS: usize = 40;
+    for n in 1..=VERSIONS {
+        put(&store, &version(n)).await;
+        t.publish(&event(&format!("evt_storm{n}"), "acme", "storm"))
+            .await;
+        assert!(
+            receiver
+                .wait_until(WAIT, |r| r.delivered_count() == n)
+                .await
+        );
+    }
+    let entries = |cache: &str| w.metrics.cache_entries.with_label_values(&[cache]).get();
+    let caches = [
+        "secret_texts",
+        "endpoint_health",
+        "endpoint_limits",
+        "endpoint_rates",
+    ];
+    // Exactly what the version in force uses, once a sweep has looked (an unswept gauge is 0).
+    let settled = wait_until(WAIT, async || {
+        entries("secret_texts") == 3
+            && entries("endpoint_health") == 1
+            && caches[2..].iter().all(|c| entries(c) <= 1)
+            && entries("host_limits") <= 1
+    })
+    .await;
+    let seen: Vec<_> = caches
+        .iter()
+        .chain(&["host_limits", "lane_limits", "secrets"])
+        .map(|c| (*c, entries(c)))
+        .collect();
+    assert!(
+        settled,
+        "after {VERSIONS} versions the worker keeps {seen:?}; the version in force uses 3 \
+         header secrets and one endpoint"
+    );
+    w.stop().await;
+}

@@ -49,7 +49,7 @@
 //! share ([`Fleet`]). A cap of `cap` permits is held in a semaphore, and one attempt weighs as
 //! many permits as there are workers, so a worker makes `cap / workers` attempts at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -792,6 +792,16 @@ impl std::fmt::Display for Deferral {
     }
 }
 
+/// How many entries [`Endpoints`] keeps, by map (the worker's `hookrelay_worker_cache_entries`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointEntries {
+    pub health: usize,
+    pub limits: usize,
+    pub host_limits: usize,
+    pub lane_limits: usize,
+    pub rates: usize,
+}
+
 /// The endpoint a subscription points at, as caps and breakers know it: scheme, host, port and
 /// path. The query is left out (it varies per customer far less often than it carries a
 /// token), and so are credentials and the fragment, which do not name another endpoint.
@@ -893,6 +903,69 @@ impl Endpoints {
     /// How many endpoints are ramping up after an outage now.
     pub fn recovering(&self) -> usize {
         self.0.recovering.load(Ordering::Relaxed)
+    }
+
+    /// How many entries each of its maps holds now.
+    pub fn entries(&self) -> EndpointEntries {
+        let inner = &self.0;
+        EndpointEntries {
+            health: inner.lock_health().len(),
+            limits: inner.limits.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            host_limits: inner
+                .host_limits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len(),
+            lane_limits: inner
+                .lane_limits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len(),
+            rates: inner.rates.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        }
+    }
+
+    /// Forgets what no attempt needs: the health of endpoints `live` does not hold and nothing
+    /// is out to or waiting for, and every cap, share and rate that is idle. An idle one is
+    /// what a new one would be (a semaphore nobody holds has all its permits, a rate whose next
+    /// conforming moment has passed admits at once), so forgetting it changes no decision,
+    /// while keeping it would grow the worker with every endpoint, cap and rate ever used.
+    pub fn retain_live(&self, live: &HashSet<EndpointKey>) {
+        let inner = &self.0;
+        let now = inner.clock.now();
+        let idle = |s: &Arc<Semaphore>| Arc::strong_count(s) == 1;
+        {
+            let mut health = inner.lock_health();
+            let mut ramps_dropped = 0;
+            health.retain(|key, h| {
+                let keep = live.contains(key) || h.in_flight > 0 || h.waiting > 0;
+                if !keep && h.ramp.is_some() {
+                    ramps_dropped += 1;
+                }
+                keep
+            });
+            inner.recovering.fetch_sub(ramps_dropped, Ordering::Relaxed);
+        }
+        inner
+            .limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, s| !idle(s));
+        inner
+            .host_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, s| !idle(s));
+        inner
+            .lane_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, s| !idle(s));
+        inner
+            .rates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, gcra| !gcra.is_idle(now));
     }
 
     /// The health changes since the last call, oldest first.
@@ -1306,6 +1379,56 @@ mod tests {
             b.record(true, t0, t0 + Duration::from_secs(15));
         }
         assert!(b.is_open());
+    }
+
+    #[test]
+    fn what_no_live_endpoint_uses_is_forgotten_and_what_is_held_is_kept() {
+        let (clock, set) = crate::units::Clock::set(1_000);
+        let endpoints = Endpoints::new(EndpointConfig::default()).with_clock(clock);
+        let urls: Vec<reqwest::Url> = (0..50)
+            .map(|i| format!("https://hooks.example/v{i}").parse().unwrap())
+            .collect();
+        let ok = AttemptResult::Response {
+            status: 204,
+            retry_after: None,
+        };
+        for (i, url) in urls.iter().enumerate() {
+            let n = u32::try_from(i).unwrap();
+            let rate: Rate = format!("{}/s", 10 + n).parse().unwrap();
+            let slot = endpoints.admit(url, Some(5 + n), Some(rate)).unwrap();
+            set.advance_to(Duration::from_millis(10 * u64::from(n + 1)));
+            slot.finish(&ok);
+        }
+        // One attempt still out to an endpoint no subscription points at any more.
+        let held = endpoints.admit(&urls[0], Some(5), None).unwrap();
+        let before = endpoints.entries();
+        assert_eq!((before.health, before.limits, before.rates), (50, 50, 50));
+
+        let live: HashSet<EndpointKey> = [EndpointKey::of(&urls[49])].into();
+        // The rates' next conforming moments have passed: each is as a new one would be.
+        set.advance_to(Duration::from_secs(2));
+        endpoints.retain_live(&live);
+        let after = endpoints.entries();
+        assert_eq!(
+            (after.health, after.limits, after.host_limits, after.rates),
+            (2, 1, 1, 0),
+            "the live endpoint's health, and the held attempt's health, cap and host"
+        );
+        held.finish(&ok);
+        endpoints.retain_live(&live);
+        assert_eq!(
+            endpoints.entries(),
+            EndpointEntries {
+                health: 1,
+                ..EndpointEntries::default()
+            }
+        );
+        // What the live endpoint learnt is kept: its latency books turns as before.
+        assert!(
+            !endpoints.0.lock_health()[&EndpointKey::of(&urls[49])]
+                .latency
+                .is_zero()
+        );
     }
 
     #[test]

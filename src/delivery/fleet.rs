@@ -215,6 +215,12 @@ impl Gcra {
         Self { next: now }
     }
 
+    /// Whether a request at `now` would conform whatever the rate: then this limiter is what a
+    /// new one would be, and may be forgotten.
+    pub fn is_idle(&self, now: Instant) -> bool {
+        now >= self.next
+    }
+
     /// Whether a request at `now` conforms to `rate` shared by `workers`; a conforming one is
     /// counted. A request that does not conform learns how long until one would.
     pub fn admit(&mut self, rate: Rate, workers: u32, now: Instant) -> Result<(), Duration> {

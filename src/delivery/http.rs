@@ -147,6 +147,13 @@ impl HttpSender {
         })
     }
 
+    /// Drops the clients of subscriptions `is_live` no longer knows; returns how many remain.
+    pub fn retain_tls_clients(&self, is_live: impl Fn(&str) -> bool) -> usize {
+        let mut clients = self.tls_clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.retain(|id, _| is_live(id));
+        clients.len()
+    }
+
     /// The client that presents `pem`'s certificate, built the first time it is needed and
     /// again when the PEM changes. The error says what is wrong, never what the PEM holds.
     fn tls_client(&self, pem: &ClientPem) -> Result<reqwest::Client, String> {

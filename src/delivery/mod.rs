@@ -15,6 +15,7 @@
 //! - [`egress`]: where a webhook may go.
 //! - [`oauth`]: OAuth2 tokens for endpoints that want one, fetched once and cached.
 //! - [`http`]: the signed POST, and the client certificate a subscription presents.
+//! - [`sweep`]: what the worker forgets: state no live subscription uses.
 
 pub mod dispatch;
 pub mod egress;
@@ -28,4 +29,5 @@ pub mod route;
 pub mod settle;
 pub mod signing;
 pub mod subscriptions;
+pub mod sweep;
 pub mod worker;

@@ -193,6 +193,13 @@ impl Tokens {
         }
     }
 
+    /// Drops the tokens of subscriptions `is_live` no longer knows; returns how many remain.
+    pub fn retain(&self, is_live: impl Fn(&str) -> bool) -> usize {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|id, _| is_live(id));
+        entries.len()
+    }
+
     fn entry(&self, subscription: &str, spec: &OAuth2) -> Arc<Entry> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         match entries.get(subscription) {

@@ -264,6 +264,10 @@ impl Worker {
             self.hangup.take(),
             stop_helpers.clone(),
         ))];
+        helpers.push(tokio::spawn(crate::delivery::sweep::sweep_loop(
+            Arc::clone(&self.dispatcher),
+            stop_helpers.clone(),
+        )));
         let metrics = self.dispatcher.metrics.clone();
         if let Some(store) = self.store.take() {
             helpers.push(tokio::spawn(crate::store::follow::follow(

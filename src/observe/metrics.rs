@@ -82,6 +82,10 @@ pub struct Metrics {
     /// Live workers consuming the ladder, as the last management poll counted them: each
     /// worker's share of the fleet-wide endpoint limits is 1/this.
     pub fleet_workers: IntGauge,
+    /// Entries the worker keeps in memory, by cache (`secrets`, `secret_texts`,
+    /// `endpoint_health`, `endpoint_limits`, `host_limits`, `lane_limits`, `endpoint_rates`):
+    /// each follows the subscriptions and endpoints in use, not every one ever seen.
+    pub cache_entries: IntGaugeVec,
 }
 
 /// The most labelled series `hookrelay_endpoint_quarantined` holds at once.
@@ -123,7 +127,8 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 30] = [
+    let collectors: [&dyn Collector; 31] = [
+        &m.cache_entries,
         &m.subscription_store_up,
         &m.subscription_store_synced,
         &m.subscription_store_changes,
@@ -400,6 +405,12 @@ impl Metrics {
                     "Live workers sharing the endpoint limits (consumers of the first shared lane)",
                 )
                 .expect("valid metric"),
+            ),
+            cache_entries: gauges(
+                &r,
+                "hookrelay_worker_cache_entries",
+                "Entries the worker keeps in memory, by cache; each follows the subscriptions and endpoints in use",
+                &["cache"],
             ),
             registry: r,
         }

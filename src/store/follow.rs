@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::postgres::{CHANNEL, PgStore, RowProblem, StoreError};
-use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore};
+use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
 use crate::observe::metrics::Metrics;
 
 /// More ids than this in one batch of notifications: read everything instead (a bulk import).
@@ -275,6 +275,7 @@ impl State {
                 let before = self.live.current();
                 let next = Arc::new(subscriptions);
                 let after = Arc::clone(&next);
+                let secrets = Arc::clone(&self.secrets);
                 let changed = tokio::task::spawn_blocking(move || {
                     let changed: Vec<String> = after
                         .iter()
@@ -282,6 +283,8 @@ impl State {
                         .map(|s| s.id.clone())
                         .collect();
                     drop(before);
+                    // What rows changed or went while notifications were missed named.
+                    secrets.retain_live(&after);
                     changed
                 })
                 .await
@@ -310,7 +313,9 @@ impl State {
                     .filter(|(id, _)| !bad.contains(id.as_str()))
                     .collect();
                 let applied = changes.len();
+                let before = self.live.current();
                 self.live.apply(changes);
+                self.forget_replaced(&before, &ids);
                 self.check_secrets(ids);
                 self.metrics
                     .subscription_store_changes
@@ -322,6 +327,18 @@ impl State {
             Err(e) => {
                 self.down(&e.to_string());
                 false
+            }
+        }
+    }
+
+    /// Drops the secrets of the versions of `ids` that `before` held and are now replaced or
+    /// deleted, so a storm of changes leaves only what is in force.
+    fn forget_replaced(&self, before: &Subscriptions, ids: &[String]) {
+        let current = self.live.current();
+        for id in ids {
+            if let Some(old) = before.get(id) {
+                self.secrets
+                    .forget_replaced(old, current.get(id).map(AsRef::as_ref));
             }
         }
     }

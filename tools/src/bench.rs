@@ -55,6 +55,7 @@ pub mod cpu;
 pub mod history;
 pub mod noisy;
 pub mod shards;
+pub mod soak;
 pub mod store;
 
 #[derive(Debug, thiserror::Error)]

@@ -159,6 +159,15 @@ struct BenchArgs {
         default_missing_value = "10,100000"
     )]
     store: Option<Vec<usize>>,
+    /// A storm of N changes to one subscription in a store of the bench's own (three sealed
+    /// header secrets, each change sealing them anew and moving its path, cap and rate) while a
+    /// worker follows it: the worker's memory before, after, and after the store's full read.
+    /// `--soak` alone means 4000. The main run is skipped.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "4000")]
+    soak: Option<usize>,
+    /// Size of each header secret of --soak, in KiB.
+    #[arg(long, default_value_t = 15, value_name = "KIB")]
+    soak_header_kb: usize,
     /// URL changes timed per subscription count for --store, idle and again under load.
     #[arg(long, default_value_t = 200)]
     changes: usize,
@@ -406,6 +415,20 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     queue_type: options.queue_type,
                 };
                 let report = bench::history::run(&config, &options).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if let Some(changes) = args.soak {
+                let options = bench::soak::SoakOptions {
+                    changes,
+                    header_kb: args.soak_header_kb,
+                    queue_type: options.queue_type,
+                };
+                let report = bench::soak::run(&config, &options, &binaries).await?;
                 if args.json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {

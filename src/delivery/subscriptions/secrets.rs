@@ -1,7 +1,7 @@
 //! Secret references (`env:NAME`, `file:PATH`) and the store that resolves them when an
 //! attempt is made, with a short cache so rotation takes effect within `secrets.refresh`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -265,6 +265,69 @@ impl SecretStore {
         problems
     }
 
+    /// How many resolutions are kept: signing keys, and texts.
+    pub fn entries(&self) -> (usize, usize) {
+        let keys = self.cache.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let texts = self.texts.lock().unwrap_or_else(|p| p.into_inner()).len();
+        (keys, texts)
+    }
+
+    /// Drops the resolutions of every reference no subscription of `live` names. Every change
+    /// of a stored secret seals it anew, so without this each version's plaintext would stay.
+    pub fn retain_live(&self, live: &Subscriptions) {
+        let named: HashSet<&SecretRef> = live
+            .iter()
+            .flat_map(|sub| {
+                sub.secrets
+                    .iter()
+                    .map(|spec| &spec.reference)
+                    .chain(sub.request_references())
+            })
+            .collect();
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|r, _| named.contains(r));
+        self.texts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|r, _| named.contains(r));
+    }
+
+    /// Drops the resolutions of the references `old` names that `new` (its next version, or
+    /// none when it was deleted) does not: a changed subscription's old secrets go at once.
+    /// A reference another subscription shares (`env:`, `file:`) is only read again.
+    pub fn forget_replaced(&self, old: &Subscription, new: Option<&Subscription>) {
+        let kept: HashSet<&SecretRef> = new
+            .map(|sub| {
+                sub.secrets
+                    .iter()
+                    .map(|spec| &spec.reference)
+                    .chain(sub.request_references())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let gone: Vec<&SecretRef> = old
+            .secrets
+            .iter()
+            .map(|spec| &spec.reference)
+            .chain(old.request_references())
+            .filter(|r| !kept.contains(r))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &gone {
+            cache.remove(*r);
+        }
+        drop(cache);
+        let mut texts = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &gone {
+            texts.remove(*r);
+        }
+    }
+
     /// Every reference of every subscription that does not resolve; a worker refuses to start
     /// while this is not empty.
     pub fn unresolved(&self, subscriptions: &Subscriptions) -> Vec<(String, SecretError)> {
@@ -315,6 +378,51 @@ mod tests {
         );
         let subs = Subscriptions::from_list([sub]);
         assert_eq!(store.unresolved(&subs).len(), 1);
+    }
+
+    #[test]
+    fn only_the_secrets_of_live_subscriptions_stay_resolved() {
+        let env: HashMap<String, String> = [
+            (
+                "SIGN".to_string(),
+                crate::delivery::signing::generate_secret(),
+            ),
+            ("OLD".to_string(), "old".to_string()),
+            ("NEW".to_string(), "new".to_string()),
+        ]
+        .into();
+        let store = SecretStore::with_env(Duration::from_secs(3600), Arc::new(env));
+        let version = |header: &str| {
+            let mut sub = Subscription::new(
+                "s",
+                "t",
+                "https://x.example".parse().unwrap(),
+                SecretRef::Env("SIGN".into()),
+            );
+            sub.headers.push(ExtraHeader {
+                name: "x-key".into(),
+                value: HeaderValueSpec::Secret(SecretRef::Env(header.into())),
+            });
+            sub
+        };
+        let (old, new) = (version("OLD"), version("NEW"));
+        assert!(store.problems_of(&old).is_empty());
+        assert!(store.problems_of(&new).is_empty());
+        assert_eq!(store.entries(), (1, 2));
+
+        // Replaced: the old version's header secret goes, the shared signing key stays.
+        store.forget_replaced(&old, Some(&new));
+        assert_eq!(store.entries(), (1, 1));
+        // Deleted: all of it goes.
+        store.forget_replaced(&new, None);
+        assert_eq!(store.entries(), (0, 0));
+
+        assert!(store.problems_of(&old).is_empty());
+        assert!(store.problems_of(&new).is_empty());
+        store.retain_live(&Subscriptions::from_list([new]));
+        assert_eq!(store.entries(), (1, 1));
+        store.retain_live(&Subscriptions::from_list([]));
+        assert_eq!(store.entries(), (0, 0));
     }
 
     #[test]

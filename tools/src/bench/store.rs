@@ -466,7 +466,10 @@ async fn fill(
 }
 
 /// Polls the worker's `/readyz` until it answers 200: the time since now.
-async fn ready_within(metrics_port: u16, timeout: Duration) -> Result<Duration, BenchError> {
+pub(super) async fn ready_within(
+    metrics_port: u16,
+    timeout: Duration,
+) -> Result<Duration, BenchError> {
     let started = Instant::now();
     let client = reqwest::Client::builder()
         .no_proxy()
