@@ -158,11 +158,7 @@ pub async fn attempts(
     // Another tenant's subscription takes the path of a missing one, queries and all, so
     // neither the answer nor the time it takes tells one from the other. History is read for
     // the caller's tenant only, so it holds nothing of another tenant's.
-    let owner: Option<String> =
-        sqlx::query_scalar("SELECT tenant FROM subscriptions WHERE id = $1")
-            .bind(&id)
-            .fetch_optional(&state.pool)
-            .await?;
+    let owner = crate::store::subscriptions::tenant_of(&state.pool, &id).await?;
     let seen = owner.is_some_and(|o| scope.sees(&o));
     let history = state.history()?;
     let (data, next) = trace::attempts_of(history, &id, &query).await?;

@@ -9,7 +9,6 @@
 //! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
-//! - [`repo`]: its SQL.
 //! - [`subscriptions`]: the handlers of subscriptions.
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
@@ -23,7 +22,6 @@ pub mod openapi;
 pub mod problem;
 pub mod quota;
 pub mod replays;
-pub mod repo;
 pub mod subscriptions;
 pub mod validate;
 
@@ -224,11 +222,7 @@ impl ApiState {
         id: &str,
         rate: Option<Rate>,
     ) -> anyhow::Result<()> {
-        let paused: Option<bool> =
-            sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let paused = crate::store::subscriptions::paused(&self.pool, id).await?;
         if paused == Some(true) {
             info!(subscription = %id, "Paused again before its parked deliveries were returned; they stay parked");
             return Ok(());

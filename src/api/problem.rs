@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tracing::error;
 use utoipa::ToSchema;
 
+use crate::store::QueryError;
+
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
 /// One field at fault: a JSON path into the request (`url`, `event_types[1]`), or the header
@@ -236,13 +238,19 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                error!(error = %e, "Subscription store unreachable");
-                ApiError::Unavailable("the subscription store does not answer; try again".into())
-            }
-            _ => ApiError::Internal(e.to_string()),
+        QueryError::Database(e).into()
+    }
+}
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        if e.is_transient() {
+            error!(error = %e, "Subscription store unreachable");
+            return ApiError::Unavailable(
+                "the subscription store does not answer; try again".into(),
+            );
         }
+        ApiError::Internal(e.to_string())
     }
 }
 

@@ -12,16 +12,19 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::contract::envelope::{NewEvent, check_id};
 use crate::delivery::signing::{generate_key_pair, generate_secret};
-use crate::store::postgres::{REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW};
+use crate::store::idempotency::{
+    self, REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW, Remembered,
+};
 use crate::store::request as stored;
 use crate::store::seal::Binding;
+use crate::store::subscriptions::{self as store, NewSigning, PageFilter};
 use crate::units::Rate;
 
 use super::ApiState;
@@ -32,7 +35,6 @@ use super::model::{
     SubscriptionView, TestEventSent, UpdateSubscription,
 };
 use super::problem::{ApiError, FieldError, Problem};
-use super::repo::{self, Remembered};
 use super::{quota, validate};
 
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
@@ -111,7 +113,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 /// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
 struct NewSecrets {
-    rows: Vec<repo::NewSigning>,
+    rows: Vec<NewSigning>,
     /// The `whsec_` secret, and which of `rows` holds it (an idempotent replay reads it there).
     secret: Option<String>,
     secret_row: Option<usize>,
@@ -142,7 +144,7 @@ fn new_signing(
                     .seal(&binding, secret.as_bytes())
                     .map_err(ApiError::internal)?;
                 out.secret_row = Some(out.rows.len());
-                out.rows.push(repo::NewSigning {
+                out.rows.push(NewSigning {
                     sealed,
                     public_key: None,
                 });
@@ -154,7 +156,7 @@ fn new_signing(
                     .keyring
                     .seal(&binding, secret_key.as_bytes())
                     .map_err(ApiError::internal)?;
-                out.rows.push(repo::NewSigning {
+                out.rows.push(NewSigning {
                     sealed,
                     public_key: Some(public_key.clone()),
                 });
@@ -192,7 +194,7 @@ async fn remembered(
     request_hash: &[u8],
 ) -> Result<Option<Response>, ApiError> {
     let scope = caller.idempotency_scope();
-    let Some(first) = repo::idempotency_lookup(tx, &scope, key).await? else {
+    let Some(first) = idempotency::lookup(tx, &scope, key).await? else {
         return Ok(None);
     };
     if first.request_hash != request_hash {
@@ -239,7 +241,7 @@ async fn replay(
     // A subscription signing v1a alone has no secret to show again, only its public key.
     let sealed = if let Some(position) = object.remove(REMEMBERED_SECRET_ROW) {
         let position = position.as_i64().ok_or_else(gone)?;
-        let (sealed, row_tenant) = repo::signing_secret(conn, &id, position)
+        let (sealed, row_tenant) = store::signing_secret(conn, &id, position)
             .await?
             .ok_or_else(gone)?;
         if row_tenant != tenant {
@@ -267,6 +269,126 @@ async fn replay(
         object.insert("secret".into(), serde_json::Value::String(secret));
     }
     Ok((body, id))
+}
+
+/// Subscription `id` as the API shows it, if `scope` sees it.
+async fn view(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<SubscriptionView>, ApiError> {
+    Ok(store::get(conn, id, scope.tenant())
+        .await?
+        .map(|(row, secrets)| SubscriptionView::from_store(row, secrets)))
+}
+
+/// The schemes subscription `id`'s unexpired signing secrets sign with: `v1a` for a key with a
+/// public key, `v1` for the rest (a reference imported from a file counts as `v1`).
+async fn signing_schemes(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+) -> Result<Vec<SignatureScheme>, ApiError> {
+    let mut schemes: Vec<SignatureScheme> = store::signing_public_keys(conn, id)
+        .await?
+        .into_iter()
+        .map(|v1a| {
+            if v1a {
+                SignatureScheme::V1a
+            } else {
+                SignatureScheme::V1
+            }
+        })
+        .collect();
+    schemes.sort();
+    schemes.dedup();
+    if schemes.is_empty() {
+        schemes.push(SignatureScheme::V1);
+    }
+    Ok(schemes)
+}
+
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 500;
+
+/// The cursor of a page that ends at `id`: opaque to callers.
+fn cursor_after(id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(id.as_bytes())
+}
+
+fn id_of_cursor(cursor: &str) -> Result<String, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|id| check_id(id).is_ok())
+        .ok_or_else(|| {
+            ApiError::Invalid(vec![FieldError::new(
+                "cursor",
+                "not a cursor this API gave; pass next_cursor as it came",
+            )])
+        })
+}
+
+/// A page of the subscriptions `scope` sees, ordered by id.
+async fn list_page(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    query: &ListQuery,
+) -> Result<SubscriptionPage, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field(
+            "limit",
+            format!("must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let after = query
+        .cursor
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(id_of_cursor)
+        .transpose()?;
+    if let Some(tenant) = &query.tenant {
+        crate::contract::envelope::check_tenant(tenant)
+            .map_err(|e| ApiError::field("tenant", e.to_string()))?;
+    }
+    let tenant = match (scope.tenant(), query.tenant.as_deref()) {
+        (Some(own), Some(asked)) if own != asked => {
+            return Ok(SubscriptionPage {
+                data: Vec::new(),
+                next_cursor: None,
+            });
+        }
+        (Some(own), _) => Some(own),
+        (None, asked) => asked,
+    };
+    let mut rows = store::page(
+        conn,
+        &PageFilter {
+            tenant,
+            enabled: query.enabled,
+            paused: query.paused,
+            after: after.as_deref(),
+            // One more than asked: whether there is a next page.
+            limit: limit + 1,
+        },
+    )
+    .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let mut secrets = store::secret_dates(conn, &ids).await?;
+    let next_cursor = more
+        .then(|| ids.last().map(|id| cursor_after(id)))
+        .flatten();
+    let data = rows
+        .into_iter()
+        .map(|row| {
+            let secrets = secrets.remove(&row.id).unwrap_or_default();
+            SubscriptionView::from_store(row, secrets)
+        })
+        .collect();
+    Ok(SubscriptionPage { data, next_cursor })
 }
 
 fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
@@ -339,13 +461,14 @@ pub async fn create(
         state.limits.max_subscriptions_per_tenant,
     )
     .await?;
-    let Some(positions) = repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? else {
+    let Some(positions) = store::insert(&mut tx, &sub.to_store(), &signing.rows, &sealed).await?
+    else {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
             sub.id
         )));
     };
-    let view = repo::get(&mut tx, &sub.id, &Scope::Admin)
+    let view = view(&mut tx, &sub.id, &Scope::Admin)
         .await?
         .ok_or_else(|| ApiError::internal("the subscription just created is not found"))?;
     let answer = CreatedSubscription {
@@ -368,7 +491,7 @@ pub async fn create(
             status: StatusCode::CREATED.as_u16(),
             body: remembered,
         };
-        repo::idempotency_remember(&mut tx, &idempotency_scope, key, &remembered).await?;
+        idempotency::remember(&mut tx, &idempotency_scope, key, &remembered).await?;
     }
     tx.commit().await?;
     info!(subscription = %sub.id, tenant = %sub.tenant, url = %crate::config::shown_url(&sub.url), "Created subscription");
@@ -392,7 +515,7 @@ pub async fn read(
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
     path_id(&id)?;
     let mut conn = state.pool.acquire().await?;
-    repo::get(&mut conn, &id, &scope)
+    view(&mut conn, &id, &scope)
         .await?
         .map(axum::Json)
         .ok_or(ApiError::NotFound)
@@ -416,7 +539,7 @@ pub async fn list(
     let Query(query) =
         query.map_err(|e| ApiError::Invalid(vec![FieldError::new("(query)", e.body_text())]))?;
     let mut conn = state.pool.acquire().await?;
-    repo::list(&mut conn, &scope, &query).await.map(axum::Json)
+    list_page(&mut conn, &scope, &query).await.map(axum::Json)
 }
 
 /// Changes a subscription: URL, event types, enabled, max concurrency, rate, description;
@@ -453,21 +576,22 @@ pub async fn update(
     for _ in 0..UPDATE_TRIES {
         let (current, version) = {
             let mut conn = state.pool.acquire().await?;
-            repo::find_versioned(&mut conn, &id, &scope)
+            store::find_versioned(&mut conn, &id, scope.tenant())
                 .await?
                 .ok_or(ApiError::NotFound)?
         };
+        let current = validate::Checked::from_store(current)?;
         let changed = validate::update(current, change.clone(), &state.egress).await;
         let changed = quota::with_event_types(changed, types, state.limits.max_event_types)?;
         let sealed = seal_all(&state, &changed)?;
         let mut tx = state.pool.begin().await?;
-        match repo::lock_version(&mut tx, &id, &scope).await? {
+        match store::lock_version(&mut tx, &id, scope.tenant()).await? {
             None => return Err(ApiError::NotFound),
             Some(now) if now != version => continue,
             Some(_) => {}
         }
-        repo::save(&mut tx, &changed, &sealed).await?;
-        let view = repo::get(&mut tx, &id, &scope)
+        store::save(&mut tx, &changed.to_store(), &sealed).await?;
+        let view = view(&mut tx, &id, &scope)
             .await?
             .ok_or(ApiError::NotFound)?;
         tx.commit().await?;
@@ -500,7 +624,7 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     path_id(&id)?;
-    if repo::delete(&state.pool, &id, &scope).await? {
+    if store::delete(&state.pool, &id, scope.tenant()).await? {
         info!(subscription = %id, "Deleted subscription");
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -518,17 +642,17 @@ async fn set_paused(
 ) -> Result<(SubscriptionView, bool), ApiError> {
     path_id(id)?;
     let mut tx = state.pool.begin().await?;
-    let mut sub = repo::lock(&mut tx, id, scope)
+    let mut sub = store::lock(&mut tx, id, scope.tenant())
         .await?
+        .map(validate::Checked::from_store)
+        .transpose()?
         .ok_or(ApiError::NotFound)?;
     let changed = sub.paused != paused;
     if changed {
         sub.paused = paused;
-        repo::save(&mut tx, &sub, &[]).await?;
+        store::save(&mut tx, &sub.to_store(), &[]).await?;
     }
-    let view = repo::get(&mut tx, id, scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let view = view(&mut tx, id, scope).await?.ok_or(ApiError::NotFound)?;
     tx.commit().await?;
     Ok((view, changed))
 }
@@ -618,16 +742,18 @@ pub async fn rotate(
     let req: RotateSecret = json(body, Some(RotateSecret::default()), state.max_body)?;
     let old_until = validate::overlap_end(&req, std::time::SystemTime::now())?;
     let mut tx = state.pool.begin().await?;
-    let current = repo::lock(&mut tx, &id, &scope)
+    let current = store::lock(&mut tx, &id, scope.tenant())
         .await?
+        .map(validate::Checked::from_store)
+        .transpose()?
         .ok_or(ApiError::NotFound)?;
     let schemes = match &req.signatures {
         Some(asked) => validate::schemes(Some(asked), "signatures")?,
-        None => repo::signing_schemes(&mut tx, &id).await?,
+        None => signing_schemes(&mut tx, &id).await?,
     };
     let signing = new_signing(&state, &current.tenant, &id, &schemes)?;
-    repo::rotate(&mut tx, &id, &signing.rows, old_until).await?;
-    let view = repo::get(&mut tx, &id, &scope)
+    store::rotate(&mut tx, &id, &signing.rows, old_until).await?;
+    let view = view(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
     tx.commit().await?;
@@ -667,8 +793,10 @@ pub async fn send_test(
     let req: SendTestEvent = json(body, Some(SendTestEvent::default()), state.max_body)?;
     let sub = {
         let mut conn = state.pool.acquire().await?;
-        repo::find(&mut conn, &id, &scope)
+        store::find(&mut conn, &id, scope.tenant())
             .await?
+            .map(validate::Checked::from_store)
+            .transpose()?
             .ok_or(ApiError::NotFound)?
     };
     if !sub.enabled {
@@ -721,4 +849,17 @@ pub async fn method_not_allowed() -> ApiError {
 /// finish.
 pub(super) fn log_parked_failure(id: &str, error: &dyn std::fmt::Display) {
     warn!(subscription = %id, error = %error, "Could not return the parked deliveries of a resumed subscription; `hookrelay subscriptions resume` returns them");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_opaque_and_round_trips() {
+        let c = cursor_after("sub_42");
+        assert!(!c.contains("sub_42"));
+        assert_eq!(id_of_cursor(&c).unwrap(), "sub_42");
+        assert!(id_of_cursor("!!").is_err());
+    }
 }

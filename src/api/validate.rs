@@ -29,6 +29,7 @@ use crate::delivery::subscriptions::{OAuth2, SecretRef};
 use crate::store::request::{
     self as stored, StoredBasicAuth, StoredHeader, StoredOAuth2, StoredRequest, StoredTls,
 };
+use crate::store::subscriptions::{SubscriptionRow, SubscriptionWrite};
 use std::collections::BTreeMap;
 
 pub const MAX_URL_LEN: usize = 2048;
@@ -106,6 +107,56 @@ impl Checked {
         self.event_types
             .as_ref()
             .map(|f| f.iter().map(ToString::to_string).collect())
+    }
+
+    /// A stored row read back into checked settings, for a change to apply to. A row that does
+    /// not validate (written by hand) is an internal error: the API does not build on it.
+    pub fn from_store(row: SubscriptionRow) -> Result<Self, ApiError> {
+        let id = row.id;
+        let bad =
+            |what: String| ApiError::internal(format!("subscription {id:?} in the store: {what}"));
+        let url = parse_url(&row.url).map_err(|e| bad(format!("url: {e}")))?;
+        let event_types = row
+            .event_types
+            .map(|t| parse_event_types(&t))
+            .transpose()
+            .map_err(|e| bad(format!("event_types: {}", e.join("; "))))?;
+        let rate = row
+            .rate
+            .map(|r| r.parse::<Rate>())
+            .transpose()
+            .map_err(|e| bad(format!("rate: {e}")))?;
+        Ok(Checked {
+            tenant: row.tenant,
+            url,
+            event_types,
+            enabled: row.enabled,
+            paused: row.paused,
+            max_concurrent: row.max_concurrent,
+            rate,
+            description: row.description,
+            request: row.request,
+            new_secrets: Vec::new(),
+            replaced: Vec::new(),
+            id,
+        })
+    }
+
+    /// What the store writes of it.
+    pub fn to_store(&self) -> SubscriptionWrite<'_> {
+        SubscriptionWrite {
+            id: &self.id,
+            tenant: &self.tenant,
+            url: self.url.as_str(),
+            event_types: self.event_types_text(),
+            enabled: self.enabled,
+            paused: self.paused,
+            max_concurrent: self.max_concurrent,
+            rate: self.rate.map(|r| r.to_string()),
+            description: &self.description,
+            request: &self.request,
+            replaced: &self.replaced,
+        }
     }
 }
 

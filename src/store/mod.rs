@@ -3,7 +3,11 @@
 //! worker follows. The setting is the same for both: `subscriptions` (`HOOKRELAY_SUBSCRIPTIONS`)
 //! is a path, or a `postgres://` URL.
 //!
-//! - [`postgres`]: the database store: migrations, loading, writing.
+//! - [`postgres`]: the database store: migrations, loading, the importer's writes, pausing,
+//!   resealing.
+//! - [`subscriptions`]: the API's reads and writes of subscriptions and their secrets, scoped
+//!   to a tenant, with row versions and locks.
+//! - [`idempotency`]: the answers remembered for `Idempotency-Key`s.
 //! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
 //!   delivering on the last one while the database is away.
 //! - [`seal`]: secrets at rest, encrypted with the store's keys.
@@ -11,14 +15,19 @@
 //! - [`transfer`]: import a file into the store, export the store as a file.
 
 pub mod follow;
+pub mod idempotency;
 pub mod postgres;
 pub mod request;
 pub mod seal;
+pub mod subscriptions;
 pub mod transfer;
 
 use std::path::{Path, PathBuf};
 
 pub use postgres::{PgStore, StoreError};
+
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 use crate::config::{Env, StoreConfig};
 use crate::delivery::subscriptions::SecretRef;
@@ -45,6 +54,41 @@ pub fn keyring(config: &StoreConfig, env: &dyn Env) -> Result<Keyring, String> {
         keys.push(text.trim().to_owned());
     }
     Keyring::from_base64(&keys).map_err(|e| format!("store.keys: {e}"))
+}
+
+/// Why a query of [`subscriptions`] or [`idempotency`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// A row that does not read as the schema says (changed by hand, say).
+    #[error("column {name}: {source}")]
+    Column {
+        name: &'static str,
+        source: sqlx::Error,
+    },
+}
+
+impl QueryError {
+    /// True when PostgreSQL did not answer (the pool timed out or closed, the connection
+    /// broke): try again later. Anything else is a fault to report, not to retry.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            QueryError::Database(
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed
+            )
+        )
+    }
+}
+
+/// Column `name` of `row`.
+fn column<'r, T>(row: &'r PgRow, name: &'static str) -> Result<T, QueryError>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(name)
+        .map_err(|source| QueryError::Column { name, source })
 }
 
 /// The `subscriptions` setting, read.

@@ -1,6 +1,7 @@
 //! The PostgreSQL store: its schema (versioned migrations in `migrations/`, applied by
 //! `hookrelay store migrate`, checked at worker start), loading subscriptions into the same
-//! [`Subscriptions`] the file gives, and the writes the importer makes.
+//! [`Subscriptions`] the file gives, the writes the importer makes, pausing and disabling, and
+//! resealing secrets. The API's reads and writes are [`super::subscriptions`]'s.
 //!
 //! Every row is validated as a file entry is; a row that does not validate (written by hand,
 //! say) is left out with its problem reported, never half-used.
@@ -329,7 +330,7 @@ impl PgStore {
     }
 }
 
-fn epoch_ms(at: SystemTime) -> i64 {
+pub(super) fn epoch_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
@@ -481,14 +482,6 @@ pub async fn sealed_with(store: &PgStore, ring: &Keyring) -> Result<usize, Store
     Ok(rows.iter().filter(|s| ring.is_current(s)).count())
 }
 
-/// The field of a remembered create answer (`idempotency_keys.body`) that refers to its signing
-/// secret's row (`subscription_secrets.position`), whose secret a repeated request is shown
-/// again; `null` once that row is gone. The answer never holds the secret itself.
-pub const REMEMBERED_SECRET_ROW: &str = "secret_position";
-/// Where earlier versions kept the secret in a remembered answer, sealed for its subscription
-/// id alone; still read, and turned into [`REMEMBERED_SECRET_ROW`] by [`reseal`].
-pub const REMEMBERED_SEALED_SECRET: &str = "sealed_secret";
-
 /// What [`reseal`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resealed {
@@ -537,85 +530,9 @@ pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<Resealed, ResealE
         .map_err(StoreError::from)?;
         done.secrets += 1;
     }
-    done.answers = refer_remembered_secrets(&mut tx, ring).await?;
+    done.answers = super::idempotency::refer_remembered_secrets(&mut tx, ring).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(done)
-}
-
-/// Turns each remembered create answer holding its secret sealed into one referring to the
-/// signing row that holds the same secret (`null` when none does any more: rotated away, or
-/// the subscription deleted); how many.
-async fn refer_remembered_secrets(
-    tx: &mut Transaction<'_, Postgres>,
-    ring: &Keyring,
-) -> Result<usize, ResealError> {
-    use base64::Engine;
-    use subtle::ConstantTimeEq;
-    let answers: Vec<(String, String, serde_json::Value)> = sqlx::query_as(&format!(
-        "SELECT scope, key, body FROM idempotency_keys \
-         WHERE body -> '{REMEMBERED_SEALED_SECRET}' IS NOT NULL FOR UPDATE"
-    ))
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(StoreError::from)?;
-    let count = answers.len();
-    for (scope, key, mut body) in answers {
-        let subscription = &body["subscription"];
-        let (Some(id), Some(tenant)) = (
-            subscription["id"].as_str().map(str::to_owned),
-            subscription["tenant"].as_str().map(str::to_owned),
-        ) else {
-            return Err(ResealError::Answer {
-                scope,
-                key,
-                message: "it names no subscription id and tenant".into(),
-            });
-        };
-        let sealed = body[REMEMBERED_SEALED_SECRET]
-            .as_str()
-            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
-            .ok_or_else(|| ResealError::Answer {
-                scope: scope.clone(),
-                key: key.clone(),
-                message: "its sealed secret is not base64".into(),
-            })?;
-        let secret = ring
-            .open(&Binding::new(&tenant, &id, request::SIGNING), &sealed)
-            .map_err(|e| ResealError::open(&id, e))?;
-        let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(
-            "SELECT x.position, s.tenant, x.sealed \
-             FROM subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id \
-             WHERE x.subscription_id = $1 AND x.purpose = 'signing' AND x.sealed IS NOT NULL",
-        )
-        .bind(&id)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(StoreError::from)?;
-        let mut position = None;
-        for (at, row_tenant, row_sealed) in rows {
-            let opened = ring
-                .open(
-                    &Binding::new(&row_tenant, &id, request::SIGNING),
-                    &row_sealed,
-                )
-                .map_err(|e| ResealError::open(&id, e))?;
-            if row_tenant == tenant && bool::from(opened.ct_eq(&secret)) {
-                position = Some(at);
-            }
-        }
-        if let Some(object) = body.as_object_mut() {
-            object.remove(REMEMBERED_SEALED_SECRET);
-            object.insert(REMEMBERED_SECRET_ROW.into(), position.into());
-        }
-        sqlx::query("UPDATE idempotency_keys SET body = $3 WHERE scope = $1 AND key = $2")
-            .bind(&scope)
-            .bind(&key)
-            .bind(&body)
-            .execute(&mut **tx)
-            .await
-            .map_err(StoreError::from)?;
-    }
-    Ok(count)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -636,7 +553,7 @@ pub enum ResealError {
 }
 
 impl ResealError {
-    fn open(id: &str, error: super::seal::SealError) -> Self {
+    pub(super) fn open(id: &str, error: super::seal::SealError) -> Self {
         Self::Open {
             id: id.to_owned(),
             message: error.to_string(),
