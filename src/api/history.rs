@@ -14,6 +14,7 @@ use crate::history::trace::{self, Attempt, AttemptQuery, Cursor, Story};
 
 use super::ApiState;
 use super::auth::Scope;
+use super::problem::documented::{BadFilter, NoHistory, NoSuchSubscription, Unauthorized};
 use super::problem::{ApiError, FieldError, Problem};
 
 /// The most attempts one page holds.
@@ -36,9 +37,9 @@ impl ApiState {
     params(("id" = String, Path)),
     responses(
         (status = 200, body = Story),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "History holds nothing of it (or it is another tenant's)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "No history database", body = Problem, content_type = "application/problem+json"),
+        NoHistory,
     )
 )]
 pub async fn event(
@@ -139,10 +140,10 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
     params(("id" = String, Path), AttemptsQuery),
     responses(
         (status = 200, body = AttemptPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such subscription, or another tenant's", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A bad filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "No history database", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
+        BadFilter,
+        NoHistory,
     )
 )]
 pub async fn attempts(

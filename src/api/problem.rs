@@ -254,6 +254,79 @@ impl From<QueryError> for ApiError {
     }
 }
 
+/// The problem answers the handlers document, one type per answer, named in each handler's
+/// `responses(...)` beside its own rows: the same answer reads the same on every route. An
+/// answer particular to one route (a 409 and why) stays a row of its own.
+pub mod documented {
+    use utoipa::IntoResponses;
+
+    use super::Problem;
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 400,
+        description = "Malformed JSON",
+        content_type = "application/problem+json"
+    )]
+    pub struct MalformedJson(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 401,
+        description = "No valid token",
+        content_type = "application/problem+json"
+    )]
+    pub struct Unauthorized(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 404,
+        description = "No such subscription, or another tenant's",
+        content_type = "application/problem+json"
+    )]
+    pub struct NoSuchSubscription(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 404,
+        description = "No such replay (this process's last 100), or another tenant's",
+        content_type = "application/problem+json"
+    )]
+    pub struct NoSuchReplay(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 413,
+        description = "Body too large",
+        content_type = "application/problem+json"
+    )]
+    pub struct TooLarge(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 422,
+        description = "Invalid input",
+        content_type = "application/problem+json"
+    )]
+    pub struct Invalid(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 422,
+        description = "A bad filter, limit or cursor",
+        content_type = "application/problem+json"
+    )]
+    pub struct BadFilter(pub Problem);
+
+    #[derive(IntoResponses)]
+    #[response(
+        status = 503,
+        description = "No history database",
+        content_type = "application/problem+json"
+    )]
+    pub struct NoHistory(pub Problem);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,9 @@ use super::model::{
     RotateSecret, RotatedSecret, SendTestEvent, SignatureScheme, SubscriptionPage,
     SubscriptionView, TestEventSent, UpdateSubscription,
 };
+use super::problem::documented::{
+    BadFilter, Invalid, MalformedJson, NoSuchSubscription, TooLarge, Unauthorized,
+};
 use super::problem::{ApiError, FieldError, Problem};
 use super::{quota, validate};
 
@@ -411,10 +414,10 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     responses(
         (status = 201, description = "Created; the secret is shown this once", body = CreatedSubscription),
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
         (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated), the tenant has api.max_subscriptions_per_tenant (quota-exceeded), or the secret of the subscription this Idempotency-Key created is gone", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        TooLarge,
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -504,8 +507,8 @@ pub async fn create(
     params(("id" = String, Path)),
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such subscription, or another tenant's", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn read(
@@ -527,8 +530,8 @@ pub async fn read(
     params(ListQuery),
     responses(
         (status = 200, body = SubscriptionPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A bad filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        BadFilter,
     )
 )]
 pub async fn list(
@@ -550,12 +553,12 @@ pub async fn list(
     request_body = UpdateSubscription,
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
         (status = 409, description = "Changed by other requests while this change was checked, again and again", body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        TooLarge,
+        Invalid,
     )
 )]
 pub async fn update(
@@ -614,8 +617,8 @@ const UPDATE_TRIES: usize = 3;
     params(("id" = String, Path)),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn remove(
@@ -664,8 +667,8 @@ async fn set_paused(
     params(("id" = String, Path)),
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn pause(
@@ -689,10 +692,10 @@ pub async fn pause(
     request_body(content = Option<ResumeSubscription>, description = "Optional"),
     responses(
         (status = 200, body = Resumed),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
+        Invalid,
     )
 )]
 pub async fn resume(
@@ -726,10 +729,10 @@ pub async fn resume(
     request_body(content = Option<RotateSecret>, description = "Optional"),
     responses(
         (status = 200, description = "The new secret, shown this once", body = RotatedSecret),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
+        Invalid,
     )
 )]
 pub async fn rotate(
@@ -775,11 +778,11 @@ pub async fn rotate(
     request_body(content = Option<SendTestEvent>, description = "Optional"),
     responses(
         (status = 202, description = "Published, confirmed by the broker", body = TestEventSent),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
         (status = 409, description = "The subscription is disabled", body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        Invalid,
         (status = 503, description = "The broker did not take it", body = Problem, content_type = "application/problem+json"),
     )
 )]
