@@ -91,7 +91,7 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
                     .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX)),
             ),
             Err(e) => {
-                errors.push(FieldError::new("since", e));
+                errors.push(FieldError::new("since", e.to_string()));
                 None
             }
         },

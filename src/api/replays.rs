@@ -281,12 +281,12 @@ fn supervise(
 fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayOptions, ApiError> {
     let mut errors = Vec::new();
     let from = parse_when(&req.from)
-        .map_err(|e| errors.push(FieldError::new("from", e)))
+        .map_err(|e| errors.push(FieldError::new("from", e.to_string())))
         .ok();
     let to = match &req.to {
         None => None,
         Some(text) => parse_when(text)
-            .map_err(|e| errors.push(FieldError::new("to", e)))
+            .map_err(|e| errors.push(FieldError::new("to", e.to_string())))
             .ok(),
     };
     if let (Some(from), Some(to)) = (from, to)

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tracing::debug;
 
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
-use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, ResolveError};
+use crate::delivery::egress::{EgressDenied, EgressPolicy, GuardedResolver, Lookup, ResolveError};
 use crate::delivery::subscriptions::EventFilter;
 use crate::delivery::subscriptions::parse::{
     TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
@@ -58,12 +58,12 @@ impl Egress {
 
     /// Refuses an endpoint the policy would refuse at attempt time. A name that does not
     /// resolve now is let through: it may exist by the first delivery, and is checked then.
-    pub async fn check(&self, url: &reqwest::Url) -> Result<(), String> {
-        self.policy.check_url(url).map_err(|e| e.to_string())?;
+    pub async fn check(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
+        self.policy.check_url(url)?;
         if let Some(url::Host::Domain(host)) = url.host() {
             match self.resolver.resolve_checked(host).await {
                 Ok(_) => {}
-                Err(ResolveError::Denied(denied)) => return Err(denied.to_string()),
+                Err(ResolveError::Denied(denied)) => return Err(denied),
                 Err(e) => debug!(error = %e, "Endpoint host does not resolve yet; accepted"),
             }
         }
@@ -440,7 +440,7 @@ async fn egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mut Prob
     if let Some(url) = url
         && let Err(reason) = egress.check(url).await
     {
-        problems.add("url", reason);
+        problems.add("url", reason.to_string());
     }
 }
 
@@ -448,7 +448,7 @@ async fn token_egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mu
     if let Some(url) = url
         && let Err(reason) = egress.check(url).await
     {
-        problems.add("oauth2.token_url", reason);
+        problems.add("oauth2.token_url", reason.to_string());
     }
 }
 
