@@ -5,11 +5,13 @@
 //!
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
 //! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
-//! - [`problem`]: errors as RFC 9457 problem details.
+//! - [`problem`]: errors as RFC 9457 problem details, and the problem answers the handlers
+//!   document.
 //! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
-//! - [`subscriptions`]: the handlers of subscriptions.
+//! - [`subscriptions`]: the handlers of subscriptions, over [`crate::store::subscriptions`] and
+//!   [`crate::store::idempotency`].
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.

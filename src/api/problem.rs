@@ -262,69 +262,31 @@ pub mod documented {
 
     use super::Problem;
 
-    #[derive(IntoResponses)]
-    #[response(
-        status = 400,
-        description = "Malformed JSON",
-        content_type = "application/problem+json"
-    )]
-    pub struct MalformedJson(pub Problem);
+    /// An answer: its type, status and description.
+    macro_rules! answer {
+        ($name:ident, $status:literal, $description:literal) => {
+            #[derive(IntoResponses)]
+            #[response(status = $status, description = $description, content_type = "application/problem+json")]
+            pub struct $name(pub Problem);
+        };
+    }
 
-    #[derive(IntoResponses)]
-    #[response(
-        status = 401,
-        description = "No valid token",
-        content_type = "application/problem+json"
-    )]
-    pub struct Unauthorized(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 404,
-        description = "No such subscription, or another tenant's",
-        content_type = "application/problem+json"
-    )]
-    pub struct NoSuchSubscription(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 404,
-        description = "No such replay (this process's last 100), or another tenant's",
-        content_type = "application/problem+json"
-    )]
-    pub struct NoSuchReplay(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 413,
-        description = "Body too large",
-        content_type = "application/problem+json"
-    )]
-    pub struct TooLarge(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 422,
-        description = "Invalid input",
-        content_type = "application/problem+json"
-    )]
-    pub struct Invalid(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 422,
-        description = "A bad filter, limit or cursor",
-        content_type = "application/problem+json"
-    )]
-    pub struct BadFilter(pub Problem);
-
-    #[derive(IntoResponses)]
-    #[response(
-        status = 503,
-        description = "No history database",
-        content_type = "application/problem+json"
-    )]
-    pub struct NoHistory(pub Problem);
+    answer!(MalformedJson, 400, "Malformed JSON");
+    answer!(Unauthorized, 401, "No valid token");
+    answer!(
+        NoSuchSubscription,
+        404,
+        "No such subscription, or another tenant's"
+    );
+    answer!(
+        NoSuchReplay,
+        404,
+        "No such replay (this process's last 100), or another tenant's"
+    );
+    answer!(TooLarge, 413, "Body too large");
+    answer!(Invalid, 422, "Invalid input");
+    answer!(BadFilter, 422, "A bad filter, limit or cursor");
+    answer!(NoHistory, 503, "No history database");
 }
 
 #[cfg(test)]
