@@ -4,6 +4,7 @@
 //! them with an overlap, and sends test events through the ingress exchange.
 //!
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
+//! - [`extract`]: a JSON body read from bytes, an id of a path, an `Idempotency-Key`.
 //! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
 //! - [`problem`]: errors as RFC 9457 problem details, and the problem answers the handlers
 //!   document.
@@ -17,6 +18,7 @@
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
 
 pub mod auth;
+pub mod extract;
 pub mod history;
 pub mod keepalive;
 pub mod model;

@@ -32,10 +32,10 @@ use crate::units::{Rate, fmt_duration, now_rfc3339, parse_when};
 
 use super::ApiState;
 use super::auth::Scope;
+use super::extract::json;
 use super::problem::documented::{MalformedJson, NoSuchReplay, TooLarge, Unauthorized};
 use super::problem::{ApiError, FieldError, Problem};
 use super::quota::Limits;
-use super::subscriptions::json;
 
 /// Finished replays remembered for `GET`.
 pub const KEPT: usize = 100;

@@ -1,9 +1,8 @@
 //! The handlers of `/v1/subscriptions`: create (idempotent with `Idempotency-Key`), read, list,
 //! update, delete, pause, resume, rotate the signing secret, send a test event.
 //!
-//! Bodies are read as bytes (so `api.max_body_bytes` answers 413) and parsed here, so every
-//! refusal is a problem naming the field at fault. Nothing is written until all of a request is
-//! checked.
+//! Bodies are read as bytes and parsed by [`super::extract`], so every refusal is a problem
+//! naming the field at fault. Nothing is written until all of a request is checked.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -13,7 +12,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
@@ -29,6 +27,7 @@ use crate::units::Rate;
 
 use super::ApiState;
 use super::auth::Scope;
+use super::extract::{idempotency_key, json, path_id};
 use super::model::{
     CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
     RotateSecret, RotatedSecret, SendTestEvent, SignatureScheme, SubscriptionPage,
@@ -39,80 +38,6 @@ use super::problem::documented::{
 };
 use super::problem::{ApiError, FieldError, Problem};
 use super::{quota, validate};
-
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
-
-/// A JSON request body, or the problem with it. An empty body is `T::default()` when `empty`
-/// allows one (the bodies of pause, resume, rotate and test are all optional).
-pub(super) fn json<T: DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-    empty: Option<T>,
-    max: usize,
-) -> Result<T, ApiError> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge { max },
-        _ => ApiError::BadRequest(rejection.body_text()),
-    })?;
-    let text = body.trim_ascii();
-    // No body at all, or JSON's null: the optional body's defaults. Whitespace alone is not
-    // JSON, and is answered as such.
-    if (body.is_empty() || text == b"null")
-        && let Some(default) = empty
-    {
-        return Ok(default);
-    }
-    // serde would read a struct from an array too (`[null, null]`): only an object is one.
-    if !text.is_empty()
-        && text[0] != b'{'
-        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok()
-    {
-        return Err(ApiError::field("(body)", "expected a JSON object"));
-    }
-    let mut de = serde_json::Deserializer::from_slice(&body);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_data() {
-            let field = if path == "." {
-                "(body)".to_owned()
-            } else {
-                path
-            };
-            // serde names an unknown field in its message; the path is where it was found.
-            ApiError::Invalid(vec![FieldError::new(field, inner.to_string())])
-        } else {
-            ApiError::Malformed(inner.to_string())
-        }
-    })?;
-    de.end().map_err(|e| ApiError::Malformed(e.to_string()))?;
-    Ok(value)
-}
-
-/// An id in a path: one that could never be stored is simply not found.
-fn path_id(id: &str) -> Result<(), ApiError> {
-    check_id(id).map_err(|_| ApiError::NotFound)
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_HEADER) else {
-        return Ok(None);
-    };
-    let bad = || {
-        ApiError::Invalid(vec![FieldError::new(
-            "Idempotency-Key",
-            format!("1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
-        )])
-    };
-    let key = value.to_str().map_err(|_| bad())?;
-    if key.is_empty()
-        || key.len() > MAX_IDEMPOTENCY_KEY_LEN
-        || !key.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(bad());
-    }
-    Ok(Some(key.to_owned()))
-}
 
 /// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
 struct NewSecrets {
