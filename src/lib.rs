@@ -15,7 +15,8 @@
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, reading the streams, progress.
-//! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets.
+//! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets;
+//!   every query of the store's tables, the API's and the remembered `Idempotency-Key`s among them.
 //! - [`history`]: the archive and the attempt log materialized into PostgreSQL: `hookrelay
 //!   history`, and the story of an event for `trace` and the API.
 //! - [`api`]: `hookrelay api`, the control plane's HTTP API over the PostgreSQL store.

@@ -176,18 +176,25 @@ pub fn shorten(text: &str, max: usize) -> String {
     format!("{}... ({} bytes)", cut(text, max), text.len())
 }
 
+/// Why a time was refused: the text given is to be corrected, both say which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WhenError {
+    #[error("{0:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")]
+    Unreadable(String),
+    #[error("{0:?} ago is before 1970")]
+    BeforeEpoch(String),
+}
+
 /// A time given as RFC 3339 (`2026-12-01T10:00:00Z`) or as a duration ago (`2h`).
-pub fn parse_when(s: &str) -> Result<SystemTime, String> {
+pub fn parse_when(s: &str) -> Result<SystemTime, WhenError> {
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
         return Ok(t);
     }
-    let ago = humantime::parse_duration(s).map_err(|_| {
-        format!("{s:?} is neither a time like 2026-12-01T10:00:00Z nor a duration like 2h")
-    })?;
+    let ago = humantime::parse_duration(s).map_err(|_| WhenError::Unreadable(s.to_owned()))?;
     SystemTime::now()
         .checked_sub(ago)
         .filter(|t| *t >= UNIX_EPOCH)
-        .ok_or_else(|| format!("{s:?} ago is before 1970"))
+        .ok_or_else(|| WhenError::BeforeEpoch(s.to_owned()))
 }
 
 #[cfg(test)]
@@ -271,7 +278,8 @@ mod tests {
         assert!(parse_when("1h").is_ok());
         assert!(parse_when("2026-12-01T10:00:00Z").is_ok());
         let e = parse_when("100y").unwrap_err();
-        assert!(e.contains("before 1970"), "{e}");
+        assert_eq!(e, WhenError::BeforeEpoch("100y".into()));
+        assert!(e.to_string().contains("before 1970"), "{e}");
         assert!(parse_when("1960-01-01T00:00:00Z").is_err());
     }
 

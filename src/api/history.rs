@@ -14,6 +14,7 @@ use crate::history::trace::{self, Attempt, AttemptQuery, Cursor, Story};
 
 use super::ApiState;
 use super::auth::Scope;
+use super::problem::documented::{BadFilter, NoHistory, NoSuchSubscription, Unauthorized};
 use super::problem::{ApiError, FieldError, Problem};
 
 /// The most attempts one page holds.
@@ -36,9 +37,9 @@ impl ApiState {
     params(("id" = String, Path)),
     responses(
         (status = 200, body = Story),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "History holds nothing of it (or it is another tenant's)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "No history database", body = Problem, content_type = "application/problem+json"),
+        NoHistory,
     )
 )]
 pub async fn event(
@@ -90,7 +91,7 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
                     .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX)),
             ),
             Err(e) => {
-                errors.push(FieldError::new("since", e));
+                errors.push(FieldError::new("since", e.to_string()));
                 None
             }
         },
@@ -139,10 +140,10 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
     params(("id" = String, Path), AttemptsQuery),
     responses(
         (status = 200, body = AttemptPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such subscription, or another tenant's", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A bad filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "No history database", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
+        BadFilter,
+        NoHistory,
     )
 )]
 pub async fn attempts(
@@ -158,11 +159,7 @@ pub async fn attempts(
     // Another tenant's subscription takes the path of a missing one, queries and all, so
     // neither the answer nor the time it takes tells one from the other. History is read for
     // the caller's tenant only, so it holds nothing of another tenant's.
-    let owner: Option<String> =
-        sqlx::query_scalar("SELECT tenant FROM subscriptions WHERE id = $1")
-            .bind(&id)
-            .fetch_optional(&state.pool)
-            .await?;
+    let owner = crate::store::subscriptions::tenant_of(&state.pool, &id).await?;
     let seen = owner.is_some_and(|o| scope.sees(&o));
     let history = state.history()?;
     let (data, next) = trace::attempts_of(history, &id, &query).await?;

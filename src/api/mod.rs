@@ -4,18 +4,21 @@
 //! them with an overlap, and sends test events through the ingress exchange.
 //!
 //! - [`auth`]: bearer tokens, admin or scoped to a tenant.
+//! - [`extract`]: a JSON body read from bytes, an id of a path, an `Idempotency-Key`.
 //! - [`keepalive`]: `Connection: close` on an answer that left its request's body unread.
-//! - [`problem`]: errors as RFC 9457 problem details.
+//! - [`problem`]: errors as RFC 9457 problem details, and the problem answers the handlers
+//!   document.
 //! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
-//! - [`repo`]: its SQL.
-//! - [`subscriptions`]: the handlers of subscriptions.
+//! - [`subscriptions`]: the handlers of subscriptions, over [`crate::store::subscriptions`] and
+//!   [`crate::store::idempotency`].
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
 
 pub mod auth;
+pub mod extract;
 pub mod history;
 pub mod keepalive;
 pub mod model;
@@ -23,7 +26,6 @@ pub mod openapi;
 pub mod problem;
 pub mod quota;
 pub mod replays;
-pub mod repo;
 pub mod subscriptions;
 pub mod validate;
 
@@ -224,11 +226,7 @@ impl ApiState {
         id: &str,
         rate: Option<Rate>,
     ) -> anyhow::Result<()> {
-        let paused: Option<bool> =
-            sqlx::query_scalar("SELECT paused FROM subscriptions WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let paused = crate::store::subscriptions::paused(&self.pool, id).await?;
         if paused == Some(true) {
             info!(subscription = %id, "Paused again before its parked deliveries were returned; they stay parked");
             return Ok(());

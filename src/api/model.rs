@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::store::request::StoredRequest;
+use crate::store::subscriptions::{SecretDates, SubscriptionRow};
 
 /// A new subscription.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -253,6 +254,41 @@ pub struct SubscriptionView {
     pub request: StoredRequest,
     pub created_at: String,
     pub updated_at: String,
+}
+
+impl SubscriptionView {
+    /// A stored row as the API shows it, with its secrets' dates (newest first).
+    pub fn from_store(row: SubscriptionRow, secrets: Vec<SecretDates>) -> Self {
+        Self {
+            id: row.id,
+            tenant: row.tenant,
+            url: row.url,
+            event_types: row.event_types,
+            enabled: row.enabled,
+            paused: row.paused,
+            max_concurrent: row.max_concurrent,
+            rate: row.rate,
+            description: row.description,
+            disabled_reason: row.disabled_reason,
+            secrets: secrets
+                .into_iter()
+                .map(|s| SecretInfo {
+                    created_at: rfc3339(s.created_ms),
+                    expires_at: s.expires_ms.map(rfc3339),
+                    public_key: s.public_key,
+                })
+                .collect(),
+            request: row.request,
+            created_at: rfc3339(row.created_ms),
+            updated_at: rfc3339(row.updated_ms),
+        }
+    }
+}
+
+/// Milliseconds since the epoch, as RFC 3339.
+fn rfc3339(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0).unsigned_abs());
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// The answer to a create: the subscription, and its signing secret, shown this once.

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tracing::error;
 use utoipa::ToSchema;
 
+use crate::store::QueryError;
+
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
 /// One field at fault: a JSON path into the request (`url`, `event_types[1]`), or the header
@@ -236,14 +238,55 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                error!(error = %e, "Subscription store unreachable");
-                ApiError::Unavailable("the subscription store does not answer; try again".into())
-            }
-            _ => ApiError::Internal(e.to_string()),
-        }
+        QueryError::Database(e).into()
     }
+}
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        if e.is_transient() {
+            error!(error = %e, "Subscription store unreachable");
+            return ApiError::Unavailable(
+                "the subscription store does not answer; try again".into(),
+            );
+        }
+        ApiError::Internal(e.to_string())
+    }
+}
+
+/// The problem answers the handlers document, one type per answer, named in each handler's
+/// `responses(...)` beside its own rows: the same answer reads the same on every route. An
+/// answer particular to one route (a 409 and why) stays a row of its own.
+pub mod documented {
+    use utoipa::IntoResponses;
+
+    use super::Problem;
+
+    /// An answer: its type, status and description.
+    macro_rules! answer {
+        ($name:ident, $status:literal, $description:literal) => {
+            #[derive(IntoResponses)]
+            #[response(status = $status, description = $description, content_type = "application/problem+json")]
+            pub struct $name(pub Problem);
+        };
+    }
+
+    answer!(MalformedJson, 400, "Malformed JSON");
+    answer!(Unauthorized, 401, "No valid token");
+    answer!(
+        NoSuchSubscription,
+        404,
+        "No such subscription, or another tenant's"
+    );
+    answer!(
+        NoSuchReplay,
+        404,
+        "No such replay (this process's last 100), or another tenant's"
+    );
+    answer!(TooLarge, 413, "Body too large");
+    answer!(Invalid, 422, "Invalid input");
+    answer!(BadFilter, 422, "A bad filter, limit or cursor");
+    answer!(NoHistory, 503, "No history database");
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use sqlx::PgConnection;
 
 use super::auth::Scope;
 use super::problem::{ApiError, FieldError};
-use super::{ApiState, keepalive, repo};
+use super::{ApiState, keepalive};
 use crate::config::ApiConfig;
 use crate::units::Rate;
 
@@ -166,7 +166,7 @@ pub async fn check_subscriptions(
     tenant: &str,
     max: u32,
 ) -> Result<(), ApiError> {
-    let count = repo::tenant_subscriptions_locked(tx, tenant).await?;
+    let count = crate::store::subscriptions::count_of_tenant_locked(tx, tenant).await?;
     if count >= i64::from(max) {
         return Err(ApiError::Quota(format!(
             "tenant {tenant:?} has {count} subscriptions, the most allowed \

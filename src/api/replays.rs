@@ -32,9 +32,10 @@ use crate::units::{Rate, fmt_duration, now_rfc3339, parse_when};
 
 use super::ApiState;
 use super::auth::Scope;
+use super::extract::json;
+use super::problem::documented::{MalformedJson, NoSuchReplay, TooLarge, Unauthorized};
 use super::problem::{ApiError, FieldError, Problem};
 use super::quota::Limits;
-use super::subscriptions::json;
 
 /// Finished replays remembered for `GET`.
 pub const KEPT: usize = 100;
@@ -280,12 +281,12 @@ fn supervise(
 fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayOptions, ApiError> {
     let mut errors = Vec::new();
     let from = parse_when(&req.from)
-        .map_err(|e| errors.push(FieldError::new("from", e)))
+        .map_err(|e| errors.push(FieldError::new("from", e.to_string())))
         .ok();
     let to = match &req.to {
         None => None,
         Some(text) => parse_when(text)
-            .map_err(|e| errors.push(FieldError::new("to", e)))
+            .map_err(|e| errors.push(FieldError::new("to", e.to_string())))
             .ok(),
     };
     if let (Some(from), Some(to)) = (from, to)
@@ -401,11 +402,11 @@ fn tenant_bounds(
     request_body = CreateReplay,
     responses(
         (status = 202, description = "Started", body = ReplayJob),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
         (status = 404, description = "Another tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "As many replays as allowed are running (in the process, or of this tenant)", body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
+        TooLarge,
         (status = 422, description = "Invalid input, or a tenant's window or rate beyond its bounds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "No broker connection", body = Problem, content_type = "application/problem+json"),
     )
@@ -526,8 +527,8 @@ pub async fn create(
     params(("id" = String, Path)),
     responses(
         (status = 200, body = ReplayJob),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such replay (this process's last 100), or another tenant's", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchReplay,
     )
 )]
 pub async fn read(
@@ -551,8 +552,8 @@ pub async fn read(
     params(("id" = String, Path)),
     responses(
         (status = 200, description = "Cancelled", body = ReplayJob),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such replay (this process's last 100), or another tenant's", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchReplay,
         (status = 409, description = "The replay has finished or failed", body = Problem, content_type = "application/problem+json"),
     )
 )]

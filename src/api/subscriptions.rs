@@ -1,9 +1,8 @@
 //! The handlers of `/v1/subscriptions`: create (idempotent with `Idempotency-Key`), read, list,
 //! update, delete, pause, resume, rotate the signing secret, send a test event.
 //!
-//! Bodies are read as bytes (so `api.max_body_bytes` answers 413) and parsed here, so every
-//! refusal is a problem naming the field at fault. Nothing is written until all of a request is
-//! checked.
+//! Bodies are read as bytes and parsed by [`super::extract`], so every refusal is a problem
+//! naming the field at fault. Nothing is written until all of a request is checked.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -12,106 +11,37 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use serde::de::DeserializeOwned;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::contract::envelope::{NewEvent, check_id};
 use crate::delivery::signing::{generate_key_pair, generate_secret};
-use crate::store::postgres::{REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW};
+use crate::store::idempotency::{
+    self, REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW, Remembered,
+};
 use crate::store::request as stored;
 use crate::store::seal::Binding;
+use crate::store::subscriptions::{self as store, NewSigning, PageFilter};
 use crate::units::Rate;
 
 use super::ApiState;
 use super::auth::Scope;
+use super::extract::{idempotency_key, json, path_id};
 use super::model::{
     CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
     RotateSecret, RotatedSecret, SendTestEvent, SignatureScheme, SubscriptionPage,
     SubscriptionView, TestEventSent, UpdateSubscription,
 };
+use super::problem::documented::{
+    BadFilter, Invalid, MalformedJson, NoSuchSubscription, TooLarge, Unauthorized,
+};
 use super::problem::{ApiError, FieldError, Problem};
-use super::repo::{self, Remembered};
 use super::{quota, validate};
-
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
-
-/// A JSON request body, or the problem with it. An empty body is `T::default()` when `empty`
-/// allows one (the bodies of pause, resume, rotate and test are all optional).
-pub(super) fn json<T: DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-    empty: Option<T>,
-    max: usize,
-) -> Result<T, ApiError> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge { max },
-        _ => ApiError::BadRequest(rejection.body_text()),
-    })?;
-    let text = body.trim_ascii();
-    // No body at all, or JSON's null: the optional body's defaults. Whitespace alone is not
-    // JSON, and is answered as such.
-    if (body.is_empty() || text == b"null")
-        && let Some(default) = empty
-    {
-        return Ok(default);
-    }
-    // serde would read a struct from an array too (`[null, null]`): only an object is one.
-    if !text.is_empty()
-        && text[0] != b'{'
-        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok()
-    {
-        return Err(ApiError::field("(body)", "expected a JSON object"));
-    }
-    let mut de = serde_json::Deserializer::from_slice(&body);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_data() {
-            let field = if path == "." {
-                "(body)".to_owned()
-            } else {
-                path
-            };
-            // serde names an unknown field in its message; the path is where it was found.
-            ApiError::Invalid(vec![FieldError::new(field, inner.to_string())])
-        } else {
-            ApiError::Malformed(inner.to_string())
-        }
-    })?;
-    de.end().map_err(|e| ApiError::Malformed(e.to_string()))?;
-    Ok(value)
-}
-
-/// An id in a path: one that could never be stored is simply not found.
-fn path_id(id: &str) -> Result<(), ApiError> {
-    check_id(id).map_err(|_| ApiError::NotFound)
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_HEADER) else {
-        return Ok(None);
-    };
-    let bad = || {
-        ApiError::Invalid(vec![FieldError::new(
-            "Idempotency-Key",
-            format!("1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
-        )])
-    };
-    let key = value.to_str().map_err(|_| bad())?;
-    if key.is_empty()
-        || key.len() > MAX_IDEMPOTENCY_KEY_LEN
-        || !key.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(bad());
-    }
-    Ok(Some(key.to_owned()))
-}
 
 /// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
 struct NewSecrets {
-    rows: Vec<repo::NewSigning>,
+    rows: Vec<NewSigning>,
     /// The `whsec_` secret, and which of `rows` holds it (an idempotent replay reads it there).
     secret: Option<String>,
     secret_row: Option<usize>,
@@ -142,7 +72,7 @@ fn new_signing(
                     .seal(&binding, secret.as_bytes())
                     .map_err(ApiError::internal)?;
                 out.secret_row = Some(out.rows.len());
-                out.rows.push(repo::NewSigning {
+                out.rows.push(NewSigning {
                     sealed,
                     public_key: None,
                 });
@@ -154,7 +84,7 @@ fn new_signing(
                     .keyring
                     .seal(&binding, secret_key.as_bytes())
                     .map_err(ApiError::internal)?;
-                out.rows.push(repo::NewSigning {
+                out.rows.push(NewSigning {
                     sealed,
                     public_key: Some(public_key.clone()),
                 });
@@ -192,7 +122,7 @@ async fn remembered(
     request_hash: &[u8],
 ) -> Result<Option<Response>, ApiError> {
     let scope = caller.idempotency_scope();
-    let Some(first) = repo::idempotency_lookup(tx, &scope, key).await? else {
+    let Some(first) = idempotency::lookup(tx, &scope, key).await? else {
         return Ok(None);
     };
     if first.request_hash != request_hash {
@@ -239,7 +169,7 @@ async fn replay(
     // A subscription signing v1a alone has no secret to show again, only its public key.
     let sealed = if let Some(position) = object.remove(REMEMBERED_SECRET_ROW) {
         let position = position.as_i64().ok_or_else(gone)?;
-        let (sealed, row_tenant) = repo::signing_secret(conn, &id, position)
+        let (sealed, row_tenant) = store::signing_secret(conn, &id, position)
             .await?
             .ok_or_else(gone)?;
         if row_tenant != tenant {
@@ -269,6 +199,126 @@ async fn replay(
     Ok((body, id))
 }
 
+/// Subscription `id` as the API shows it, if `scope` sees it.
+async fn view(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    scope: &Scope,
+) -> Result<Option<SubscriptionView>, ApiError> {
+    Ok(store::get(conn, id, scope.tenant())
+        .await?
+        .map(|(row, secrets)| SubscriptionView::from_store(row, secrets)))
+}
+
+/// The schemes subscription `id`'s unexpired signing secrets sign with: `v1a` for a key with a
+/// public key, `v1` for the rest (a reference imported from a file counts as `v1`).
+async fn signing_schemes(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+) -> Result<Vec<SignatureScheme>, ApiError> {
+    let mut schemes: Vec<SignatureScheme> = store::signing_public_keys(conn, id)
+        .await?
+        .into_iter()
+        .map(|v1a| {
+            if v1a {
+                SignatureScheme::V1a
+            } else {
+                SignatureScheme::V1
+            }
+        })
+        .collect();
+    schemes.sort();
+    schemes.dedup();
+    if schemes.is_empty() {
+        schemes.push(SignatureScheme::V1);
+    }
+    Ok(schemes)
+}
+
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 500;
+
+/// The cursor of a page that ends at `id`: opaque to callers.
+fn cursor_after(id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(id.as_bytes())
+}
+
+fn id_of_cursor(cursor: &str) -> Result<String, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|id| check_id(id).is_ok())
+        .ok_or_else(|| {
+            ApiError::Invalid(vec![FieldError::new(
+                "cursor",
+                "not a cursor this API gave; pass next_cursor as it came",
+            )])
+        })
+}
+
+/// A page of the subscriptions `scope` sees, ordered by id.
+async fn list_page(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    query: &ListQuery,
+) -> Result<SubscriptionPage, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field(
+            "limit",
+            format!("must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let after = query
+        .cursor
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(id_of_cursor)
+        .transpose()?;
+    if let Some(tenant) = &query.tenant {
+        crate::contract::envelope::check_tenant(tenant)
+            .map_err(|e| ApiError::field("tenant", e.to_string()))?;
+    }
+    let tenant = match (scope.tenant(), query.tenant.as_deref()) {
+        (Some(own), Some(asked)) if own != asked => {
+            return Ok(SubscriptionPage {
+                data: Vec::new(),
+                next_cursor: None,
+            });
+        }
+        (Some(own), _) => Some(own),
+        (None, asked) => asked,
+    };
+    let mut rows = store::page(
+        conn,
+        &PageFilter {
+            tenant,
+            enabled: query.enabled,
+            paused: query.paused,
+            after: after.as_deref(),
+            // One more than asked: whether there is a next page.
+            limit: limit + 1,
+        },
+    )
+    .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let mut secrets = store::secret_dates(conn, &ids).await?;
+    let next_cursor = more
+        .then(|| ids.last().map(|id| cursor_after(id)))
+        .flatten();
+    let data = rows
+        .into_iter()
+        .map(|row| {
+            let secrets = secrets.remove(&row.id).unwrap_or_default();
+            SubscriptionView::from_store(row, secrets)
+        })
+        .collect();
+    Ok(SubscriptionPage { data, next_cursor })
+}
+
 fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/subscriptions/{id}")) {
@@ -289,10 +339,10 @@ fn created(status: StatusCode, body: serde_json::Value, id: &str) -> Response {
     responses(
         (status = 201, description = "Created; the secret is shown this once", body = CreatedSubscription),
         (status = 200, description = "Created before with this Idempotency-Key: the first answer", body = CreatedSubscription),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No valid token", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
         (status = 409, description = "The id is taken (an admin token names ids; a tenant token's are generated), the tenant has api.max_subscriptions_per_tenant (quota-exceeded), or the secret of the subscription this Idempotency-Key created is gone", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        TooLarge,
         (status = 422, description = "Invalid input, or the Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -339,13 +389,14 @@ pub async fn create(
         state.limits.max_subscriptions_per_tenant,
     )
     .await?;
-    let Some(positions) = repo::insert(&mut tx, &sub, &signing.rows, &sealed).await? else {
+    let Some(positions) = store::insert(&mut tx, &sub.to_store(), &signing.rows, &sealed).await?
+    else {
         return Err(ApiError::Conflict(format!(
             "a subscription with id {:?} exists already",
             sub.id
         )));
     };
-    let view = repo::get(&mut tx, &sub.id, &Scope::Admin)
+    let view = view(&mut tx, &sub.id, &Scope::Admin)
         .await?
         .ok_or_else(|| ApiError::internal("the subscription just created is not found"))?;
     let answer = CreatedSubscription {
@@ -368,7 +419,7 @@ pub async fn create(
             status: StatusCode::CREATED.as_u16(),
             body: remembered,
         };
-        repo::idempotency_remember(&mut tx, &idempotency_scope, key, &remembered).await?;
+        idempotency::remember(&mut tx, &idempotency_scope, key, &remembered).await?;
     }
     tx.commit().await?;
     info!(subscription = %sub.id, tenant = %sub.tenant, url = %crate::config::shown_url(&sub.url), "Created subscription");
@@ -381,8 +432,8 @@ pub async fn create(
     params(("id" = String, Path)),
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such subscription, or another tenant's", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn read(
@@ -392,7 +443,7 @@ pub async fn read(
 ) -> Result<axum::Json<SubscriptionView>, ApiError> {
     path_id(&id)?;
     let mut conn = state.pool.acquire().await?;
-    repo::get(&mut conn, &id, &scope)
+    view(&mut conn, &id, &scope)
         .await?
         .map(axum::Json)
         .ok_or(ApiError::NotFound)
@@ -404,8 +455,8 @@ pub async fn read(
     params(ListQuery),
     responses(
         (status = 200, body = SubscriptionPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A bad filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        BadFilter,
     )
 )]
 pub async fn list(
@@ -416,7 +467,7 @@ pub async fn list(
     let Query(query) =
         query.map_err(|e| ApiError::Invalid(vec![FieldError::new("(query)", e.body_text())]))?;
     let mut conn = state.pool.acquire().await?;
-    repo::list(&mut conn, &scope, &query).await.map(axum::Json)
+    list_page(&mut conn, &scope, &query).await.map(axum::Json)
 }
 
 /// Changes a subscription: URL, event types, enabled, max concurrency, rate, description;
@@ -427,12 +478,12 @@ pub async fn list(
     request_body = UpdateSubscription,
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
         (status = 409, description = "Changed by other requests while this change was checked, again and again", body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        TooLarge,
+        Invalid,
     )
 )]
 pub async fn update(
@@ -453,21 +504,22 @@ pub async fn update(
     for _ in 0..UPDATE_TRIES {
         let (current, version) = {
             let mut conn = state.pool.acquire().await?;
-            repo::find_versioned(&mut conn, &id, &scope)
+            store::find_versioned(&mut conn, &id, scope.tenant())
                 .await?
                 .ok_or(ApiError::NotFound)?
         };
+        let current = validate::Checked::from_store(current)?;
         let changed = validate::update(current, change.clone(), &state.egress).await;
         let changed = quota::with_event_types(changed, types, state.limits.max_event_types)?;
         let sealed = seal_all(&state, &changed)?;
         let mut tx = state.pool.begin().await?;
-        match repo::lock_version(&mut tx, &id, &scope).await? {
+        match store::lock_version(&mut tx, &id, scope.tenant()).await? {
             None => return Err(ApiError::NotFound),
             Some(now) if now != version => continue,
             Some(_) => {}
         }
-        repo::save(&mut tx, &changed, &sealed).await?;
-        let view = repo::get(&mut tx, &id, &scope)
+        store::save(&mut tx, &changed.to_store(), &sealed).await?;
+        let view = view(&mut tx, &id, &scope)
             .await?
             .ok_or(ApiError::NotFound)?;
         tx.commit().await?;
@@ -490,8 +542,8 @@ const UPDATE_TRIES: usize = 3;
     params(("id" = String, Path)),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn remove(
@@ -500,7 +552,7 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     path_id(&id)?;
-    if repo::delete(&state.pool, &id, &scope).await? {
+    if store::delete(&state.pool, &id, scope.tenant()).await? {
         info!(subscription = %id, "Deleted subscription");
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -518,17 +570,17 @@ async fn set_paused(
 ) -> Result<(SubscriptionView, bool), ApiError> {
     path_id(id)?;
     let mut tx = state.pool.begin().await?;
-    let mut sub = repo::lock(&mut tx, id, scope)
+    let mut sub = store::lock(&mut tx, id, scope.tenant())
         .await?
+        .map(validate::Checked::from_store)
+        .transpose()?
         .ok_or(ApiError::NotFound)?;
     let changed = sub.paused != paused;
     if changed {
         sub.paused = paused;
-        repo::save(&mut tx, &sub, &[]).await?;
+        store::save(&mut tx, &sub.to_store(), &[]).await?;
     }
-    let view = repo::get(&mut tx, id, scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let view = view(&mut tx, id, scope).await?.ok_or(ApiError::NotFound)?;
     tx.commit().await?;
     Ok((view, changed))
 }
@@ -540,8 +592,8 @@ async fn set_paused(
     params(("id" = String, Path)),
     responses(
         (status = 200, body = SubscriptionView),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        NoSuchSubscription,
     )
 )]
 pub async fn pause(
@@ -565,10 +617,10 @@ pub async fn pause(
     request_body(content = Option<ResumeSubscription>, description = "Optional"),
     responses(
         (status = 200, body = Resumed),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
+        Invalid,
     )
 )]
 pub async fn resume(
@@ -602,10 +654,10 @@ pub async fn resume(
     request_body(content = Option<RotateSecret>, description = "Optional"),
     responses(
         (status = 200, description = "The new secret, shown this once", body = RotatedSecret),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
+        Invalid,
     )
 )]
 pub async fn rotate(
@@ -618,16 +670,18 @@ pub async fn rotate(
     let req: RotateSecret = json(body, Some(RotateSecret::default()), state.max_body)?;
     let old_until = validate::overlap_end(&req, std::time::SystemTime::now())?;
     let mut tx = state.pool.begin().await?;
-    let current = repo::lock(&mut tx, &id, &scope)
+    let current = store::lock(&mut tx, &id, scope.tenant())
         .await?
+        .map(validate::Checked::from_store)
+        .transpose()?
         .ok_or(ApiError::NotFound)?;
     let schemes = match &req.signatures {
         Some(asked) => validate::schemes(Some(asked), "signatures")?,
-        None => repo::signing_schemes(&mut tx, &id).await?,
+        None => signing_schemes(&mut tx, &id).await?,
     };
     let signing = new_signing(&state, &current.tenant, &id, &schemes)?;
-    repo::rotate(&mut tx, &id, &signing.rows, old_until).await?;
-    let view = repo::get(&mut tx, &id, &scope)
+    store::rotate(&mut tx, &id, &signing.rows, old_until).await?;
+    let view = view(&mut tx, &id, &scope)
         .await?
         .ok_or(ApiError::NotFound)?;
     tx.commit().await?;
@@ -649,11 +703,11 @@ pub async fn rotate(
     request_body(content = Option<SendTestEvent>, description = "Optional"),
     responses(
         (status = 202, description = "Published, confirmed by the broker", body = TestEventSent),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        Unauthorized,
+        NoSuchSubscription,
         (status = 409, description = "The subscription is disabled", body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        Invalid,
         (status = 503, description = "The broker did not take it", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -667,8 +721,10 @@ pub async fn send_test(
     let req: SendTestEvent = json(body, Some(SendTestEvent::default()), state.max_body)?;
     let sub = {
         let mut conn = state.pool.acquire().await?;
-        repo::find(&mut conn, &id, &scope)
+        store::find(&mut conn, &id, scope.tenant())
             .await?
+            .map(validate::Checked::from_store)
+            .transpose()?
             .ok_or(ApiError::NotFound)?
     };
     if !sub.enabled {
@@ -721,4 +777,17 @@ pub async fn method_not_allowed() -> ApiError {
 /// finish.
 pub(super) fn log_parked_failure(id: &str, error: &dyn std::fmt::Display) {
     warn!(subscription = %id, error = %error, "Could not return the parked deliveries of a resumed subscription; `hookrelay subscriptions resume` returns them");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_opaque_and_round_trips() {
+        let c = cursor_after("sub_42");
+        assert!(!c.contains("sub_42"));
+        assert_eq!(id_of_cursor(&c).unwrap(), "sub_42");
+        assert!(id_of_cursor("!!").is_err());
+    }
 }

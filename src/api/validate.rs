@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tracing::debug;
 
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
-use crate::delivery::egress::{EgressPolicy, GuardedResolver, Lookup, ResolveError};
+use crate::delivery::egress::{EgressDenied, EgressPolicy, GuardedResolver, Lookup, ResolveError};
 use crate::delivery::subscriptions::EventFilter;
 use crate::delivery::subscriptions::parse::{
     TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
@@ -29,6 +29,7 @@ use crate::delivery::subscriptions::{OAuth2, SecretRef};
 use crate::store::request::{
     self as stored, StoredBasicAuth, StoredHeader, StoredOAuth2, StoredRequest, StoredTls,
 };
+use crate::store::subscriptions::{SubscriptionRow, SubscriptionWrite};
 use std::collections::BTreeMap;
 
 pub const MAX_URL_LEN: usize = 2048;
@@ -57,12 +58,12 @@ impl Egress {
 
     /// Refuses an endpoint the policy would refuse at attempt time. A name that does not
     /// resolve now is let through: it may exist by the first delivery, and is checked then.
-    pub async fn check(&self, url: &reqwest::Url) -> Result<(), String> {
-        self.policy.check_url(url).map_err(|e| e.to_string())?;
+    pub async fn check(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
+        self.policy.check_url(url)?;
         if let Some(url::Host::Domain(host)) = url.host() {
             match self.resolver.resolve_checked(host).await {
                 Ok(_) => {}
-                Err(ResolveError::Denied(denied)) => return Err(denied.to_string()),
+                Err(ResolveError::Denied(denied)) => return Err(denied),
                 Err(e) => debug!(error = %e, "Endpoint host does not resolve yet; accepted"),
             }
         }
@@ -106,6 +107,56 @@ impl Checked {
         self.event_types
             .as_ref()
             .map(|f| f.iter().map(ToString::to_string).collect())
+    }
+
+    /// A stored row read back into checked settings, for a change to apply to. A row that does
+    /// not validate (written by hand) is an internal error: the API does not build on it.
+    pub fn from_store(row: SubscriptionRow) -> Result<Self, ApiError> {
+        let id = row.id;
+        let bad =
+            |what: String| ApiError::internal(format!("subscription {id:?} in the store: {what}"));
+        let url = parse_url(&row.url).map_err(|e| bad(format!("url: {e}")))?;
+        let event_types = row
+            .event_types
+            .map(|t| parse_event_types(&t))
+            .transpose()
+            .map_err(|e| bad(format!("event_types: {}", e.join("; "))))?;
+        let rate = row
+            .rate
+            .map(|r| r.parse::<Rate>())
+            .transpose()
+            .map_err(|e| bad(format!("rate: {e}")))?;
+        Ok(Checked {
+            tenant: row.tenant,
+            url,
+            event_types,
+            enabled: row.enabled,
+            paused: row.paused,
+            max_concurrent: row.max_concurrent,
+            rate,
+            description: row.description,
+            request: row.request,
+            new_secrets: Vec::new(),
+            replaced: Vec::new(),
+            id,
+        })
+    }
+
+    /// What the store writes of it.
+    pub fn to_store(&self) -> SubscriptionWrite<'_> {
+        SubscriptionWrite {
+            id: &self.id,
+            tenant: &self.tenant,
+            url: self.url.as_str(),
+            event_types: self.event_types_text(),
+            enabled: self.enabled,
+            paused: self.paused,
+            max_concurrent: self.max_concurrent,
+            rate: self.rate.map(|r| r.to_string()),
+            description: &self.description,
+            request: &self.request,
+            replaced: &self.replaced,
+        }
     }
 }
 
@@ -389,7 +440,7 @@ async fn egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mut Prob
     if let Some(url) = url
         && let Err(reason) = egress.check(url).await
     {
-        problems.add("url", reason);
+        problems.add("url", reason.to_string());
     }
 }
 
@@ -397,7 +448,7 @@ async fn token_egress(url: Option<&reqwest::Url>, egress: &Egress, problems: &mu
     if let Some(url) = url
         && let Err(reason) = egress.check(url).await
     {
-        problems.add("oauth2.token_url", reason);
+        problems.add("oauth2.token_url", reason.to_string());
     }
 }
 

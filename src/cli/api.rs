@@ -32,8 +32,7 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
     if tokens.is_empty() {
         bail!("api.tokens is empty: nobody could call the API; configure at least one token");
     }
-    let keyring =
-        crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?;
+    let keyring = crate::store::keyring(&config.store, &ProcessEnv)?;
     if keyring.is_empty() {
         bail!("store.keys is empty: the API seals the secrets it generates with the first key");
     }

@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::units::parse_when;
+
 /// Exit code when `topology plan` finds drift.
 pub const EXIT_DRIFT: u8 = 3;
 
@@ -301,8 +303,17 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
-fn parse_event_filter(s: &str) -> Result<crate::delivery::subscriptions::EventFilter, String> {
-    crate::delivery::subscriptions::EventFilter::parse(s)
+/// Why an argument was refused: each names the value to correct.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    #[error("{0}")]
+    EventFilter(String),
+    #[error("{0:?}: use 1 to 64 letters, digits, '_' or '-'")]
+    KeyWord(String),
+}
+
+fn parse_event_filter(s: &str) -> Result<crate::delivery::subscriptions::EventFilter, ArgError> {
+    crate::delivery::subscriptions::EventFilter::parse(s).map_err(ArgError::EventFilter)
 }
 
 #[derive(Debug, Args)]
@@ -352,7 +363,7 @@ pub enum AttemptsCommand {
 
 /// One word of an attempt-log routing key (an outcome or a tenant id): checked here because it
 /// becomes part of a routing key, which AMQP caps at 255 bytes.
-fn parse_key_word(s: &str) -> Result<String, String> {
+fn parse_key_word(s: &str) -> Result<String, ArgError> {
     let word = !s.is_empty()
         && s.len() <= 64
         && s.chars()
@@ -360,13 +371,8 @@ fn parse_key_word(s: &str) -> Result<String, String> {
     if word {
         Ok(s.to_owned())
     } else {
-        Err(format!("{s:?}: use 1 to 64 letters, digits, '_' or '-'"))
+        Err(ArgError::KeyWord(s.to_owned()))
     }
-}
-
-/// An RFC 3339 time, or a duration meaning that long ago.
-fn parse_when(s: &str) -> Result<SystemTime, String> {
-    crate::units::parse_when(s)
 }
 
 #[derive(Debug, Subcommand)]

@@ -77,8 +77,7 @@ pub(super) async fn run(cmd: StoreCommand, config: &Config) -> anyhow::Result<Ex
         StoreCommand::Reseal(arg) => {
             let store = open(&arg, config).await?;
             store.check_schema().await?;
-            let ring = crate::store::keyring(&config.store, &ProcessEnv)
-                .map_err(|e| anyhow::anyhow!(e))?;
+            let ring = crate::store::keyring(&config.store, &ProcessEnv)?;
             let Some(key) = ring.current_key_id() else {
                 bail!("store.keys is empty: nothing to seal with");
             };

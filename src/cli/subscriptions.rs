@@ -231,7 +231,7 @@ async fn export(
     let store = super::store::open(store, config).await?;
     store.check_schema().await?;
     let keyring = if secrets_dir.is_some() {
-        crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?
+        crate::store::keyring(&config.store, &ProcessEnv)?
     } else {
         crate::store::seal::Keyring::empty()
     };

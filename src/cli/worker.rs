@@ -40,7 +40,7 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
         "Starting worker"
     );
     let keyring = if store.is_some() {
-        crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?
+        crate::store::keyring(&config.store, &ProcessEnv)?
     } else {
         crate::store::seal::Keyring::empty()
     };

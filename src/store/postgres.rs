@@ -1,6 +1,7 @@
 //! The PostgreSQL store: its schema (versioned migrations in `migrations/`, applied by
 //! `hookrelay store migrate`, checked at worker start), loading subscriptions into the same
-//! [`Subscriptions`] the file gives, and the writes the importer makes.
+//! [`Subscriptions`] the file gives, the writes the importer makes, pausing and disabling, and
+//! resealing secrets. The API's reads and writes are [`super::subscriptions`]'s.
 //!
 //! Every row is validated as a file entry is; a row that does not validate (written by hand,
 //! say) is left out with its problem reported, never half-used.
@@ -329,16 +330,64 @@ impl PgStore {
     }
 }
 
-fn epoch_ms(at: SystemTime) -> i64 {
+pub(super) fn epoch_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Why a stored row is left out of the snapshot. The row is at fault (written by hand, say):
+/// it is reported and the others are used; reading it again does not help until it is
+/// corrected.
+#[derive(Debug, thiserror::Error)]
+pub enum RowError {
+    /// A column of the subscription that does not read as the schema says.
+    #[error("{name}: {error}")]
+    Column {
+        name: &'static str,
+        error: sqlx::Error,
+    },
+    /// A column of a secret's row that does not read.
+    #[error("{0}")]
+    SecretColumn(sqlx::Error),
+    /// A value that does not check as a file's entry would.
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("id {0:?}: expected 1 to 128 letters, digits, '_' or '-'")]
+    Id(String),
+    /// A secret's reference that does not parse.
+    #[error("{0}")]
+    Reference(String),
+    #[error("a secret row needs a reference or a sealed value, not both")]
+    ReferenceAndSealed,
+    #[error("secrets: none; at least one is needed to sign deliveries")]
+    NoSigningSecret,
+    /// A secret of the row, by what it is for (`secrets` for the signing ones).
+    #[error("{purpose}: {error}")]
+    Secret {
+        purpose: String,
+        error: Box<RowError>,
+    },
+    #[error(transparent)]
+    Request(#[from] request::AssembleError),
+}
+
+impl RowError {
+    fn invalid(field: &'static str, message: impl ToString) -> Self {
+        Self::Invalid {
+            field,
+            message: message.to_string(),
+        }
+    }
 }
 
 /// A subscription's secrets as read: the signing ones newest first, the others by purpose.
 #[derive(Default)]
 struct SecretRows {
-    signing: Vec<Result<SecretSpec, String>>,
-    other: Vec<(String, Result<SecretSpec, String>)>,
+    signing: Vec<Result<SecretSpec, RowError>>,
+    other: Vec<(String, Result<SecretSpec, RowError>)>,
 }
 
 /// Rows into subscriptions: secrets grouped by subscription (newest first, as queried), each
@@ -366,71 +415,78 @@ fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProble
         let id: String = row.try_get("id").unwrap_or_default();
         match subscription(row, by_sub.remove(&id).unwrap_or_default()) {
             Ok(sub) => list.push(sub),
-            Err(message) => problems.push(RowProblem { id, message }),
+            Err(e) => problems.push(RowProblem {
+                id,
+                message: e.to_string(),
+            }),
         }
     }
     (list, problems)
 }
 
-fn secret(row: &PgRow, sub_id: &str, purpose: &str) -> Result<SecretSpec, String> {
-    let reference: Option<String> = row.try_get("reference").map_err(|e| e.to_string())?;
-    let sealed: Option<Vec<u8>> = row.try_get("sealed").map_err(|e| e.to_string())?;
-    let expires_ms: Option<i64> = row.try_get("expires_ms").map_err(|e| e.to_string())?;
+fn secret(row: &PgRow, sub_id: &str, purpose: &str) -> Result<SecretSpec, RowError> {
+    let reference: Option<String> = row.try_get("reference").map_err(RowError::SecretColumn)?;
+    let sealed: Option<Vec<u8>> = row.try_get("sealed").map_err(RowError::SecretColumn)?;
+    let expires_ms: Option<i64> = row.try_get("expires_ms").map_err(RowError::SecretColumn)?;
     let reference = match (reference, sealed) {
-        (Some(r), None) => SecretRef::parse(&r)?,
+        (Some(r), None) => SecretRef::parse(&r).map_err(RowError::Reference)?,
         (None, Some(bytes)) => {
-            let tenant: String = row.try_get("tenant").map_err(|e| e.to_string())?;
+            let tenant: String = row.try_get("tenant").map_err(RowError::SecretColumn)?;
             SecretRef::Sealed(SealedSecret {
                 binding: Binding::new(&tenant, sub_id, purpose),
                 sealed: Arc::from(bytes),
             })
         }
-        _ => return Err("a secret row needs a reference or a sealed value, not both".into()),
+        _ => return Err(RowError::ReferenceAndSealed),
     };
     let expires = expires_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs()));
     Ok(SecretSpec { reference, expires })
 }
 
-fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, String> {
+fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowError> {
     let SecretRows {
         signing: secrets,
         other,
     } = secrets;
-    let field = |name: &str, e: sqlx::Error| format!("{name}: {e}");
-    let id: String = row.try_get("id").map_err(|e| field("id", e))?;
-    check_id(&id)
-        .map_err(|_| format!("id {id:?}: expected 1 to 128 letters, digits, '_' or '-'"))?;
-    let tenant: String = row.try_get("tenant").map_err(|e| field("tenant", e))?;
-    check_tenant(&tenant).map_err(|e| format!("tenant: {e}"))?;
-    let url: String = row.try_get("url").map_err(|e| field("url", e))?;
-    let url = parse_url(&url).map_err(|e| format!("url: {e}"))?;
-    let event_types: Option<Vec<String>> = row
-        .try_get("event_types")
-        .map_err(|e| field("event_types", e))?;
+    let field = |name: &'static str| move |error: sqlx::Error| RowError::Column { name, error };
+    let id: String = row.try_get("id").map_err(field("id"))?;
+    check_id(&id).map_err(|_| RowError::Id(id.clone()))?;
+    let tenant: String = row.try_get("tenant").map_err(field("tenant"))?;
+    check_tenant(&tenant).map_err(|e| RowError::invalid("tenant", e))?;
+    let url: String = row.try_get("url").map_err(field("url"))?;
+    let url = parse_url(&url).map_err(|e| RowError::invalid("url", e))?;
+    let event_types: Option<Vec<String>> =
+        row.try_get("event_types").map_err(field("event_types"))?;
     let event_types = event_types
         .map(|t| parse_event_types(&t))
         .transpose()
-        .map_err(|e| format!("event_types: {}", e.join("; ")))?;
-    let rate: Option<String> = row.try_get("rate").map_err(|e| field("rate", e))?;
+        .map_err(|e| RowError::invalid("event_types", e.join("; ")))?;
+    let rate: Option<String> = row.try_get("rate").map_err(field("rate"))?;
     let rate = rate
         .map(|r| r.parse::<Rate>())
         .transpose()
-        .map_err(|e| format!("rate: {e}"))?;
+        .map_err(|e| RowError::invalid("rate", e))?;
     let max_concurrent: Option<i32> = row
         .try_get("max_concurrent")
-        .map_err(|e| field("max_concurrent", e))?;
+        .map_err(field("max_concurrent"))?;
     let secrets = secrets
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("secrets: {e}"))?;
+        .map_err(|e| RowError::Secret {
+            purpose: "secrets".into(),
+            error: Box::new(e),
+        })?;
     if secrets.is_empty() {
-        return Err("secrets: none; at least one is needed to sign deliveries".into());
+        return Err(RowError::NoSigningSecret);
     }
     let request: sqlx::types::Json<StoredRequest> =
-        row.try_get("request").map_err(|e| field("request", e))?;
+        row.try_get("request").map_err(field("request"))?;
     let mut by_purpose = HashMap::new();
     for (purpose, spec) in other {
-        let spec = spec.map_err(|e| format!("{purpose}: {e}"))?;
+        let spec = spec.map_err(|e| RowError::Secret {
+            purpose: purpose.clone(),
+            error: Box::new(e),
+        })?;
         // Newest first, as queried: the first of a purpose is the one in force.
         by_purpose.entry(purpose).or_insert(spec.reference);
     }
@@ -441,8 +497,8 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, String
         url,
         event_types,
         secrets,
-        enabled: row.try_get("enabled").map_err(|e| field("enabled", e))?,
-        paused: row.try_get("paused").map_err(|e| field("paused", e))?,
+        enabled: row.try_get("enabled").map_err(field("enabled"))?,
+        paused: row.try_get("paused").map_err(field("paused"))?,
         max_concurrent: max_concurrent
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n > 0),
@@ -480,14 +536,6 @@ pub async fn sealed_with(store: &PgStore, ring: &Keyring) -> Result<usize, Store
             .await?;
     Ok(rows.iter().filter(|s| ring.is_current(s)).count())
 }
-
-/// The field of a remembered create answer (`idempotency_keys.body`) that refers to its signing
-/// secret's row (`subscription_secrets.position`), whose secret a repeated request is shown
-/// again; `null` once that row is gone. The answer never holds the secret itself.
-pub const REMEMBERED_SECRET_ROW: &str = "secret_position";
-/// Where earlier versions kept the secret in a remembered answer, sealed for its subscription
-/// id alone; still read, and turned into [`REMEMBERED_SECRET_ROW`] by [`reseal`].
-pub const REMEMBERED_SEALED_SECRET: &str = "sealed_secret";
 
 /// What [`reseal`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -537,85 +585,9 @@ pub async fn reseal(store: &PgStore, ring: &Keyring) -> Result<Resealed, ResealE
         .map_err(StoreError::from)?;
         done.secrets += 1;
     }
-    done.answers = refer_remembered_secrets(&mut tx, ring).await?;
+    done.answers = super::idempotency::refer_remembered_secrets(&mut tx, ring).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(done)
-}
-
-/// Turns each remembered create answer holding its secret sealed into one referring to the
-/// signing row that holds the same secret (`null` when none does any more: rotated away, or
-/// the subscription deleted); how many.
-async fn refer_remembered_secrets(
-    tx: &mut Transaction<'_, Postgres>,
-    ring: &Keyring,
-) -> Result<usize, ResealError> {
-    use base64::Engine;
-    use subtle::ConstantTimeEq;
-    let answers: Vec<(String, String, serde_json::Value)> = sqlx::query_as(&format!(
-        "SELECT scope, key, body FROM idempotency_keys \
-         WHERE body -> '{REMEMBERED_SEALED_SECRET}' IS NOT NULL FOR UPDATE"
-    ))
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(StoreError::from)?;
-    let count = answers.len();
-    for (scope, key, mut body) in answers {
-        let subscription = &body["subscription"];
-        let (Some(id), Some(tenant)) = (
-            subscription["id"].as_str().map(str::to_owned),
-            subscription["tenant"].as_str().map(str::to_owned),
-        ) else {
-            return Err(ResealError::Answer {
-                scope,
-                key,
-                message: "it names no subscription id and tenant".into(),
-            });
-        };
-        let sealed = body[REMEMBERED_SEALED_SECRET]
-            .as_str()
-            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
-            .ok_or_else(|| ResealError::Answer {
-                scope: scope.clone(),
-                key: key.clone(),
-                message: "its sealed secret is not base64".into(),
-            })?;
-        let secret = ring
-            .open(&Binding::new(&tenant, &id, request::SIGNING), &sealed)
-            .map_err(|e| ResealError::open(&id, e))?;
-        let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(
-            "SELECT x.position, s.tenant, x.sealed \
-             FROM subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id \
-             WHERE x.subscription_id = $1 AND x.purpose = 'signing' AND x.sealed IS NOT NULL",
-        )
-        .bind(&id)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(StoreError::from)?;
-        let mut position = None;
-        for (at, row_tenant, row_sealed) in rows {
-            let opened = ring
-                .open(
-                    &Binding::new(&row_tenant, &id, request::SIGNING),
-                    &row_sealed,
-                )
-                .map_err(|e| ResealError::open(&id, e))?;
-            if row_tenant == tenant && bool::from(opened.ct_eq(&secret)) {
-                position = Some(at);
-            }
-        }
-        if let Some(object) = body.as_object_mut() {
-            object.remove(REMEMBERED_SEALED_SECRET);
-            object.insert(REMEMBERED_SECRET_ROW.into(), position.into());
-        }
-        sqlx::query("UPDATE idempotency_keys SET body = $3 WHERE scope = $1 AND key = $2")
-            .bind(&scope)
-            .bind(&key)
-            .bind(&body)
-            .execute(&mut **tx)
-            .await
-            .map_err(StoreError::from)?;
-    }
-    Ok(count)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -636,7 +608,7 @@ pub enum ResealError {
 }
 
 impl ResealError {
-    fn open(id: &str, error: super::seal::SealError) -> Self {
+    pub(super) fn open(id: &str, error: super::seal::SealError) -> Self {
         Self::Open {
             id: id.to_owned(),
             message: error.to_string(),

@@ -148,12 +148,12 @@ impl StoredRequest {
         &self,
         url: &reqwest::Url,
         secrets: &HashMap<String, SecretRef>,
-    ) -> Result<RequestParts, String> {
+    ) -> Result<RequestParts, AssembleError> {
         let secret = |purpose: &str| {
             secrets
                 .get(purpose)
                 .cloned()
-                .ok_or_else(|| format!("{purpose}: no secret stored"))
+                .ok_or_else(|| AssembleError::NoSecret(purpose.to_owned()))
         };
         let mut parts = RequestParts::default();
         for (name, header) in &self.headers {
@@ -163,23 +163,25 @@ impl StoredRequest {
                 tracing::warn!(header = %name, "A stored subscription's header is left out of its requests: {why}");
                 continue;
             }
-            let lower = check_header_name(name).map_err(|e| format!("headers: {e}"))?;
+            let lower = check_header_name(name).map_err(|e| AssembleError::field("headers", e))?;
             let value = match (&header.value, header.secret) {
                 (Some(v), false) => {
-                    check_header_value(name, v).map_err(|e| format!("headers: {e}"))?;
+                    check_header_value(name, v).map_err(|e| AssembleError::field("headers", e))?;
                     HeaderValueSpec::Static(v.clone())
                 }
                 (None, true) => HeaderValueSpec::Secret(secret(&header_purpose(name))?),
                 _ => {
-                    return Err(format!(
-                        "headers: {name:?} needs a value or secret, not both"
+                    return Err(AssembleError::field(
+                        "headers",
+                        format!("{name:?} needs a value or secret, not both"),
                     ));
                 }
             };
             parts.headers.push(ExtraHeader { name: lower, value });
         }
         if let Some(b) = &self.basic_auth {
-            check_username(&b.username).map_err(|e| format!("basic_auth.username: {e}"))?;
+            check_username(&b.username)
+                .map_err(|e| AssembleError::field("basic_auth.username", e))?;
             parts.basic_auth = Some(BasicAuth {
                 username: b.username.clone(),
                 password: secret(BASIC_PASSWORD)?,
@@ -195,7 +197,7 @@ impl StoredRequest {
                     o.audience.as_deref(),
                     Some(&o.auth_method),
                 )
-                .map_err(|(field, e)| format!("oauth2.{field}: {e}"))?,
+                .map_err(|(field, e)| AssembleError::field(format!("oauth2.{field}"), e))?,
             );
         }
         if let Some(t) = &self.tls {
@@ -213,9 +215,30 @@ impl StoredRequest {
             parts.tls.is_some(),
         );
         if let Some((field, why)) = problems.into_iter().next() {
-            return Err(format!("{field}: {why}"));
+            return Err(AssembleError::field(field, why));
         }
         Ok(parts)
+    }
+}
+
+/// Why stored request settings do not make a subscription's requests. The row is at fault
+/// (written by hand, or its secrets deleted): it is left out and reported, not retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssembleError {
+    /// A secret the settings use is not stored.
+    #[error("{0}: no secret stored")]
+    NoSecret(String),
+    /// A field that does not check as a file's entry would.
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+}
+
+impl AssembleError {
+    fn field(field: impl Into<String>, message: impl ToString) -> Self {
+        Self::Field {
+            field: field.into(),
+            message: message.to_string(),
+        }
     }
 }
 
@@ -266,12 +289,13 @@ mod tests {
         assert!(
             back.assemble(&plain, &secrets)
                 .unwrap_err()
+                .to_string()
                 .contains("https://")
         );
         let mut missing = secrets.clone();
         missing.remove(TLS_KEY);
         assert_eq!(
-            back.assemble(&url, &missing).unwrap_err(),
+            back.assemble(&url, &missing).unwrap_err().to_string(),
             "tls.key: no secret stored"
         );
     }
