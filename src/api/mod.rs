@@ -11,12 +11,14 @@
 //! - [`quota`]: what one tenant may take: subscriptions, writes and test events a minute, replays.
 //! - [`model`]: the JSON it takes and answers.
 //! - [`validate`]: the checks of the subscriptions file and the worker's egress policy.
+//! - [`actions`]: pause, resume, rotate the signing secret, send a test event.
 //! - [`subscriptions`]: the handlers of subscriptions, over [`crate::store::subscriptions`] and
 //!   [`crate::store::idempotency`].
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
 
+pub mod actions;
 pub mod auth;
 pub mod extract;
 pub mod history;
@@ -285,10 +287,13 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
             "/v1/subscriptions/{id}",
             get(s::read).patch(s::update).delete(s::remove),
         )
-        .route("/v1/subscriptions/{id}/pause", post(s::pause))
-        .route("/v1/subscriptions/{id}/resume", post(s::resume))
-        .route("/v1/subscriptions/{id}/secrets/rotate", post(s::rotate))
-        .route("/v1/subscriptions/{id}/test", post(s::send_test))
+        .route("/v1/subscriptions/{id}/pause", post(actions::pause))
+        .route("/v1/subscriptions/{id}/resume", post(actions::resume))
+        .route(
+            "/v1/subscriptions/{id}/secrets/rotate",
+            post(actions::rotate),
+        )
+        .route("/v1/subscriptions/{id}/test", post(actions::send_test))
         .route("/v1/subscriptions/{id}/attempts", get(history::attempts))
         .route("/v1/events/{id}", get(history::event))
         .route("/v1/replays", post(replays::create))

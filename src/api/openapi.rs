@@ -11,6 +11,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Ref, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::actions;
 use super::history;
 use super::model;
 use super::problem;
@@ -34,10 +35,10 @@ use super::subscriptions;
         subscriptions::read,
         subscriptions::update,
         subscriptions::remove,
-        subscriptions::pause,
-        subscriptions::resume,
-        subscriptions::rotate,
-        subscriptions::send_test,
+        actions::pause,
+        actions::resume,
+        actions::rotate,
+        actions::send_test,
         history::event,
         history::attempts,
         replays::create,

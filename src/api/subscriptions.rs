@@ -1,5 +1,5 @@
 //! The handlers of `/v1/subscriptions`: create (idempotent with `Idempotency-Key`), read, list,
-//! update, delete, pause, resume, rotate the signing secret, send a test event.
+//! update, delete; the actions on one ([`super::actions`]) share their reading and signing.
 //!
 //! Bodies are read as bytes and parsed by [`super::extract`], so every refusal is a problem
 //! naming the field at fault. Nothing is written until all of a request is checked.
@@ -15,7 +15,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::contract::envelope::{NewEvent, check_id};
+use crate::contract::envelope::check_id;
 use crate::delivery::signing::{generate_key_pair, generate_secret};
 use crate::store::idempotency::{
     self, REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW, Remembered,
@@ -23,15 +23,13 @@ use crate::store::idempotency::{
 use crate::store::request as stored;
 use crate::store::seal::Binding;
 use crate::store::subscriptions::{self as store, NewSigning, PageFilter};
-use crate::units::Rate;
 
 use super::ApiState;
 use super::auth::Scope;
 use super::extract::{idempotency_key, json, path_id};
 use super::model::{
-    CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, ResumeSubscription, Resumed,
-    RotateSecret, RotatedSecret, SendTestEvent, SignatureScheme, SubscriptionPage,
-    SubscriptionView, TestEventSent, UpdateSubscription,
+    CreateHeaders, CreateSubscription, CreatedSubscription, ListQuery, SignatureScheme,
+    SubscriptionPage, SubscriptionView, UpdateSubscription,
 };
 use super::problem::documented::{
     BadFilter, Invalid, MalformedJson, NoSuchSubscription, TooLarge, Unauthorized,
@@ -40,15 +38,15 @@ use super::problem::{ApiError, FieldError, Problem};
 use super::{quota, validate};
 
 /// New signing secrets, one per scheme: the rows to store, and what the answer shows once.
-struct NewSecrets {
-    rows: Vec<NewSigning>,
+pub(super) struct NewSecrets {
+    pub(super) rows: Vec<NewSigning>,
     /// The `whsec_` secret, and which of `rows` holds it (an idempotent replay reads it there).
-    secret: Option<String>,
+    pub(super) secret: Option<String>,
     secret_row: Option<usize>,
-    public_key: Option<String>,
+    pub(super) public_key: Option<String>,
 }
 
-fn new_signing(
+pub(super) fn new_signing(
     state: &ApiState,
     tenant: &str,
     id: &str,
@@ -200,7 +198,7 @@ async fn replay(
 }
 
 /// Subscription `id` as the API shows it, if `scope` sees it.
-async fn view(
+pub(super) async fn view(
     conn: &mut sqlx::PgConnection,
     id: &str,
     scope: &Scope,
@@ -212,7 +210,7 @@ async fn view(
 
 /// The schemes subscription `id`'s unexpired signing secrets sign with: `v1a` for a key with a
 /// public key, `v1` for the rest (a reference imported from a file counts as `v1`).
-async fn signing_schemes(
+pub(super) async fn signing_schemes(
     conn: &mut sqlx::PgConnection,
     id: &str,
 ) -> Result<Vec<SignatureScheme>, ApiError> {
@@ -558,210 +556,6 @@ pub async fn remove(
     } else {
         Err(ApiError::NotFound)
     }
-}
-
-/// Sets `paused`, in one transaction; the view after, and whether this call changed it (the
-/// row is locked, so of concurrent calls one alone does).
-async fn set_paused(
-    state: &ApiState,
-    scope: &Scope,
-    id: &str,
-    paused: bool,
-) -> Result<(SubscriptionView, bool), ApiError> {
-    path_id(id)?;
-    let mut tx = state.pool.begin().await?;
-    let mut sub = store::lock(&mut tx, id, scope.tenant())
-        .await?
-        .map(validate::Checked::from_store)
-        .transpose()?
-        .ok_or(ApiError::NotFound)?;
-    let changed = sub.paused != paused;
-    if changed {
-        sub.paused = paused;
-        store::save(&mut tx, &sub.to_store(), &[]).await?;
-    }
-    let view = view(&mut tx, id, scope).await?.ok_or(ApiError::NotFound)?;
-    tx.commit().await?;
-    Ok((view, changed))
-}
-
-/// Pauses a subscription: workers park its deliveries; nothing is attempted, cancelled or
-/// charged until it is resumed.
-#[utoipa::path(
-    post, path = "/v1/subscriptions/{id}/pause", tag = "subscriptions",
-    params(("id" = String, Path)),
-    responses(
-        (status = 200, body = SubscriptionView),
-        Unauthorized,
-        NoSuchSubscription,
-    )
-)]
-pub async fn pause(
-    State(state): State<ApiState>,
-    Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
-) -> Result<axum::Json<SubscriptionView>, ApiError> {
-    let (view, _) = set_paused(&state, &scope, &id, true).await?;
-    info!(subscription = %id, "Paused subscription");
-    Ok(axum::Json(view))
-}
-
-/// Resumes a paused subscription, then returns its parked deliveries at `rate`: after
-/// `api.resume_wait` (for the workers to see the change), in the background, with the mover
-/// of `hookrelay subscriptions resume`. Only a resume that changes `paused` does that (one at a
-/// time per subscription, on the API's one broker connection); resuming one that is not
-/// paused changes nothing and answers `returning_parked: false`.
-#[utoipa::path(
-    post, path = "/v1/subscriptions/{id}/resume", tag = "subscriptions",
-    params(("id" = String, Path)),
-    request_body(content = Option<ResumeSubscription>, description = "Optional"),
-    responses(
-        (status = 200, body = Resumed),
-        MalformedJson,
-        Unauthorized,
-        NoSuchSubscription,
-        Invalid,
-    )
-)]
-pub async fn resume(
-    State(state): State<ApiState>,
-    Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<axum::Json<Resumed>, ApiError> {
-    let req: ResumeSubscription = json(body, Some(ResumeSubscription::default()), state.max_body)?;
-    let rate = req
-        .rate
-        .as_deref()
-        .map(str::parse::<Rate>)
-        .transpose()
-        .map_err(|e| ApiError::field("rate", e))?;
-    let (view, changed) = set_paused(&state, &scope, &id, false).await?;
-    let returning_parked = changed && state.return_parked(&id, rate);
-    info!(subscription = %id, returning_parked, "Resumed subscription");
-    Ok(axum::Json(Resumed {
-        subscription: view,
-        returning_parked,
-    }))
-}
-
-/// Rotates the signing secret: a new one per scheme (those signing now, or `signatures`),
-/// generated here and shown this once (a `v1a` key as its public key), signs from now on; the
-/// current ones keep signing beside it until the time given (24 hours by default).
-#[utoipa::path(
-    post, path = "/v1/subscriptions/{id}/secrets/rotate", tag = "subscriptions",
-    params(("id" = String, Path)),
-    request_body(content = Option<RotateSecret>, description = "Optional"),
-    responses(
-        (status = 200, description = "The new secret, shown this once", body = RotatedSecret),
-        MalformedJson,
-        Unauthorized,
-        NoSuchSubscription,
-        Invalid,
-    )
-)]
-pub async fn rotate(
-    State(state): State<ApiState>,
-    Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<axum::Json<RotatedSecret>, ApiError> {
-    path_id(&id)?;
-    let req: RotateSecret = json(body, Some(RotateSecret::default()), state.max_body)?;
-    let old_until = validate::overlap_end(&req, std::time::SystemTime::now())?;
-    let mut tx = state.pool.begin().await?;
-    let current = store::lock(&mut tx, &id, scope.tenant())
-        .await?
-        .map(validate::Checked::from_store)
-        .transpose()?
-        .ok_or(ApiError::NotFound)?;
-    let schemes = match &req.signatures {
-        Some(asked) => validate::schemes(Some(asked), "signatures")?,
-        None => signing_schemes(&mut tx, &id).await?,
-    };
-    let signing = new_signing(&state, &current.tenant, &id, &schemes)?;
-    store::rotate(&mut tx, &id, &signing.rows, old_until).await?;
-    let view = view(&mut tx, &id, &scope)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    tx.commit().await?;
-    let old_expires_at = humantime::format_rfc3339_millis(old_until).to_string();
-    info!(subscription = %id, old_expires_at = %old_expires_at, "Rotated signing secret");
-    Ok(axum::Json(RotatedSecret {
-        secret: signing.secret,
-        public_key: signing.public_key,
-        old_expires_at,
-        subscription: view,
-    }))
-}
-
-/// Sends a test event to one subscription through the ingress exchange, as a producer would:
-/// it is delivered, signed, retried and accounted like any other.
-#[utoipa::path(
-    post, path = "/v1/subscriptions/{id}/test", tag = "subscriptions",
-    params(("id" = String, Path)),
-    request_body(content = Option<SendTestEvent>, description = "Optional"),
-    responses(
-        (status = 202, description = "Published, confirmed by the broker", body = TestEventSent),
-        MalformedJson,
-        Unauthorized,
-        NoSuchSubscription,
-        (status = 409, description = "The subscription is disabled", body = Problem, content_type = "application/problem+json"),
-        Invalid,
-        (status = 503, description = "The broker did not take it", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn send_test(
-    State(state): State<ApiState>,
-    Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, axum::Json<TestEventSent>), ApiError> {
-    path_id(&id)?;
-    let req: SendTestEvent = json(body, Some(SendTestEvent::default()), state.max_body)?;
-    let sub = {
-        let mut conn = state.pool.acquire().await?;
-        store::find(&mut conn, &id, scope.tenant())
-            .await?
-            .map(validate::Checked::from_store)
-            .transpose()?
-            .ok_or(ApiError::NotFound)?
-    };
-    if !sub.enabled {
-        return Err(ApiError::Conflict(
-            "the subscription is disabled: a test event would be cancelled; enable it first".into(),
-        ));
-    }
-    let event_type = validate::test_event_type(req.event_type, &sub.event_types)?;
-    if req
-        .data
-        .as_ref()
-        .is_some_and(|d| !d.is_object() && !d.is_null())
-    {
-        return Err(ApiError::field("data", "expected a JSON object"));
-    }
-    let body = serde_json::json!({
-        "type": event_type,
-        "timestamp": crate::units::now_rfc3339(),
-        "data": req.data.filter(|d| !d.is_null()).unwrap_or_else(|| serde_json::json!({})),
-    });
-    let event = NewEvent {
-        id: format!("evt_test_{}", uuid::Uuid::new_v4().simple()),
-        tenant: sub.tenant.clone(),
-        event_type: event_type.clone(),
-        subscription: Some(sub.id.clone()),
-        timestamp: None,
-        body: serde_json::to_vec(&body).map_err(ApiError::internal)?,
-    };
-    let envelope_id = state.publish(&event).await?;
-    info!(subscription = %id, envelope = %envelope_id, "Sent test event");
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(TestEventSent {
-            envelope_id,
-            event_type,
-        }),
-    ))
 }
 
 /// Unknown routes.
