@@ -9,9 +9,10 @@ use anyhow::{Context, bail};
 
 use super::args::{StoreArg, SubscriptionsCommand};
 use super::common::{connect, load_ladder, publisher};
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
 use crate::delivery::subscriptions::{SecretStore, Subscriptions};
-use crate::store::{PgStore, Source};
+use crate::store::PgStore;
 
 pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {

@@ -6,10 +6,10 @@ use super::args::WorkerArgs;
 use super::common::load_ladder;
 use std::sync::Arc;
 
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
 use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
-use crate::store::Source;
 
 pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     // Installed first: from here on SIGTERM or SIGINT is a clean stop, even while connecting.

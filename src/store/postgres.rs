@@ -91,7 +91,7 @@ impl PgStore {
     /// Connects (lazily for the pool's later connections); fails if the first does not open
     /// within `timeout`.
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let shown = super::Source::Postgres(url.to_owned()).shown();
+        let shown = crate::config::Source::Postgres(url.to_owned()).shown();
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(timeout)

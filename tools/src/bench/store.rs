@@ -130,7 +130,7 @@ pub async fn run(
 }
 
 fn shown(url: &str) -> String {
-    hookrelay::store::Source::Postgres(url.to_owned()).shown()
+    hookrelay::config::Source::Postgres(url.to_owned()).shown()
 }
 
 async fn runs(
