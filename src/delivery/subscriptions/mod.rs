@@ -2,6 +2,7 @@
 //! they carry. Secrets are `env:NAME` or `file:PATH` references, resolved when an attempt is
 //! made, never copied into a message.
 //!
+//! - [`subscription`]: one subscription, what it receives, and all of them indexed by tenant.
 //! - [`parse`]: the file and its validation.
 //! - [`secrets`]: secret references and their resolution.
 //! - [`headers`]: a subscription's own request headers, and the reserved names.
@@ -13,9 +14,11 @@ pub mod headers;
 pub mod live;
 pub mod parse;
 pub mod secrets;
+pub mod subscription;
 
 pub use auth::{BasicAuth, ClientAuthMethod, ClientTls, OAuth2};
 pub use headers::{ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
-pub use parse::{EventFilter, Subscription, SubscriptionError, SubscriptionErrors, Subscriptions};
+pub use parse::{SubscriptionError, SubscriptionErrors};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};
+pub use subscription::{EventFilter, Subscription, Subscriptions};
