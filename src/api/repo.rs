@@ -10,7 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::delivery::subscriptions::parse::{parse_event_types, parse_url};
+use crate::subscriptions::parse::{parse_event_types, parse_url};
 use crate::units::Rate;
 
 use super::auth::Scope;

@@ -18,10 +18,10 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::contract::envelope::{NewEvent, check_id};
-use crate::delivery::signing::{generate_key_pair, generate_secret};
+use crate::contract::signing::{generate_key_pair, generate_secret};
 use crate::store::postgres::{REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW};
 use crate::store::request as stored;
-use crate::store::seal::Binding;
+use crate::subscriptions::seal::Binding;
 use crate::units::Rate;
 
 use super::ApiState;

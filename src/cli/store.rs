@@ -12,7 +12,7 @@ use crate::store::PgStore;
 pub(super) async fn run(cmd: StoreCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         StoreCommand::GenerateKey => {
-            println!("{}", crate::store::seal::generate_key());
+            println!("{}", crate::subscriptions::seal::generate_key());
             Ok(ExitCode::SUCCESS)
         }
         StoreCommand::Migrate(arg) => {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
-use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
+use crate::subscriptions::{LiveSubscriptions, SecretStore};
 
 pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     // Installed first: from here on SIGTERM or SIGINT is a clean stop, even while connecting.
@@ -42,7 +42,7 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
     let keyring = if store.is_some() {
         crate::store::keyring(&config.store, &ProcessEnv).map_err(|e| anyhow::anyhow!(e))?
     } else {
-        crate::store::seal::Keyring::empty()
+        crate::subscriptions::seal::Keyring::empty()
     };
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);
     setup.secrets = SecretStore::new(setup.config.secrets.refresh).with_keyring(Arc::new(keyring));

@@ -9,10 +9,12 @@
 //! - [`sections`]: the settings, section by section, and their defaults.
 //! - [`load`]: defaults, file and environment merged into one [`Config`].
 //! - [`validate`]: the rules that span fields, and the time budgets they protect.
+//! - [`reference`]: where a secret named in configuration lives.
 //! - [`url`]: URLs that may carry credentials, and how any URL is shown.
 //! - [`source`]: where subscriptions are kept, as the `subscriptions` setting says.
 
 mod load;
+mod reference;
 mod sections;
 mod source;
 mod url;
@@ -23,6 +25,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 pub use load::{Env, ProcessEnv};
+pub use reference::SecretSource;
 pub use sections::*;
 pub use source::Source;
 pub use url::{SecretUrl, shown_url};

@@ -478,7 +478,7 @@ impl Default for ApiConfig {
             replays_running: 4,
             replays_per_tenant: 1,
             tenant_replay_window: Duration::from_secs(24 * 3600),
-            tenant_replay_rate: crate::ops::replay::default_rate(),
+            tenant_replay_rate: default_replay_rate(),
             replay_index_max: 500_000,
         }
     }
@@ -648,4 +648,26 @@ fn read_nets<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D
                 })
         })
         .collect()
+}
+
+/// The pace of a replay unless told otherwise: replayed events share the first-attempt lane
+/// with every tenant's new events, so a replay must not outrun the workers.
+pub const DEFAULT_REPLAY_RATE: &str = "1000/s";
+
+/// [`DEFAULT_REPLAY_RATE`], as a rate.
+pub fn default_replay_rate() -> Rate {
+    Rate::shipped(1_000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_replay_rate_reads_as_written() {
+        assert_eq!(
+            DEFAULT_REPLAY_RATE.parse::<Rate>(),
+            Ok(default_replay_rate())
+        );
+    }
 }

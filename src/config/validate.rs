@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Config, ConfigError};
+use super::{Config, ConfigError, SecretSource};
 use crate::units::fmt_duration;
 
 impl Config {
@@ -43,8 +43,7 @@ impl Config {
             }
         }
         for key in &self.store.keys {
-            crate::delivery::subscriptions::SecretRef::parse(key)
-                .map_err(|e| ConfigError::invalid("store.keys", e))?;
+            SecretSource::parse(key).map_err(|e| ConfigError::invalid("store.keys", e))?;
         }
         if self.amqp.reconnect_max < self.amqp.reconnect_min {
             return Err(ConfigError::invalid(
@@ -149,7 +148,7 @@ impl Config {
             ));
         }
         for token in &self.api.tokens {
-            crate::delivery::subscriptions::SecretRef::parse(&token.token)
+            SecretSource::parse(&token.token)
                 .map_err(|e| ConfigError::invalid("api.tokens", format!("token: {e}")))?;
             if let Some(tenant) = &token.tenant {
                 crate::contract::envelope::check_tenant(tenant)

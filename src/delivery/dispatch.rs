@@ -16,17 +16,15 @@ use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
+use crate::contract::signing::signature_header;
 use crate::delivery::endpoint::HealthSignal;
 use crate::delivery::endpoint::{EndpointKey, Endpoints};
 use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
-use crate::delivery::signing::signature_header;
-use crate::delivery::subscriptions::{
-    HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription,
-};
 use crate::observe::events::{Notices, OperationalEvent};
 use crate::observe::metrics::{MAX_QUARANTINE_SERIES, Metrics};
+use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
 
 /// Everything a delivery's task needs, shared by all of them.
@@ -238,7 +236,7 @@ impl Dispatcher {
     /// any unconfirmed republish is; nothing is lost.
     async fn park(
         &self,
-        subscriptions: &Arc<crate::delivery::subscriptions::Subscriptions>,
+        subscriptions: &Arc<crate::subscriptions::Subscriptions>,
         subscription: String,
     ) -> Attempted {
         if let Err(e) = self

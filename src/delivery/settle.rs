@@ -381,7 +381,7 @@ impl Dispatcher {
             lane: lane.queue.clone(),
             redrives: headers::read_u64_header(properties, headers::REDRIVES_HEADER)
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            replay: crate::ops::replay::replay_of(properties).map(str::to_owned),
+            replay: crate::contract::headers::replay_of(properties).map(str::to_owned),
             at: now_rfc3339(),
         }
     }

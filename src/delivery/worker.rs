@@ -41,11 +41,12 @@ use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
 use crate::delivery::lane::{Lane, LaneKind, LaneSpec, Lanes, SharedBudget};
-use crate::delivery::subscriptions::{
-    LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
-};
+use crate::delivery::poll::QueuePoll;
 use crate::observe::events::{Notices, OperationalEvent};
 use crate::observe::metrics::Metrics;
+use crate::subscriptions::{
+    LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -287,16 +288,18 @@ impl Worker {
             &config.management.url,
             &Management::vhost_of(&config.amqp.url),
         ) {
-            Ok(api) => helpers.push(tokio::spawn(crate::observe::vitals::poll_queues(
-                api,
-                self.dispatcher.ladder.clone(),
-                self.lanes.clone(),
-                self.queues.clone(),
-                Arc::clone(&self.dispatcher.publisher),
-                metrics.clone(),
-                config.metrics.poll_interval,
-                stop_helpers.clone(),
-            ))),
+            Ok(api) => {
+                let poll = QueuePoll {
+                    api,
+                    ladder: self.dispatcher.ladder.clone(),
+                    lanes: self.lanes.clone(),
+                    listed: self.queues.clone(),
+                    publisher: Arc::clone(&self.dispatcher.publisher),
+                    metrics: metrics.clone(),
+                    interval: config.metrics.poll_interval,
+                };
+                helpers.push(tokio::spawn(poll.run(stop_helpers.clone())));
+            }
             Err(e) => warn!(error = %e, "No queue depth metrics"),
         }
         let mut shutdown = std::pin::pin!(shutdown);

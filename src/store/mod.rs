@@ -1,26 +1,24 @@
 //! Where subscriptions are kept: a TOML file (the default, reloaded as it changes; see
-//! [`crate::delivery::subscriptions::live`]) or PostgreSQL, which the API writes and every
+//! [`crate::subscriptions::live`]) or PostgreSQL, which the API writes and every
 //! worker follows. The setting is the same for both: `subscriptions` (`HOOKRELAY_SUBSCRIPTIONS`)
 //! is a path, or a `postgres://` URL.
 //!
 //! - [`postgres`]: the database store: migrations, loading, writing.
 //! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
 //!   delivering on the last one while the database is away.
-//! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
 
 pub mod follow;
 pub mod postgres;
 pub mod request;
-pub mod seal;
 pub mod transfer;
 
 pub use postgres::{PgStore, StoreError};
 
 use crate::config::{Env, StoreConfig};
-use crate::delivery::subscriptions::SecretRef;
-use seal::Keyring;
+use crate::subscriptions::SecretRef;
+use crate::subscriptions::seal::Keyring;
 
 /// The store's keys, read from their references (`store.keys`). The message names the
 /// reference at fault, never a key.

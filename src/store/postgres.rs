@@ -14,14 +14,14 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
 use crate::contract::envelope::{check_id, check_tenant};
-use crate::delivery::subscriptions::{
+use crate::subscriptions::{
     SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions, parse::parse_event_types,
     parse::parse_url,
 };
 use crate::units::Rate;
 
 use super::request::{self, RequestParts, StoredRequest};
-use super::seal::{Binding, Keyring};
+use crate::subscriptions::seal::{Binding, Keyring};
 
 /// The schema, embedded: `migrations/NNNN_name.sql`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -636,7 +636,7 @@ pub enum ResealError {
 }
 
 impl ResealError {
-    fn open(id: &str, error: super::seal::SealError) -> Self {
+    fn open(id: &str, error: crate::subscriptions::seal::SealError) -> Self {
         Self::Open {
             id: id.to_owned(),
             message: error.to_string(),

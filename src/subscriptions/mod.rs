@@ -5,6 +5,7 @@
 //! - [`subscription`]: one subscription, what it receives, and all of them indexed by tenant.
 //! - [`parse`]: the file and its validation.
 //! - [`secrets`]: secret references and their resolution.
+//! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`headers`]: a subscription's own request headers, and the reserved names.
 //! - [`auth`]: how it authenticates to its endpoint: basic auth, OAuth2, a client certificate.
 //! - [`live`]: the version in force, reloaded as the file changes.
@@ -13,6 +14,7 @@ pub mod auth;
 pub mod headers;
 pub mod live;
 pub mod parse;
+pub mod seal;
 pub mod secrets;
 pub mod subscription;
 
