@@ -9,7 +9,7 @@ use hookrelay::config::{Config, LogFormat, ProcessEnv};
 use tracing_subscriber::EnvFilter;
 
 // Many small allocations per delivery (headers, futures, buffers) across threads: mimalloc's
-// per-thread heaps cost less than glibc's arenas here (see README, Performance).
+// per-thread heaps cost less than glibc's arenas here (see docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

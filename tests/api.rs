@@ -2190,8 +2190,8 @@ async fn the_served_openapi_document_is_the_checked_in_one() {
 /// the API, with the admin token and a broker so that test events and resumes are served (no
 /// broker is a documented 503), over every phase: examples, coverage, fuzzing, stateful.
 ///
-/// Checks: all of them but two, which report rules the OpenAPI document cannot say (README,
-/// "Control plane API", "Fuzzed"), not defects:
+/// Checks: all of them but two, which report rules the OpenAPI document cannot say
+/// (docs/api.md, "Fuzzed"), not defects:
 /// - `positive_data_acceptance`: schema-valid requests refused with 422, such as the same
 ///   `Idempotency-Key` with another body, both `expire_old_after` and `old_expires_at`, a test
 ///   event of a type the subscription does not receive, a cursor this API never gave, a URL the

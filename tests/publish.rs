@@ -182,7 +182,7 @@ async fn publishing_without_the_topology_fails_loudly_and_the_publisher_recovers
     ));
 }
 
-/// A producer that is not ours, following README's contract with the AMQP types pika and
+/// A producer that is not ours, following docs/contract.md with the AMQP types pika and
 /// amqplib send (string headers as long strings, a timestamp property).
 #[tokio::test]
 async fn a_foreign_client_following_the_readme_is_delivered() {

@@ -302,7 +302,7 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
         .unwrap();
     assert!(wait_until(WAIT, async || changes(&w) > before).await);
     let seen_after = started.elapsed();
-    // The figure against the 1 s target comes from the benchmark (README, Performance); here,
+    // The figure against the 1 s target comes from the benchmark (docs/performance.md); here,
     // only that a notification brought it, far sooner than any resync.
     eprintln!(
         "change in force after {seen_after:?}, with {} of {LOAD} delivered",

@@ -12,7 +12,7 @@ pub const EXIT_DRIFT: u8 = 3;
 const AFTER_HELP: &str = "\
 Configuration: a TOML file (--config or HOOKRELAY_CONFIG), then HOOKRELAY_<SECTION>_<KEY>
 environment variables. The most used: HOOKRELAY_AMQP_URL, HOOKRELAY_MANAGEMENT_URL,
-HOOKRELAY_LADDER, HOOKRELAY_SUBSCRIPTIONS. README.md lists every setting.
+HOOKRELAY_LADDER, HOOKRELAY_SUBSCRIPTIONS. docs/configuration.md lists every setting.
 
 Exit codes: 0 success, 1 error, 2 bad command line, 3 drift found by `topology plan`.
 
@@ -115,7 +115,7 @@ pub enum Command {
     /// SIGINT; `api openapi` prints its OpenAPI document.
     ///
     /// Needs `subscriptions` set to a postgres:// URL, at least one token in api.tokens and a
-    /// key in store.keys. README.md, "Control plane API", shows every route with curl.
+    /// key in store.keys. docs/api.md shows every route with curl.
     Api(ApiArgs),
     /// Signing keys for v1a signatures (Standard Webhooks' asymmetric scheme, ed25519).
     #[command(subcommand)]

@@ -127,7 +127,7 @@ pub struct WorkerConfig {
     /// prefetch. Dedicated tenants' lanes have budgets of their own (in the ladder file).
     pub in_flight: u16,
     /// The share of a budget the retry lane gets; the first-attempt lane gets the rest. Idle
-    /// first-attempt capacity is not lent to retries (see README), so a deep retry backlog never
+    /// first-attempt capacity is not lent to retries (see docs/architecture.md), so a deep retry backlog never
     /// delays new events.
     pub retry_share: f64,
     /// Margin kept between the attempt budget and the broker's `consumer_timeout`.

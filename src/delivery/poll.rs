@@ -73,7 +73,7 @@ impl QueuePoll {
                     continue;
                 }
                 // A queue under the prefix that the ladder no longer names is an old tier still
-                // promoting what it holds (README, Topology commands).
+                // promoting what it holds (docs/architecture.md, Topology commands).
                 let role = ladder.role_of(name).map_or("tier", |r| r.label());
                 let ready = q.messages_ready;
                 metrics

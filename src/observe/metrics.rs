@@ -8,7 +8,7 @@ use prometheus::{
     Registry,
 };
 
-/// Every metric of a worker. README's "Operating" section lists them with their meaning.
+/// Every metric of a worker. docs/operating.md lists them with their meaning.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
@@ -30,7 +30,7 @@ pub struct Metrics {
     /// Deliveries being worked on, by lane.
     pub in_flight: IntGaugeVec,
     /// How long the most recently delivered message of each lane had waited; while the lane has
-    /// ready messages and nothing is delivered, that value plus the time since (see README).
+    /// ready messages and nothing is delivered, that value plus the time since (see docs/operating.md).
     pub oldest_ready_age: GaugeVec,
     /// Messages arriving back from each tier (read from the broker's dead-letter headers).
     pub promotions: IntCounterVec,

@@ -246,7 +246,7 @@ impl Account {
     }
 
     /// The cluster scenario's verdict. RabbitMQ 3.10.8 can strand dead-lettered messages in a
-    /// tier after a quorum leader is lost (README, Guarantees): the broker reports them as
+    /// tier after a quorum leader is lost (docs/guarantees.md): the broker reports them as
     /// messages of the tier, not ready and not handed out. Missing envelopes, as far as the
     /// tiers hold such messages, count as held rather than lost; a message cannot be told apart
     /// there, so they are counted, never named.
