@@ -224,7 +224,7 @@ impl Worker {
         spec: &LaneSpec,
         consumed: &mut Consumed,
     ) -> Result<(), ConsumeError> {
-        let lane = self.lanes.lane(spec, &self.dispatcher.metrics);
+        let lane = self.lanes.lane(spec, &self.dispatcher.settler.metrics);
         let consumer = async {
             let ch = conn.create_channel().await?;
             ch.basic_qos(lane.prefetch, BasicQosOptions::default())

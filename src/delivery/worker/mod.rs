@@ -43,6 +43,7 @@ use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
 use crate::delivery::lane::{LaneSpec, Lanes, SharedBudget};
 use crate::delivery::poll::QueuePoll;
+use crate::delivery::settle::Settler;
 use crate::observe::events::Notices;
 use crate::observe::metrics::Metrics;
 use crate::subscriptions::{LiveSubscriptions, SecretStore};
@@ -208,17 +209,16 @@ impl Worker {
         );
         let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
         let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
-        let mut dispatcher = Dispatcher::new(
+        let settler = Settler::new(&config, ladder.clone(), publisher, notices, metrics);
+        let dispatcher = Dispatcher::new(
             config,
             ladder,
             Arc::new(subscriptions),
             Arc::new(secrets),
             http,
-            publisher,
-            notices,
-            metrics,
+            settler,
+            store.as_ref().map(|f| f.store.clone()),
         );
-        dispatcher.store = store.as_ref().map(|f| f.store.clone());
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
@@ -232,7 +232,7 @@ impl Worker {
     }
 
     pub fn metrics(&self) -> Metrics {
-        self.dispatcher.metrics.clone()
+        self.dispatcher.settler.metrics.clone()
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
@@ -252,7 +252,7 @@ impl Worker {
             self.hangup.take(),
             stop_helpers.clone(),
         ))];
-        let metrics = self.dispatcher.metrics.clone();
+        let metrics = self.dispatcher.settler.metrics.clone();
         if let Some(store) = self.store.take() {
             helpers.push(tokio::spawn(crate::store::follow::follow(
                 store,
@@ -281,7 +281,7 @@ impl Worker {
                     ladder: self.dispatcher.ladder.clone(),
                     lanes: self.lanes.clone(),
                     listed: self.queues.clone(),
-                    publisher: Arc::clone(&self.dispatcher.publisher),
+                    publisher: Arc::clone(&self.dispatcher.settler.publisher),
                     metrics: metrics.clone(),
                     interval: config.metrics.poll_interval,
                 };
@@ -320,7 +320,7 @@ impl Worker {
                         }
                     }
                     backoff = (backoff * 2).min(amqp.reconnect_max);
-                    self.dispatcher.metrics.reconnects.inc();
+                    self.dispatcher.settler.metrics.reconnects.inc();
                 }
             }
         }
@@ -330,7 +330,7 @@ impl Worker {
         drain(&tracker, deadline).await;
         // What is still unsettled now gives up: it was never acked, and returns to its lane
         // when the connection it came on closes (or the process exits).
-        self.dispatcher.abandon.cancel();
+        self.dispatcher.settler.abandon.cancel();
         stop_helpers.cancel();
         for mut helper in helpers {
             if tokio::time::timeout_at(deadline, &mut helper)
@@ -346,7 +346,7 @@ impl Worker {
             ..
         } = self;
         // Dropping the last `Notices` lets its task send what is buffered and end.
-        let publisher = Arc::clone(&dispatcher.publisher);
+        let publisher = Arc::clone(&dispatcher.settler.publisher);
         let _ = tokio::time::timeout_at(deadline, dispatcher.parking.close()).await;
         drop(dispatcher);
         let notices_left = Instant::now() + NOTICES_FLUSH;
@@ -395,7 +395,7 @@ impl Worker {
                 );
             }
         };
-        let metrics = &self.dispatcher.metrics;
+        let metrics = &self.dispatcher.settler.metrics;
         let mut queues = self.queues.subscribe();
         let wanted = lane_specs(
             config,
@@ -538,6 +538,7 @@ impl Worker {
         };
         let workers = fleet.join(others);
         self.dispatcher
+            .settler
             .metrics
             .fleet_workers
             .set(i64::from(workers));

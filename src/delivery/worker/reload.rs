@@ -68,6 +68,7 @@ pub(super) async fn reload_loop(
             Reload::Unchanged => {}
             Reload::Applied(n) => {
                 dispatcher
+                    .settler
                     .metrics
                     .subscription_reloads
                     .with_label_values(&["applied"])
@@ -77,6 +78,7 @@ pub(super) async fn reload_loop(
             Reload::Refused { errors, first } => {
                 if first {
                     dispatcher
+                        .settler
                         .metrics
                         .subscription_reloads
                         .with_label_values(&["refused"])
@@ -84,7 +86,7 @@ pub(super) async fn reload_loop(
                     for e in &errors.0 {
                         error!(problem = %e, "Subscriptions file refused; the previous version stays in force");
                     }
-                    dispatcher.notices.operational(
+                    dispatcher.settler.notices.operational(
                         OperationalEvent::new("subscriptions.reload_failed", "invalid")
                             .detail(&errors.to_string()),
                     );
