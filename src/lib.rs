@@ -5,16 +5,19 @@
 //! One message through `src/`, folder by folder:
 //!
 //! - [`config`]: typed settings: defaults, a TOML file, `HOOKRELAY_*` variables, validation.
-//! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the ladder (its
-//!   tiers, dedicated tenants, shards and streams) and every name it gives a queue.
-//! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, what the broker's
-//!   refusals mean, the management API.
-//! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, signing, egress,
+//! - [`contract`]: the envelope producers publish, the headers hookrelay adds, the signature
+//!   receivers verify, the ladder (its tiers, dedicated tenants, shards and streams) and every
+//!   name it gives a queue.
+//! - [`broker`]: confirmed publishing, the ladder's exchanges and queues, reading its streams,
+//!   what the broker's refusals mean, the management API.
+//! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, egress,
 //!   endpoint limits and each worker's share of them in a fleet, OAuth2 tokens for endpoints,
-//!   the HTTP edge, subscriptions and the parking of paused ones.
+//!   the HTTP edge, the parking of paused subscriptions and the poll of the broker's queues.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
-//!   mover, the attempt-log tail, reading the streams, progress.
+//!   mover, the attempt-log tail, progress.
+//! - [`subscriptions`]: who receives what: the file, secret references and their sealing, the
+//!   version in force.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets;
 //!   every query of the store's tables, the API's and the remembered `Idempotency-Key`s among them.
 //! - [`history`]: the archive and the attempt log materialized into PostgreSQL: `hookrelay
@@ -37,4 +40,5 @@ pub mod history;
 pub mod observe;
 pub mod ops;
 pub mod store;
+pub mod subscriptions;
 pub mod units;

@@ -13,11 +13,11 @@ use hookrelay::api::quota::Limits;
 use hookrelay::api::validate::Egress;
 use hookrelay::api::{ApiSetup, BrokerSetup};
 use hookrelay::contract::headers::{SUBSCRIPTION_HEADER, TENANT_HEADER, read_str_header};
+use hookrelay::contract::signing::signature_header;
 use hookrelay::delivery::egress::{EgressPolicy, Lookup};
-use hookrelay::delivery::signing::signature_header;
-use hookrelay::delivery::subscriptions::SecretStore;
 use hookrelay::store::PgStore;
-use hookrelay::store::seal::{Binding, Keyring, generate_key};
+use hookrelay::subscriptions::SecretStore;
+use hookrelay::subscriptions::seal::{Binding, Keyring, generate_key};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -2369,7 +2369,7 @@ async fn headers_endpoint_auth_and_v1a_keys_are_stored_sealed_never_shown_and_de
         let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
             t.config.clone(),
             t.ladder.clone(),
-            hookrelay::delivery::subscriptions::LiveSubscriptions::followed(first),
+            hookrelay::subscriptions::LiveSubscriptions::followed(first),
         );
         setup.secrets =
             SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::clone(&api.keyring));

@@ -253,15 +253,13 @@ fn the_example_config_is_exactly_the_defaults() {
 #[test]
 fn the_example_subscriptions_parse() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/subscriptions.toml");
-    let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
-        .unwrap();
+    let subs = hookrelay::subscriptions::Subscriptions::load(std::path::Path::new(path)).unwrap();
     assert_eq!(subs.len(), 1);
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/subscriptions-auth.toml"
     );
-    let subs = hookrelay::delivery::subscriptions::Subscriptions::load(std::path::Path::new(path))
-        .unwrap();
+    let subs = hookrelay::subscriptions::Subscriptions::load(std::path::Path::new(path)).unwrap();
     let erp = subs.get("sub_erp").unwrap();
     assert!(erp.oauth2.is_some() && erp.headers.len() == 2);
     let bank = subs.get("sub_bank").unwrap();

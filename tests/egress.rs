@@ -246,8 +246,8 @@ async fn scheme_and_port_rules() {
 #[tokio::test]
 async fn a_refused_endpoint_is_dead_lettered_as_egress_denied() {
     use hookrelay::contract::headers::{LAST_ERROR_HEADER, REASON_HEADER};
-    use hookrelay::delivery::subscriptions::{LiveSubscriptions, Subscriptions};
     use hookrelay::delivery::worker::WorkerSetup;
+    use hookrelay::subscriptions::{LiveSubscriptions, Subscriptions};
 
     let t = common::TestLadder::apply("egress", &["300ms"], &["300ms"]).await;
     let s = common::secret();

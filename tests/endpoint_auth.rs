@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{Counters, RunningWorker, Secret, TestLadder, event, secret, subscription};
 use hookrelay::contract::headers::{self, LAST_ERROR_HEADER, REASON_HEADER};
-use hookrelay::delivery::subscriptions::{ClientAuthMethod, ClientTls, OAuth2, SecretRef};
+use hookrelay::subscriptions::{ClientAuthMethod, ClientTls, OAuth2, SecretRef};
 use hookrelay_tools::receiver::{Receiver, Reply, rustls};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -147,7 +147,7 @@ fn oauth_subscription(
     s: &Secret,
     token_url: &str,
     client_secret_file: &std::path::Path,
-) -> hookrelay::delivery::subscriptions::Subscription {
+) -> hookrelay::subscriptions::Subscription {
     let mut sub = subscription("sub_oauth", "acme", &receiver.url("/hook"), s);
     sub.oauth2 = Some(OAuth2 {
         token_url: token_url.parse().unwrap(),
@@ -477,7 +477,7 @@ async fn basic_auth_is_sent_to_an_endpoint_that_checks_it_and_a_wrong_password_i
         let path = dir.path().join(id);
         std::fs::write(&path, format!("{password}\n")).unwrap();
         let mut sub = subscription(id, "acme", &receiver.url("/hook"), &s);
-        sub.basic_auth = Some(hookrelay::delivery::subscriptions::BasicAuth {
+        sub.basic_auth = Some(hookrelay::subscriptions::BasicAuth {
             username: "hookrelay".into(),
             password: SecretRef::File(path),
         });

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Counters, RunningWorker, TestLadder, event, secret, subscription, wait_until};
-use hookrelay::delivery::subscriptions::Subscription;
+use hookrelay::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -14,7 +14,7 @@ use common::{
 };
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::subscriptions::Subscription;
+use hookrelay::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -11,8 +11,8 @@ use common::{
 };
 use hookrelay::contract::envelope::{NewEvent, derived_id};
 use hookrelay::contract::headers;
-use hookrelay::delivery::subscriptions::LiveSubscriptions;
 use hookrelay::delivery::worker::WorkerSetup;
+use hookrelay::subscriptions::LiveSubscriptions;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::BasicGetOptions;
 

@@ -5,8 +5,8 @@ mod common;
 
 use hookrelay::broker::error::{Refusal, refused};
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::subscriptions::{LiveSubscriptions, Subscriptions};
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
+use hookrelay::subscriptions::{LiveSubscriptions, Subscriptions};
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 

@@ -19,10 +19,8 @@ use hookrelay::broker::management::Management;
 use hookrelay::config::SecretUrl;
 use hookrelay::delivery::egress::EgressPolicy;
 use hookrelay::delivery::http::HttpSender;
-use hookrelay::delivery::subscriptions::{
-    LiveSubscriptions, SecretRef, Subscription, Subscriptions,
-};
 use hookrelay::delivery::worker::WorkerSetup;
+use hookrelay::subscriptions::{LiveSubscriptions, SecretRef, Subscription, Subscriptions};
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -463,7 +461,7 @@ async fn no_secret_reaches_logs_dead_letters_events_or_attempt_records() {
         Arc::new(lookup),
     )
     .unwrap();
-    let key_error = hookrelay::delivery::subscriptions::SecretStore::new(Duration::ZERO)
+    let key_error = hookrelay::subscriptions::SecretStore::new(Duration::ZERO)
         .resolve(&SecretRef::File(key_file.clone()))
         .unwrap_err();
 
@@ -522,8 +520,8 @@ async fn a_subscription_with_a_secret_key_signs_v1a_beside_v1() {
     use base64::engine::general_purpose::STANDARD;
     use common::{event, ok_receiver, secret, subscription};
     use ed25519_dalek::{Signature, Verifier, VerifyingKey};
-    use hookrelay::delivery::signing::generate_key_pair;
-    use hookrelay::delivery::subscriptions::SecretSpec;
+    use hookrelay::contract::signing::generate_key_pair;
+    use hookrelay::subscriptions::SecretSpec;
 
     let t = TestLadder::apply("v1a", &["300ms"], &["300ms"]).await;
     let s = secret();

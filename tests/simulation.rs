@@ -48,8 +48,8 @@ use hookrelay::delivery::fleet::{JOIN_SETTLE, RECOUNT};
 use hookrelay::delivery::lane::LaneKind;
 use hookrelay::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use hookrelay::delivery::settle::{Replacement, replacement};
-use hookrelay::delivery::subscriptions::{SecretRef, Subscription, Subscriptions};
 use hookrelay::ops::mover::Plan;
+use hookrelay::subscriptions::{SecretRef, Subscription, Subscriptions};
 use hookrelay::units::{Clock, Rate, SetClock};
 
 const TENANT: &str = "acme";

@@ -8,13 +8,11 @@ use std::time::{Duration, Instant};
 
 use common::pg::{PgNode, TestDb};
 use common::{Counters, RunningWorker, SubsFile, TestLadder, event, secret, wait_until};
-use hookrelay::delivery::subscriptions::{
-    SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions,
-};
 use hookrelay::store::PgStore;
 use hookrelay::store::postgres::StoreError;
-use hookrelay::store::seal::{Binding, Keyring, generate_key};
 use hookrelay::store::transfer;
+use hookrelay::subscriptions::seal::{Binding, Keyring, generate_key};
+use hookrelay::subscriptions::{SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions};
 use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -218,7 +216,7 @@ async fn sealed_secrets_sign_deliveries_and_export_refuses_them_without_a_secret
     let store = db.store().await;
     let key = generate_key();
     let ring = Keyring::from_base64(&[&key]).unwrap();
-    let whsec = hookrelay::delivery::signing::generate_secret();
+    let whsec = hookrelay::contract::signing::generate_secret();
     let t = TestLadder::apply("store-sealed", &["1s"], &["1s"]).await;
     let receiver = Receiver::start(std::slice::from_ref(&whsec), |_| Reply::Status(204))
         .await
@@ -618,7 +616,7 @@ async fn an_old_form_sealed_value_still_opens_and_reseal_upgrades_every_one() {
     let db = TestDb::create().await;
     let store = db.store().await;
     let (old_key, new_key) = (generate_key(), generate_key());
-    let whsec = hookrelay::delivery::signing::generate_secret();
+    let whsec = hookrelay::contract::signing::generate_secret();
     let pool = store.pool();
     sqlx::query(
         "INSERT INTO subscriptions (id, tenant, url, request) VALUES ('legacy', 'acme', \
@@ -668,8 +666,8 @@ async fn an_old_form_sealed_value_still_opens_and_reseal_upgrades_every_one() {
         async move {
             let (subs, rows) = store.load_all().await.unwrap();
             assert!(rows.is_empty(), "{rows:?}");
-            let secrets = hookrelay::delivery::subscriptions::SecretStore::new(Duration::ZERO)
-                .with_keyring(ring);
+            let secrets =
+                hookrelay::subscriptions::SecretStore::new(Duration::ZERO).with_keyring(ring);
             let sub = subs.get("legacy").unwrap();
             assert_eq!(sub.basic_auth.as_ref().unwrap().username, "u");
             secrets
@@ -733,8 +731,8 @@ async fn an_old_form_sealed_value_still_opens_and_reseal_upgrades_every_one() {
 /// uses, not every version it has seen.
 #[tokio::test]
 async fn a_storm_of_changes_leaves_the_worker_only_what_is_in_force() {
-    use hookrelay::delivery::subscriptions::{ExtraHeader, HeaderValueSpec};
     use hookrelay::store::request::header_purpose;
+    use hookrelay::subscriptions::{ExtraHeader, HeaderValueSpec};
 
     let db = TestDb::create().await;
     let store = db.store().await;

@@ -11,10 +11,10 @@ use common::{
     RunningWorker, TestLadder, config, event, hookrelay, ladder_file, ok_receiver, secret,
     subscription, unique,
 };
+use hookrelay::broker::streams::{StreamReader, StreamStart};
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::contract::retention::StreamKind;
 use hookrelay::observe::events::AttemptRecord;
-use hookrelay::ops::streams::{StreamReader, StreamStart};
 
 const WAIT: Duration = Duration::from_secs(20);
 /// How long a read waits for messages beyond those expected.

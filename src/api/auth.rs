@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{ApiToken, Env};
-use crate::delivery::subscriptions::SecretRef;
+use crate::subscriptions::SecretRef;
 
 use super::problem::Problem;
 

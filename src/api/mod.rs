@@ -52,9 +52,9 @@ use crate::broker::publish::{PublishError, Publisher};
 use crate::config::SecretUrl;
 use crate::contract::envelope::NewEvent;
 use crate::contract::ladder::Ladder;
-use crate::delivery::subscriptions::Subscriptions;
 use crate::ops::mover::MoveOptions;
-use crate::store::seal::Keyring;
+use crate::subscriptions::Subscriptions;
+use crate::subscriptions::seal::Keyring;
 use crate::units::Rate;
 
 use auth::Tokens;

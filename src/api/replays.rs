@@ -26,8 +26,8 @@ use tracing::{info, warn};
 use utoipa::ToSchema;
 
 use crate::contract::envelope::{check_id, check_tenant};
-use crate::delivery::subscriptions::EventFilter;
 use crate::ops::replay::{ReplayFilter, ReplayOptions, ReplayReport, new_id};
+use crate::subscriptions::EventFilter;
 use crate::units::{Rate, fmt_duration, now_rfc3339, parse_when};
 
 use super::ApiState;
@@ -352,7 +352,7 @@ fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayO
 
 /// The replays' default pace, or a tenant's bound when that is slower.
 fn default_rate(scope: &Scope, limits: &Limits) -> Rate {
-    let default = crate::ops::replay::default_rate();
+    let default = crate::config::default_replay_rate();
     match scope {
         Scope::Tenant(_) if limits.tenant_replay_rate.per_second() < default.per_second() => {
             limits.tenant_replay_rate

@@ -16,13 +16,13 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::contract::envelope::check_id;
-use crate::delivery::signing::{generate_key_pair, generate_secret};
+use crate::contract::signing::{generate_key_pair, generate_secret};
 use crate::store::idempotency::{
     self, REMEMBERED_SEALED_SECRET, REMEMBERED_SECRET_ROW, Remembered,
 };
 use crate::store::request as stored;
-use crate::store::seal::Binding;
 use crate::store::subscriptions::{self as store, NewSigning, PageFilter};
+use crate::subscriptions::seal::Binding;
 
 use super::ApiState;
 use super::auth::Scope;

@@ -10,8 +10,8 @@ use tracing::debug;
 
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
 use crate::delivery::egress::{EgressDenied, EgressPolicy, GuardedResolver, Lookup, ResolveError};
-use crate::delivery::subscriptions::EventFilter;
-use crate::delivery::subscriptions::parse::{
+use crate::subscriptions::EventFilter;
+use crate::subscriptions::parse::{
     TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
     refuse_credentials,
 };
@@ -23,13 +23,13 @@ use super::model::{
     SignatureScheme, TlsInput, UpdateSubscription,
 };
 use super::problem::{ApiError, FieldError};
-use crate::delivery::subscriptions::auth::{check_username, conflicts};
-use crate::delivery::subscriptions::headers::{check_header_name, check_header_value};
-use crate::delivery::subscriptions::{OAuth2, SecretRef};
 use crate::store::request::{
     self as stored, StoredBasicAuth, StoredHeader, StoredOAuth2, StoredRequest, StoredTls,
 };
 use crate::store::subscriptions::{SubscriptionRow, SubscriptionWrite};
+use crate::subscriptions::auth::{check_username, conflicts};
+use crate::subscriptions::headers::{check_header_name, check_header_value};
+use crate::subscriptions::{OAuth2, SecretRef};
 use std::collections::BTreeMap;
 
 pub const MAX_URL_LEN: usize = 2048;

@@ -4,6 +4,7 @@
 //! - [`topology`]: the broker objects a ladder stands for (its shards too): declared, unbound
 //!   when retired, exported.
 //! - [`drift`]: `topology plan`, the ladder compared with what the broker has.
+//! - [`streams`]: reading the archive and the attempt log's streams from an offset or a time.
 //! - [`management`]: the management HTTP API, with typed answers.
 //! - [`error`]: what the broker's refusals mean, by reply code.
 
@@ -11,4 +12,5 @@ pub mod drift;
 pub mod error;
 pub mod management;
 pub mod publish;
+pub mod streams;
 pub mod topology;

@@ -11,10 +11,11 @@ use super::common::load_ladder;
 use crate::api::auth::Tokens;
 use crate::api::validate::Egress;
 use crate::api::{ApiSetup, BrokerSetup};
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
 use crate::delivery::egress::{EgressPolicy, SystemLookup};
 use crate::delivery::worker::shutdown_signal;
-use crate::store::{PgStore, Source};
+use crate::store::PgStore;
 
 pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCode> {
     if let Some(ApiCommand::Openapi) = args.command {

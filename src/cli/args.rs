@@ -286,14 +286,14 @@ pub struct ReplayArgs {
     pub subscription: Option<String>,
     /// Only these event types: an exact type or a wildcard like order.*
     #[arg(long = "type", value_name = "TYPE", value_parser = parse_event_filter)]
-    pub event_type: Option<crate::delivery::subscriptions::EventFilter>,
+    pub event_type: Option<crate::subscriptions::EventFilter>,
     /// Skip events whose every delivery succeeded, by the attempt log's stream.
     #[arg(long)]
     pub only_undelivered: bool,
     /// Pace. Replayed events go through the ingress into the tenant's first-attempt lane beside
     /// everyone's new events: keep this below what the workers deliver (at 2000/s on a 2-core
     /// machine delivering 5000/s, other tenants saw no delay; unpaced, 130-220 ms at p99).
-    #[arg(long, default_value = crate::ops::replay::DEFAULT_RATE)]
+    #[arg(long, default_value = crate::config::DEFAULT_REPLAY_RATE)]
     pub rate: crate::units::Rate,
     /// Count what would be replayed; publish nothing.
     #[arg(long)]
@@ -312,8 +312,8 @@ pub enum ArgError {
     KeyWord(String),
 }
 
-fn parse_event_filter(s: &str) -> Result<crate::delivery::subscriptions::EventFilter, ArgError> {
-    crate::delivery::subscriptions::EventFilter::parse(s).map_err(ArgError::EventFilter)
+fn parse_event_filter(s: &str) -> Result<crate::subscriptions::EventFilter, ArgError> {
+    crate::subscriptions::EventFilter::parse(s).map_err(ArgError::EventFilter)
 }
 
 #[derive(Debug, Args)]

@@ -47,7 +47,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Store(cmd) => store::run(cmd, &config).await,
         Command::Api(args) => api::run(args, config).await,
         Command::Keys(KeysCommand::Generate) => {
-            let (secret_key, public_key) = crate::delivery::signing::generate_key_pair();
+            let (secret_key, public_key) = crate::contract::signing::generate_key_pair();
             println!("secret_key={secret_key}\npublic_key={public_key}");
             Ok(ExitCode::SUCCESS)
         }

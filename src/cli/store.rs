@@ -5,13 +5,14 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use super::args::{StoreArg, StoreCommand};
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
-use crate::store::{PgStore, Source};
+use crate::store::PgStore;
 
 pub(super) async fn run(cmd: StoreCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
         StoreCommand::GenerateKey => {
-            println!("{}", crate::store::seal::generate_key());
+            println!("{}", crate::subscriptions::seal::generate_key());
             Ok(ExitCode::SUCCESS)
         }
         StoreCommand::Migrate(arg) => {

@@ -9,9 +9,10 @@ use anyhow::{Context, bail};
 
 use super::args::{StoreArg, SubscriptionsCommand};
 use super::common::{connect, load_ladder, publisher};
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
-use crate::delivery::subscriptions::{SecretStore, Subscriptions};
-use crate::store::{PgStore, Source};
+use crate::store::PgStore;
+use crate::subscriptions::{SecretStore, Subscriptions};
 
 pub(super) async fn run(cmd: SubscriptionsCommand, config: &Config) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -233,7 +234,7 @@ async fn export(
     let keyring = if secrets_dir.is_some() {
         crate::store::keyring(&config.store, &ProcessEnv)?
     } else {
-        crate::store::seal::Keyring::empty()
+        crate::subscriptions::seal::Keyring::empty()
     };
     if let Some(dir) = secrets_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

@@ -6,10 +6,10 @@ use super::args::WorkerArgs;
 use super::common::load_ladder;
 use std::sync::Arc;
 
+use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
-use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
-use crate::store::Source;
+use crate::subscriptions::{LiveSubscriptions, SecretStore};
 
 pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     // Installed first: from here on SIGTERM or SIGINT is a clean stop, even while connecting.
@@ -42,7 +42,7 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
     let keyring = if store.is_some() {
         crate::store::keyring(&config.store, &ProcessEnv)?
     } else {
-        crate::store::seal::Keyring::empty()
+        crate::subscriptions::seal::Keyring::empty()
     };
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);
     setup.secrets = SecretStore::new(setup.config.secrets.refresh).with_keyring(Arc::new(keyring));

@@ -65,6 +65,9 @@ pub const REDRIVEN_AT_HEADER: &str = "x-hookrelay-redriven-at-ms";
 /// publish, which a `basic.return` carries back, so a return names the publish it belongs to.
 pub const PUBLISH_ID_HEADER: &str = "x-hookrelay-publish-id";
 
+/// Marks a replayed copy with the replay it came from (`rpl_<hex>`), for history and trace.
+pub const REPLAY_HEADER: &str = "x-hookrelay-replay";
+
 /// On a copy that left producer headers out to fit the broker's frame size: which, and how big.
 pub const HEADERS_DROPPED_HEADER: &str = "x-hookrelay-headers-dropped";
 
@@ -579,6 +582,13 @@ pub fn redrive_properties(dead: &BasicProperties) -> BasicProperties {
     put_u64(&mut headers, REDRIVES_HEADER, redrives);
     put_u64(&mut headers, REDRIVEN_AT_HEADER, now_ms());
     props.with_headers(headers)
+}
+
+/// The replay a copy came from ([`REPLAY_HEADER`]); `None` for an original.
+pub fn replay_of(properties: &BasicProperties) -> Option<&str> {
+    header_str(properties.headers().as_ref(), REPLAY_HEADER)
+        .ok()
+        .flatten()
 }
 
 /// Reads a string header hookrelay wrote (for tools that inspect the dead sink).

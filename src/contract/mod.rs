@@ -7,8 +7,10 @@
 //!   gives a queue or exchange.
 //! - [`retention`]: the ladder's two streams (the archive of accepted events, the attempt log)
 //!   and how long the broker keeps what they hold.
+//! - [`signing`]: the Standard Webhooks signature a receiver verifies.
 
 pub mod envelope;
 pub mod headers;
 pub mod ladder;
 pub mod retention;
+pub mod signing;

@@ -11,22 +11,18 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use tracing::{debug, info, warn};
 
-use crate::broker::publish::Publisher;
 use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
-use crate::delivery::endpoint::HealthSignal;
-use crate::delivery::endpoint::{EndpointKey, Endpoints};
+use crate::contract::signing::signature_header;
+use crate::delivery::endpoint::Endpoints;
+use crate::delivery::health::EndpointHealth;
 use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
-use crate::delivery::signing::signature_header;
-use crate::delivery::subscriptions::{
-    HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription,
-};
-use crate::observe::events::{Notices, OperationalEvent};
-use crate::observe::metrics::{MAX_QUARANTINE_SERIES, Metrics};
+use crate::delivery::settle::{Settlement, Settler};
+use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
 
 /// Everything a delivery's task needs, shared by all of them.
@@ -39,17 +35,12 @@ pub struct Dispatcher {
     /// OAuth2 tokens of the subscriptions that authenticate with one.
     pub(crate) tokens: crate::delivery::oauth::Tokens,
     pub(crate) endpoints: Endpoints,
-    pub(crate) publisher: Arc<Publisher>,
     /// Declares a paused subscription's parking queue before anything is parked in it.
     pub(crate) parking: crate::delivery::parking::Parking,
-    pub(crate) notices: Notices,
-    pub(crate) metrics: Metrics,
-    /// Cancelled when the drain deadline has passed: deliveries still trying to store their
-    /// outcome give up (unacked, they return to their lanes).
-    pub(crate) abandon: tokio_util::sync::CancellationToken,
-    /// The PostgreSQL store the subscriptions come from, if any: where endpoints failing for
-    /// `endpoints.disable_after` get their subscriptions disabled.
-    pub(crate) store: Option<crate::store::PgStore>,
+    /// Carries each decision out: owns the publisher, the notices and the metrics.
+    pub(crate) settler: Settler,
+    /// Reports what the endpoints' breakers signal.
+    pub(crate) health: EndpointHealth,
 }
 
 /// The decision, and what the HTTP attempt (if one was made) produced.
@@ -82,18 +73,22 @@ impl Drop for InFlight {
 }
 
 impl Dispatcher {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         config: Config,
         ladder: Ladder,
         subscriptions: Arc<LiveSubscriptions>,
         secrets: Arc<SecretStore>,
         http: HttpSender,
-        publisher: Arc<Publisher>,
-        notices: Notices,
-        metrics: Metrics,
+        settler: Settler,
+        store: Option<crate::store::PgStore>,
     ) -> Self {
         Self {
+            health: EndpointHealth {
+                subscriptions: Arc::clone(&subscriptions),
+                store,
+                notices: settler.notices.clone(),
+                metrics: settler.metrics.clone(),
+            },
             endpoints: Endpoints::for_ladder(config.endpoints.clone(), &ladder),
             parking: crate::delivery::parking::Parking::new(
                 config.amqp.url.clone(),
@@ -104,12 +99,8 @@ impl Dispatcher {
             subscriptions,
             secrets,
             http,
-            tokens: crate::delivery::oauth::Tokens::counted(metrics.oauth_tokens.clone()),
-            publisher,
-            notices,
-            metrics,
-            abandon: tokio_util::sync::CancellationToken::new(),
-            store: None,
+            tokens: crate::delivery::oauth::Tokens::counted(settler.metrics.oauth_tokens.clone()),
+            settler,
         }
     }
 
@@ -150,16 +141,17 @@ impl Dispatcher {
                     (None, Attempted::without_attempt(outcome))
                 }
             };
-        self.settle(
-            &lane,
-            &acker,
-            &properties,
-            &body,
-            envelope.as_ref(),
-            attempted,
-            lease_end,
-        )
-        .await;
+        self.settler
+            .settle(Settlement {
+                lane: &lane,
+                acker: &acker,
+                properties: &properties,
+                body: &body,
+                envelope: envelope.as_ref(),
+                attempted,
+                lease_end,
+            })
+            .await;
     }
 
     /// The head-of-lane vital signs: how long this message waited to be eligible and consumed,
@@ -181,9 +173,14 @@ impl Dispatcher {
             && let Some(tier) = headers::promoting_tier(&self.ladder, properties)
         {
             let tier = self.ladder.tier(tier).name.as_str();
-            self.metrics.promotions.with_label_values(&[tier]).inc();
+            self.settler
+                .metrics
+                .promotions
+                .with_label_values(&[tier])
+                .inc();
             if let Some(due) = envelope.due_ms {
-                self.metrics
+                self.settler
+                    .metrics
                     .promotion_lag
                     .with_label_values(&[tier])
                     .observe(now.saturating_sub(due) as f64 / 1000.0);
@@ -238,7 +235,7 @@ impl Dispatcher {
     /// any unconfirmed republish is; nothing is lost.
     async fn park(
         &self,
-        subscriptions: &Arc<crate::delivery::subscriptions::Subscriptions>,
+        subscriptions: &Arc<crate::subscriptions::Subscriptions>,
         subscription: String,
     ) -> Attempted {
         if let Err(e) = self
@@ -249,103 +246,6 @@ impl Dispatcher {
             warn!(subscription = %subscription, error = %e, "Parking queue not declared");
         }
         Attempted::without_attempt(Outcome::Parked { subscription })
-    }
-
-    /// Announces what the endpoints' breakers reported on the events exchange, and keeps the
-    /// quarantine and recovery gauges.
-    fn announce_health(&self) {
-        self.metrics
-            .endpoints_recovering
-            .set(self.endpoints.recovering() as i64);
-        for signal in self.endpoints.take_signals() {
-            let (event, endpoint, open_for) = match &signal {
-                HealthSignal::Quarantined { endpoint, open_for } => {
-                    self.metrics.endpoints_quarantined.inc();
-                    let labelled =
-                        prometheus::core::Collector::collect(&self.metrics.endpoint_quarantined)
-                            .first()
-                            .map_or(0, |family| family.get_metric().len());
-                    if labelled < MAX_QUARANTINE_SERIES {
-                        self.metrics
-                            .endpoint_quarantined
-                            .with_label_values(&[endpoint.as_str()])
-                            .set(1);
-                    }
-                    warn!(endpoint = %endpoint, open_for_ms = open_for.as_millis() as u64, "Endpoint quarantined");
-                    ("endpoint.quarantined", endpoint, open_for)
-                }
-                HealthSignal::Recovered { endpoint, open_for } => {
-                    self.metrics.endpoints_quarantined.dec();
-                    // Absent when it was over the series bound.
-                    let _ = self
-                        .metrics
-                        .endpoint_quarantined
-                        .remove_label_values(&[endpoint.as_str()]);
-                    info!(endpoint = %endpoint, open_for_ms = open_for.as_millis() as u64, "Endpoint recovered");
-                    ("endpoint.recovered", endpoint, open_for)
-                }
-                HealthSignal::DisableDue { key, open_for } => {
-                    self.disable(key, *open_for);
-                    continue;
-                }
-            };
-            let detail = format!(
-                "circuit breaker open for {}",
-                crate::units::fmt_duration(Duration::from_millis(open_for.as_millis() as u64))
-            );
-            self.notices.operational(
-                OperationalEvent::new(event, "breaker")
-                    .endpoint(endpoint)
-                    .detail(&detail),
-            );
-        }
-    }
-
-    /// Pauses, in the store, every enabled subscription pointing at an endpoint whose breaker
-    /// has been open for `endpoints.disable_after`, with the reason, and announces each as
-    /// `subscription.disabled`: what waits for them parks instead of cycling through the tiers
-    /// until it expires. In a fleet, only the worker whose update changed a row announces it.
-    fn disable(&self, key: &EndpointKey, open_for: Duration) {
-        let Some(store) = self.store.clone() else {
-            return;
-        };
-        let ids: Vec<String> = self
-            .subscriptions
-            .current()
-            .iter()
-            .filter(|s| s.enabled && !s.paused && EndpointKey::of(&s.url) == *key)
-            .map(|s| s.id.clone())
-            .collect();
-        if ids.is_empty() {
-            return;
-        }
-        let reason = format!(
-            "endpoint {} failing: its circuit breaker has been open for {} \
-             (endpoints.disable_after); resume the subscription once it answers",
-            key.label(),
-            crate::units::fmt_duration(Duration::from_secs(open_for.as_secs()))
-        );
-        let notices = self.notices.clone();
-        let endpoint = key.label();
-        tokio::spawn(async move {
-            match crate::store::postgres::disable(&store, &ids, &reason).await {
-                Ok(disabled) => {
-                    for (id, tenant) in disabled {
-                        warn!(subscription = %id, endpoint = %endpoint, "Subscription disabled: its endpoint has been failing for endpoints.disable_after; its deliveries park until it is resumed");
-                        let mut event =
-                            OperationalEvent::new("subscription.disabled", "endpoint_failing")
-                                .endpoint(&endpoint)
-                                .detail(&reason);
-                        event.tenant = Some(tenant);
-                        event.subscription = Some(id);
-                        notices.operational(event);
-                    }
-                }
-                Err(e) => {
-                    warn!(endpoint = %endpoint, error = %e, "Cannot disable the subscriptions of a failing endpoint; they keep being retried");
-                }
-            }
-        });
     }
 
     /// The delivery horizon: as configured, or the schedule's span.
@@ -465,11 +365,13 @@ impl Dispatcher {
             .endpoints
             .admit_or_wait(&sub.url, sub.max_concurrent, sub.rate, lane.quota())
             .await;
-        self.announce_health();
+        self.health
+            .report(self.endpoints.recovering(), self.endpoints.take_signals());
         let slot = match admitted {
             Ok(slot) => slot,
             Err(deferral) => {
-                self.metrics
+                self.settler
+                    .metrics
                     .deferrals
                     .with_label_values(&[deferral.kind()])
                     .inc();
@@ -546,7 +448,8 @@ impl Dispatcher {
             );
         }
         slot.finish(&report.result);
-        self.announce_health();
+        self.health
+            .report(self.endpoints.recovering(), self.endpoints.take_signals());
         lane.metrics
             .attempt_seconds
             .observe(report.latency.as_secs_f64());

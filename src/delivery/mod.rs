@@ -5,10 +5,12 @@
 //!   it has consumed.
 //! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
 //! - [`route`]: the pure decision, before the attempt and after it.
-//! - [`settle`]: what replaces a delivery, confirmed before the ack.
+//! - [`settle`]: what replaces a delivery, confirmed before the ack, and the settler that
+//!   publishes it.
+//! - [`health`]: the endpoints' health signals reported: events, gauges, failing endpoints'
+//!   subscriptions disabled.
+//! - [`poll`]: the poll of the broker's queues: depths, idle lanes, lanes that appeared.
 //! - [`parking`]: the parking queue a paused subscription's deliveries wait in.
-//! - [`subscriptions`]: who receives what, their secrets, reloaded live.
-//! - [`signing`]: Standard Webhooks signatures.
 //! - [`endpoint`]: per-endpoint concurrency caps, rate limits, circuit breakers and the ramp
 //!   after recovery.
 //! - [`fleet`]: the live worker count and each worker's share of the fleet-wide limits.
@@ -21,13 +23,13 @@ pub mod dispatch;
 pub mod egress;
 pub mod endpoint;
 pub mod fleet;
+pub mod health;
 pub mod http;
 pub mod lane;
 pub mod oauth;
 pub mod parking;
+pub mod poll;
 pub mod route;
 pub mod settle;
-pub mod signing;
-pub mod subscriptions;
 pub mod sweep;
 pub mod worker;

@@ -14,7 +14,7 @@ use base64::Engine;
 use serde::Deserialize;
 
 use crate::delivery::http::HttpSender;
-use crate::delivery::subscriptions::{ClientAuthMethod, OAuth2, SecretStore};
+use crate::subscriptions::{ClientAuthMethod, OAuth2, SecretStore};
 
 /// How long a token without `expires_in` is used (unless the endpoint refuses it first).
 pub const UNSTATED_LIFETIME: Duration = Duration::from_secs(3600);
@@ -371,7 +371,7 @@ mod tests {
         let mut spec = OAuth2 {
             token_url: "https://idp.example/token".parse().unwrap(),
             client_id: "hook relay".into(),
-            client_secret: crate::delivery::subscriptions::SecretRef::Env("S".into()),
+            client_secret: crate::subscriptions::SecretRef::Env("S".into()),
             scope: Some("a b".into()),
             audience: None,
             method: ClientAuthMethod::Basic,

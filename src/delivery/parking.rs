@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 use crate::broker::topology::TopologyError;
 use crate::config::SecretUrl;
 use crate::contract::ladder::Ladder;
-use crate::delivery::subscriptions::Subscriptions;
+use crate::subscriptions::Subscriptions;
 
 /// How long connecting and declaring may take; a parked delivery's lease covers more.
 const ANSWER: Duration = Duration::from_secs(5);

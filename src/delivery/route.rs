@@ -16,7 +16,7 @@ use crate::contract::headers::{
 };
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
-use crate::delivery::subscriptions::{Subscription, Subscriptions};
+use crate::subscriptions::{Subscription, Subscriptions};
 
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -962,7 +962,7 @@ mod tests {
 
     mod before_the_attempt {
         use super::*;
-        use crate::delivery::subscriptions::SecretRef;
+        use crate::subscriptions::SecretRef;
 
         pub(super) fn envelope(subscription: Option<&str>) -> Envelope {
             Envelope {
@@ -1137,7 +1137,7 @@ mod tests {
                 }
             ));
             let mut filtered = sub("s1", "acme");
-            filtered.event_types = Some(vec![crate::delivery::subscriptions::EventFilter::Exact(
+            filtered.event_types = Some(vec![crate::subscriptions::EventFilter::Exact(
                 "user.created".into(),
             )]);
             assert!(matches!(
@@ -1158,7 +1158,7 @@ mod tests {
         fn a_paused_subscription_parks_whatever_arrives_unless_disabled() {
             let mut paused = sub("s1", "acme");
             paused.paused = true;
-            paused.event_types = Some(vec![crate::delivery::subscriptions::EventFilter::Exact(
+            paused.event_types = Some(vec![crate::subscriptions::EventFilter::Exact(
                 "user.created".into(),
             )]);
             let all = subs(vec![paused.clone()]);

@@ -1,26 +1,30 @@
 //! Carrying a decision out. [`replacement`] builds, without I/O, what must be in the broker
 //! before the delivery may be acked (a retry in its tier, a dead letter with its reason, one
 //! delivery per fan-out target, or for a cancellation the records that alone hold it);
-//! `Dispatcher::settle` publishes that, waits for every confirm, and only then acks. What the
+//! [`Settler::settle`] publishes that, waits for every confirm, and only then acks. What the
 //! broker does not confirm is published again, with backoff, while the delivery's lease allows
 //! ([`next_try`]); only then does the delivery return to its lane, unacked.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::{Acker, BasicProperties};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::broker::publish::PublishError;
+use crate::broker::publish::{PublishError, Publisher};
+use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers::{self, DeadLetter};
 use crate::contract::ladder::Ladder;
-use crate::delivery::dispatch::{Attempted, Dispatcher};
+use crate::delivery::dispatch::Attempted;
 use crate::delivery::lane::Lane;
 use crate::delivery::route::{AttemptResult, DeadReason, Outcome};
-use crate::observe::events::{self, AttemptRecord, OperationalEvent};
+use crate::observe::events::{self, AttemptRecord, Notices, OperationalEvent};
+use crate::observe::metrics::Metrics;
 use crate::units::{now_ms, now_rfc3339};
 
 /// One message to publish, confirmed, before the original is acked. Its body is the
@@ -194,21 +198,67 @@ pub fn replacement(
     })
 }
 
-impl Dispatcher {
+/// Carries decisions out: publishes what replaces a delivery, waits for the broker's confirms,
+/// acks, and records the outcome (logs, metrics, the attempt log, operational events).
+pub struct Settler {
+    pub(crate) ladder: Ladder,
+    pub(crate) publisher: Arc<Publisher>,
+    pub(crate) notices: Notices,
+    pub(crate) metrics: Metrics,
+    /// Cancelled when the drain deadline has passed: deliveries still trying to store their
+    /// outcome give up (unacked, they return to their lanes).
+    pub(crate) abandon: CancellationToken,
+    /// One confirmed publish's deadline ([`Config::publish_budget`]).
+    publish_budget: Duration,
+    /// The first pause before a delivery is returned or a republish tried again.
+    requeue_delay: Duration,
+    /// The longest pause between tries of a republish.
+    reconnect_max: Duration,
+}
+
+/// One delivery as it is settled: where it came from, what it was, and what was decided.
+pub(crate) struct Settlement<'a> {
+    pub(crate) lane: &'a Lane,
+    pub(crate) acker: &'a Acker,
+    pub(crate) properties: &'a BasicProperties,
+    pub(crate) body: &'a [u8],
+    pub(crate) envelope: Option<&'a Envelope>,
+    pub(crate) attempted: Attempted,
+    /// When the broker's lease on the delivery is nearly spent (see [`Config::lease`]).
+    pub(crate) lease_end: Instant,
+}
+
+impl Settler {
+    pub(crate) fn new(
+        config: &Config,
+        ladder: Ladder,
+        publisher: Arc<Publisher>,
+        notices: Notices,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            ladder,
+            publisher,
+            notices,
+            metrics,
+            abandon: CancellationToken::new(),
+            publish_budget: config.publish_budget(),
+            requeue_delay: config.worker.requeue_delay,
+            reconnect_max: config.amqp.reconnect_max,
+        }
+    }
+
     /// Carries the decision out. Acks only after what replaces the delivery was confirmed.
-    /// `lease_end` is when the broker's lease on the delivery is nearly spent (see
-    /// [`Config::lease`](crate::config::Config::lease)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn settle(
-        &self,
-        lane: &Lane,
-        acker: &Acker,
-        properties: &BasicProperties,
-        body: &[u8],
-        envelope: Option<&Envelope>,
-        attempted: Attempted,
-        lease_end: Instant,
-    ) {
+    pub(crate) async fn settle(&self, settlement: Settlement<'_>) {
+        let Settlement {
+            lane,
+            acker,
+            properties,
+            body,
+            envelope,
+            attempted,
+            lease_end,
+        } = settlement;
         let id = properties
             .message_id()
             .as_ref()
@@ -225,9 +275,7 @@ impl Dispatcher {
             Ok(r) => r.from_shard(&self.ladder, lane.shard),
             Err(Unsettleable(why)) => {
                 error!(envelope = %id, why, "Cannot settle; keeping the message in its lane");
-                return self
-                    .requeue(acker, why, self.config.worker.requeue_delay)
-                    .await;
+                return self.requeue(acker, why, self.requeue_delay).await;
             }
         };
         let stored = match replacement {
@@ -261,7 +309,7 @@ impl Dispatcher {
                 .requeue(
                     acker,
                     "republish not confirmed",
-                    left.min(self.config.worker.requeue_delay),
+                    left.min(self.requeue_delay),
                 )
                 .await;
         }
@@ -381,7 +429,7 @@ impl Dispatcher {
             lane: lane.queue.clone(),
             redrives: headers::read_u64_header(properties, headers::REDRIVES_HEADER)
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            replay: crate::ops::replay::replay_of(properties).map(str::to_owned),
+            replay: crate::contract::headers::replay_of(properties).map(str::to_owned),
             at: now_rfc3339(),
         }
     }
@@ -450,8 +498,8 @@ impl Dispatcher {
         F: Fn(T) -> Fut,
         Fut: Future<Output = Result<(), PublishError>>,
     {
-        let one_try = self.config.publish_budget();
-        let mut pause = self.config.worker.requeue_delay;
+        let one_try = self.publish_budget;
+        let mut pause = self.requeue_delay;
         let mut tries = 0u32;
         let mut last = String::from("the broker blocks publishing (resource alarm)");
         loop {
@@ -518,7 +566,7 @@ impl Dispatcher {
                     return Err(format!("{last}; the drain deadline passed"));
                 }
             }
-            pause = (pause * 2).min(self.config.amqp.reconnect_max.max(pause));
+            pause = (pause * 2).min(self.reconnect_max.max(pause));
         }
     }
 

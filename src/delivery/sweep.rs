@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::endpoint::EndpointKey;
-use crate::delivery::subscriptions::Subscriptions;
+use crate::subscriptions::Subscriptions;
 
 /// How often idle state is looked at. A changed subscription's own secrets go at once
 /// ([`crate::store::follow`]); this catches the rest: endpoints no longer pointed at, caps and
@@ -68,7 +68,7 @@ pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<Endpo
     let tls_clients = dispatcher.http.retain_tls_clients(is_live);
     let (secrets, secret_texts) = dispatcher.secrets.entries();
     let e = dispatcher.endpoints.entries();
-    let gauge = &dispatcher.metrics.cache_entries;
+    let gauge = &dispatcher.settler.metrics.cache_entries;
     for (cache, n) in [
         ("secrets", secrets),
         ("secret_texts", secret_texts),

@@ -21,10 +21,10 @@ use super::rows::{
     ATTEMPT_COLUMNS, AttemptRow, EVENT_COLUMNS, EventRow, create_partition, day_of,
     expired_partitions,
 };
+use crate::broker::streams::{StreamReader, StreamStart};
 use crate::config::{HistoryConfig, SecretUrl};
 use crate::contract::ladder::Ladder;
 use crate::contract::retention::StreamKind;
-use crate::ops::streams::{StreamReader, StreamStart};
 
 /// How often retention looks for day partitions to drop.
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lapin::BasicProperties;
 use lapin::types::ShortString;
 
+use crate::contract::headers::replay_of;
 use crate::contract::headers::{REDRIVES_HEADER, SUBSCRIPTION_HEADER, header_str, read_u64_header};
 use crate::observe::events::AttemptRecord;
-use crate::ops::replay::replay_of;
 
 const DAY: u64 = 86_400;
 /// A producer's timestamp further ahead of the reader's clock than this is not believed.

@@ -1,22 +1,14 @@
-//! The worker's vital signs over HTTP (`/metrics`, `/healthz`, `/readyz`) and the poll of the
-//! management API that fills in queue depths and the oldest-ready estimate of idle lanes, and
-//! tells the worker which queues exist (so it finds lanes of tenants no longer dedicated) and
-//! how many workers share the endpoint limits ([`crate::delivery::fleet`]).
+//! The worker's vital signs over HTTP: `/metrics`, `/healthz`, `/readyz`. The gauges of queue
+//! depths are filled in by the worker's poll of the broker ([`crate::delivery::poll`]).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::broker::management::Management;
-use crate::contract::ladder::Ladder;
-use crate::delivery::lane::Lanes;
 use crate::observe::metrics::Metrics;
 
 /// Binds the vitals address; done at start so a taken port fails the start, not later.
@@ -81,80 +73,6 @@ fn readiness(m: &Metrics) -> (StatusCode, String) {
         ));
     }
     (status, text)
-}
-
-/// Reads the ladder's queues every `interval` and sets the depth gauges, the oldest-ready
-/// estimate of lanes that have gone quiet, and whether the publisher is blocked; and hands the
-/// list of queues to `listed`, where the worker's session looks for lanes to consume. (The
-/// fleet is counted from the broker's live answers, not from here: these counts lag.)
-#[allow(clippy::too_many_arguments)]
-pub async fn poll_queues(
-    api: Management,
-    ladder: Ladder,
-    lanes: Lanes,
-    listed: tokio::sync::watch::Sender<Option<Vec<String>>>,
-    publisher: Arc<crate::broker::publish::Publisher>,
-    metrics: Metrics,
-    interval: Duration,
-    stop: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned = false;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        metrics
-            .publisher_blocked
-            .set(i64::from(publisher.is_blocked()));
-        let queues = match api.queues().await {
-            Ok(list) => list,
-            Err(e) => {
-                if !warned {
-                    warn!(error = %e, "Cannot read queue depths; depth metrics stay stale until it answers");
-                    warned = true;
-                }
-                metrics.broker_stats_up.set(0);
-                continue;
-            }
-        };
-        warned = false;
-        metrics.broker_stats_up.set(1);
-        listed.send_replace(Some(queues.iter().map(|q| q.name.clone()).collect()));
-        let mut ready_by_queue = HashMap::new();
-        for q in &queues {
-            let name = q.name.as_str();
-            if !ladder.names(name) {
-                continue;
-            }
-            // A queue under the prefix that the ladder no longer names is an old tier still
-            // promoting what it holds (docs/architecture.md, Topology commands).
-            let role = ladder.role_of(name).map_or("tier", |r| r.label());
-            let ready = q.messages_ready;
-            metrics
-                .queue_ready
-                .with_label_values(&[name, role])
-                .set(ready);
-            metrics
-                .queue_unacked
-                .with_label_values(&[name, role])
-                .set(q.messages_unacknowledged);
-            metrics
-                .queue_consumers
-                .with_label_values(&[name, role])
-                .set(q.consumers);
-            ready_by_queue.insert(name.to_owned(), ready);
-        }
-        for lane in &lanes.all() {
-            let ready = ready_by_queue.get(&lane.queue).copied().unwrap_or(0);
-            metrics
-                .oldest_ready_age
-                .with_label_values(&[lane.label()])
-                .set(lane.oldest_ready_age(ready, interval).as_secs_f64());
-        }
-    }
 }
 
 /// The local address actually bound (for tests that listen on port 0).

@@ -7,7 +7,6 @@
 //! - [`pause`]: resuming a paused subscription, out of its parking queue.
 //! - [`mover`]: the confirmed, paced queue-to-exchange move all three use.
 //! - [`tail`]: following the attempt log.
-//! - [`streams`]: reading the archive and the attempt log's streams from an offset or a time.
 //! - [`progress`]: progress bars (or log lines) for long work.
 
 pub mod mover;
@@ -16,6 +15,5 @@ pub mod progress;
 pub mod redrive;
 pub mod replay;
 pub mod status;
-pub mod streams;
 pub mod tail;
 pub mod tier;

@@ -22,9 +22,9 @@ use crate::broker::publish::Publisher;
 use crate::contract::envelope::check_tenant;
 use crate::contract::headers::{self, ATTEMPTS_HEADER, DUE_HEADER, ENDPOINT_HEADER, TENANT_HEADER};
 use crate::contract::ladder::Ladder;
-use crate::delivery::subscriptions::Subscriptions;
 use crate::ops::mover::{MoveError, MoveOptions, MoveReport, Plan, depth, move_messages};
 use crate::ops::progress::Progress;
+use crate::subscriptions::Subscriptions;
 use crate::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]
@@ -165,7 +165,7 @@ pub async fn resume(
 mod tests {
     use super::*;
     use crate::contract::ladder::QueueType;
-    use crate::delivery::subscriptions::{SecretRef, Subscription};
+    use crate::subscriptions::{SecretRef, Subscription};
     use lapin::types::AMQPValue;
 
     fn ladder() -> Ladder {

@@ -16,30 +16,18 @@ use lapin::types::{AMQPValue, ShortString};
 use serde::Serialize;
 
 use crate::broker::publish::{PublishError, Publisher};
+use crate::broker::streams::{StreamReadError, end_of, read_window};
 use crate::contract::envelope::derived_id;
 use crate::contract::headers::{
-    EVENT_ID_HEADER, REDRIVES_HEADER, SUBSCRIPTION_HEADER, fanout_properties, header_str,
-    read_u64_header,
+    EVENT_ID_HEADER, REDRIVES_HEADER, REPLAY_HEADER, SUBSCRIPTION_HEADER, fanout_properties,
+    header_str, read_u64_header,
 };
 use crate::contract::ladder::Ladder;
 use crate::contract::retention::StreamKind;
-use crate::delivery::subscriptions::EventFilter;
 use crate::observe::events::AttemptRecord;
 use crate::ops::progress::Progress;
-use crate::ops::streams::{StreamReadError, end_of, read_window};
+use crate::subscriptions::EventFilter;
 use crate::units::Rate;
-
-/// The pace of a replay unless told otherwise: replayed events share the first-attempt lane
-/// with every tenant's new events, so a replay must not outrun the workers.
-pub const DEFAULT_RATE: &str = "1000/s";
-
-/// [`DEFAULT_RATE`], as a rate.
-pub fn default_rate() -> Rate {
-    Rate::shipped(1_000.0)
-}
-
-/// Marks a replayed copy with the replay it came from (`rpl_<hex>`), for history and trace.
-pub const REPLAY_HEADER: &str = "x-hookrelay-replay";
 
 /// Replayed publishes awaiting their confirm at once.
 const WINDOW: usize = 256;
@@ -254,15 +242,22 @@ async fn delivered_since(
     let Some(end) = end_of(conn, &stream, None).await? else {
         return Ok(index);
     };
-    read_window::<ReplayError>(conn, &stream, from, end, None, async |d| {
-        for record in AttemptRecord::read_message(&d.data).unwrap_or_default() {
-            index.add(&record);
-        }
-        match max {
-            Some(max) if index.len() > max => Err(ReplayError::IndexFull { max }),
-            _ => Ok(()),
-        }
-    })
+    read_window::<ReplayError>(
+        conn,
+        &stream,
+        from,
+        end,
+        |_| (),
+        async |d| {
+            for record in AttemptRecord::read_message(&d.data).unwrap_or_default() {
+                index.add(&record);
+            }
+            match max {
+                Some(max) if index.len() > max => Err(ReplayError::IndexFull { max }),
+                _ => Ok(()),
+            }
+        },
+    )
     .await?;
     Ok(index)
 }
@@ -313,60 +308,71 @@ pub async fn replay(
     });
     let mut confirms: FuturesUnordered<ConfirmWait> = FuturesUnordered::new();
     let report_ref = &mut report;
-    read_window::<ReplayError>(conn, &archive, options.from, end, progress, async |d| {
-        report_ref.read += 1;
-        match decide(
-            d.routing_key.as_str(),
-            &d.properties,
-            &options.filter,
-            delivered.as_ref(),
-            &report_ref.id,
-        ) {
-            Decision::Skip => {}
-            Decision::Delivered => {
-                report_ref.matched += 1;
-                report_ref.delivered_already += 1;
+    read_window::<ReplayError>(
+        conn,
+        &archive,
+        options.from,
+        end,
+        |total| {
+            if let Some(p) = progress {
+                p.set_total(total)
             }
-            Decision::Replay {
-                routing_key,
-                properties,
-            } => {
-                report_ref.matched += 1;
-                if !options.dry_run {
-                    if let Some(pace) = pace.as_mut() {
-                        pace.tick().await;
-                    }
-                    while confirms.len() >= WINDOW {
-                        if let Some(outcome) = confirms.next().await {
-                            outcome?;
-                        }
-                    }
-                    let confirm = publisher
-                        .send(&ingress, &routing_key, &d.data, properties, true)
-                        .await?;
-                    // Boxed: the confirm owns nothing of this message's.
-                    let confirm: ConfirmWait = Box::pin(confirm);
-                    confirms.push(confirm);
+        },
+        async |d| {
+            report_ref.read += 1;
+            match decide(
+                d.routing_key.as_str(),
+                &d.properties,
+                &options.filter,
+                delivered.as_ref(),
+                &report_ref.id,
+            ) {
+                Decision::Skip => {}
+                Decision::Delivered => {
+                    report_ref.matched += 1;
+                    report_ref.delivered_already += 1;
                 }
-                report_ref.published += 1;
+                Decision::Replay {
+                    routing_key,
+                    properties,
+                } => {
+                    report_ref.matched += 1;
+                    if !options.dry_run {
+                        if let Some(pace) = pace.as_mut() {
+                            pace.tick().await;
+                        }
+                        while confirms.len() >= WINDOW {
+                            if let Some(outcome) = confirms.next().await {
+                                outcome?;
+                            }
+                        }
+                        let confirm = publisher
+                            .send(&ingress, &routing_key, &d.data, properties, true)
+                            .await?;
+                        // Boxed: the confirm owns nothing of this message's.
+                        let confirm: ConfirmWait = Box::pin(confirm);
+                        confirms.push(confirm);
+                    }
+                    report_ref.published += 1;
+                }
             }
-        }
-        if let Some(w) = watch
-            && report_ref.read.is_multiple_of(WATCH_EVERY)
-        {
-            w.send_replace(report_ref.clone());
-        }
-        if let Some(p) = progress {
-            p.set(
-                report_ref.read,
-                &format!(
-                    "{} matched, {} published",
-                    report_ref.matched, report_ref.published
-                ),
-            );
-        }
-        Ok(())
-    })
+            if let Some(w) = watch
+                && report_ref.read.is_multiple_of(WATCH_EVERY)
+            {
+                w.send_replace(report_ref.clone());
+            }
+            if let Some(p) = progress {
+                p.set(
+                    report_ref.read,
+                    &format!(
+                        "{} matched, {} published",
+                        report_ref.matched, report_ref.published
+                    ),
+                );
+            }
+            Ok(())
+        },
+    )
     .await?;
     while let Some(outcome) = confirms.next().await {
         outcome?;
@@ -377,18 +383,12 @@ pub async fn replay(
     Ok(report)
 }
 
-/// The headers a replayed copy carries that its original did not.
-pub fn replay_of(properties: &BasicProperties) -> Option<&str> {
-    header_str(properties.headers().as_ref(), REPLAY_HEADER)
-        .ok()
-        .flatten()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::contract::envelope::NewEvent;
     use crate::contract::headers::redrive_properties;
+    use crate::contract::headers::replay_of;
 
     fn archived(id: &str, tenant: &str, subscription: Option<&str>) -> BasicProperties {
         NewEvent {
@@ -531,11 +531,6 @@ mod tests {
             decide("acme", &p("evt_fan", None), &all, Some(&index), "r"),
             Decision::Delivered
         );
-    }
-
-    #[test]
-    fn the_default_rate_reads_as_written() {
-        assert_eq!(DEFAULT_RATE.parse::<Rate>(), Ok(default_rate()));
     }
 
     #[test]

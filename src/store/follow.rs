@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::postgres::{CHANNEL, PgStore, RowProblem, StoreError};
-use crate::delivery::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
 use crate::observe::metrics::Metrics;
+use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
 
 /// More ids than this in one batch of notifications: read everything instead (a bulk import).
 const FULL_READ_ABOVE: usize = 2_000;
@@ -44,7 +44,7 @@ enum Signal {
 /// the read can go unnoticed and the follower need not read it all again at once.
 pub struct Opened {
     pub store: PgStore,
-    pub first: crate::delivery::subscriptions::Subscriptions,
+    pub first: crate::subscriptions::Subscriptions,
     pub problems: Vec<RowProblem>,
     listener: PgListener,
 }

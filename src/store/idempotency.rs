@@ -7,8 +7,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::postgres::{ResealError, StoreError};
 use super::request;
-use super::seal::{Binding, Keyring};
 use super::{QueryError, column};
+use crate::subscriptions::seal::{Binding, Keyring};
 
 /// How long an `Idempotency-Key` is remembered.
 pub const TTL: Duration = Duration::from_secs(24 * 3600);

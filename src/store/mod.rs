@@ -1,5 +1,5 @@
 //! Where subscriptions are kept: a TOML file (the default, reloaded as it changes; see
-//! [`crate::delivery::subscriptions::live`]) or PostgreSQL, which the API writes and every
+//! [`crate::subscriptions::live`]) or PostgreSQL, which the API writes and every
 //! worker follows. The setting is the same for both: `subscriptions` (`HOOKRELAY_SUBSCRIPTIONS`)
 //! is a path, or a `postgres://` URL.
 //!
@@ -10,7 +10,6 @@
 //! - [`idempotency`]: the answers remembered for `Idempotency-Key`s.
 //! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
 //!   delivering on the last one while the database is away.
-//! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
 
@@ -18,11 +17,8 @@ pub mod follow;
 pub mod idempotency;
 pub mod postgres;
 pub mod request;
-pub mod seal;
 pub mod subscriptions;
 pub mod transfer;
-
-use std::path::{Path, PathBuf};
 
 pub use postgres::{PgStore, StoreError};
 
@@ -30,8 +26,8 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::config::{Env, StoreConfig};
-use crate::delivery::subscriptions::SecretRef;
-use seal::Keyring;
+use crate::subscriptions::SecretRef;
+use crate::subscriptions::seal::Keyring;
 
 /// Why the store's keys could not be read. Each is a setting to correct (`store.keys`, or
 /// what a reference of it names): nothing is sealed or opened without the keys, so the
@@ -53,10 +49,10 @@ pub enum KeyringError {
     #[error("store.keys: {reference}: {error}")]
     BadKey {
         reference: String,
-        error: seal::SealError,
+        error: crate::subscriptions::seal::SealError,
     },
     #[error("store.keys: {0}")]
-    Ring(seal::SealError),
+    Ring(crate::subscriptions::seal::SealError),
 }
 
 /// The store's keys, read from their references (`store.keys`).
@@ -124,50 +120,4 @@ where
 {
     row.try_get(name)
         .map_err(|error| QueryError::Column { name, error })
-}
-
-/// The `subscriptions` setting, read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    File(PathBuf),
-    /// A PostgreSQL URL; it may hold a password, so it is shown through
-    /// [`crate::config::shown_url`].
-    Postgres(String),
-}
-
-impl Source {
-    pub fn from_setting(setting: &Path) -> Self {
-        let text = setting.to_string_lossy();
-        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            Source::Postgres(text.into_owned())
-        } else {
-            Source::File(setting.to_path_buf())
-        }
-    }
-
-    /// For logs: the path, or the URL without its password.
-    pub fn shown(&self) -> String {
-        match self {
-            Source::File(p) => p.display().to_string(),
-            Source::Postgres(url) => url::Url::parse(url)
-                .map(|u| crate::config::shown_url(&u))
-                .unwrap_or_else(|_| "postgres://(unparsable URL)".into()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_setting_is_a_path_or_a_postgres_url() {
-        assert_eq!(
-            Source::from_setting(Path::new("subs.toml")),
-            Source::File(PathBuf::from("subs.toml"))
-        );
-        let pg = Source::from_setting(Path::new("postgres://u:pw@db:5432/hookrelay"));
-        assert!(matches!(pg, Source::Postgres(_)));
-        assert!(!pg.shown().contains("pw"), "{}", pg.shown());
-    }
 }

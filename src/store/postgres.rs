@@ -15,14 +15,14 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
 use crate::contract::envelope::{check_id, check_tenant};
-use crate::delivery::subscriptions::{
+use crate::subscriptions::{
     SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions, parse::parse_event_types,
     parse::parse_url,
 };
 use crate::units::Rate;
 
 use super::request::{self, RequestParts, StoredRequest};
-use super::seal::{Binding, Keyring};
+use crate::subscriptions::seal::{Binding, Keyring};
 
 /// The schema, embedded: `migrations/NNNN_name.sql`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -92,7 +92,7 @@ impl PgStore {
     /// Connects (lazily for the pool's later connections); fails if the first does not open
     /// within `timeout`.
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let shown = super::Source::Postgres(url.to_owned()).shown();
+        let shown = crate::config::Source::Postgres(url.to_owned()).shown();
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(timeout)
@@ -608,7 +608,7 @@ pub enum ResealError {
 }
 
 impl ResealError {
-    pub(super) fn open(id: &str, error: super::seal::SealError) -> Self {
+    pub(super) fn open(id: &str, error: crate::subscriptions::seal::SealError) -> Self {
         Self::Open {
             id: id.to_owned(),
             message: error.to_string(),

@@ -11,13 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::delivery::subscriptions::auth::{check_username, conflicts};
-use crate::delivery::subscriptions::headers::{
-    check_header_name, check_header_value, reserved_header,
-};
-use crate::delivery::subscriptions::{
-    BasicAuth, ClientTls, ExtraHeader, HeaderValueSpec, OAuth2, SecretRef,
-};
+use crate::subscriptions::auth::{check_username, conflicts};
+use crate::subscriptions::headers::{check_header_name, check_header_value, reserved_header};
+use crate::subscriptions::{BasicAuth, ClientTls, ExtraHeader, HeaderValueSpec, OAuth2, SecretRef};
 
 /// The purpose of a signing secret's row.
 pub const SIGNING: &str = "signing";
@@ -245,7 +241,7 @@ impl AssembleError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::subscriptions::ClientAuthMethod;
+    use crate::subscriptions::ClientAuthMethod;
 
     #[test]
     fn settings_and_secrets_split_and_assemble_again() {

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::postgres::{PgStore, StoreError};
 use super::request::{self, RequestParts, StoredRequest};
-use super::seal::Keyring;
-use crate::delivery::subscriptions::{HeaderValueSpec, SecretRef, Subscription, Subscriptions};
+use crate::subscriptions::seal::Keyring;
+use crate::subscriptions::{HeaderValueSpec, SecretRef, Subscription, Subscriptions};
 
 /// What an import did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

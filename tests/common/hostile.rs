@@ -7,7 +7,7 @@ use hookrelay::contract::headers::{
     SUBSCRIPTION_HEADER, TENANT_HEADER,
 };
 use hookrelay::contract::ladder::Ladder;
-use hookrelay::delivery::subscriptions::{EventFilter, Subscription};
+use hookrelay::subscriptions::{EventFilter, Subscription};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 

@@ -29,13 +29,13 @@ use hookrelay::broker::publish::Publisher;
 use hookrelay::config::{Config, ProcessEnv};
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
-use hookrelay::delivery::subscriptions::{
-    LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,
-};
+use hookrelay::contract::signing::generate_secret;
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
 use hookrelay::observe::events::AttemptRecord;
 use hookrelay::observe::metrics::Metrics;
+use hookrelay::subscriptions::{
+    LiveSubscriptions, SecretRef, SecretStore, Subscription, Subscriptions,
+};
 use hookrelay_tools::receiver::Receiver;
 use lapin::message::BasicGetMessage;
 use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
@@ -557,7 +557,7 @@ impl RunningWorker {
         t: &TestLadder,
         config: Config,
         store: hookrelay::store::PgStore,
-        keyring: hookrelay::store::seal::Keyring,
+        keyring: hookrelay::subscriptions::seal::Keyring,
     ) -> Self {
         let mut opened = hookrelay::store::follow::Opened::open(store).await.unwrap();
         assert!(opened.problems.is_empty(), "{:?}", opened.problems);

@@ -16,7 +16,7 @@ use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::subscriptions::Subscription;
+use hookrelay::subscriptions::Subscription;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::BasicGetOptions;
 

@@ -44,7 +44,7 @@ use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
+use hookrelay::contract::signing::generate_secret;
 use hookrelay::units::now_ms;
 
 use crate::kit::{
@@ -653,18 +653,18 @@ pub async fn run(
 /// What `stream` (an attempt log) holds: its records, and the distinct envelopes with a
 /// `delivered` one.
 async fn delivered_records(conn: &Connection, stream: &str) -> Option<(u64, usize)> {
-    let end = hookrelay::ops::streams::end_of(conn, stream, None)
+    let end = hookrelay::broker::streams::end_of(conn, stream, None)
         .await
         .ok()
         .flatten()?;
     let mut delivered = std::collections::HashSet::new();
     let mut records = 0u64;
-    hookrelay::ops::streams::read_window::<hookrelay::ops::streams::StreamReadError>(
+    hookrelay::broker::streams::read_window::<hookrelay::broker::streams::StreamReadError>(
         conn,
         stream,
         std::time::UNIX_EPOCH,
         end,
-        None,
+        |_| (),
         async |d| {
             let read = hookrelay::observe::events::AttemptRecord::read_message(&d.data)
                 .unwrap_or_default();

@@ -19,13 +19,13 @@ use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::headers;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
-use hookrelay::delivery::subscriptions::{
-    EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
-};
+use hookrelay::contract::signing::generate_secret;
 use hookrelay::delivery::worker::{Worker, WorkerSetup};
 use hookrelay::ops::mover::depth;
 use hookrelay::ops::progress::Progress;
+use hookrelay::subscriptions::{
+    EventFilter, LiveSubscriptions, SecretRef, Subscription, Subscriptions,
+};
 use hookrelay::units::now_ms;
 
 #[derive(Debug, thiserror::Error)]

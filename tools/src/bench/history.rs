@@ -343,8 +343,10 @@ async fn measure(
     let (app, state) = hookrelay::api::router(hookrelay::api::ApiSetup {
         pool: pool.clone(),
         keyring: Arc::new(
-            hookrelay::store::seal::Keyring::from_base64(&[hookrelay::store::seal::generate_key()])
-                .map_err(|e| BenchError::Other(e.to_string()))?,
+            hookrelay::subscriptions::seal::Keyring::from_base64(&[
+                hookrelay::subscriptions::seal::generate_key(),
+            ])
+            .map_err(|e| BenchError::Other(e.to_string()))?,
         ),
         tokens: hookrelay::api::auth::Tokens::from_plain(&[(token, None)]),
         egress: hookrelay::api::validate::Egress::new(
@@ -593,7 +595,7 @@ pub async fn replay_isolation(
     let addr_b = start_sink(Arc::clone(&sink_b)).await?;
     let dir = tempfile::tempdir()?;
     let secret = dir.path().join("bench.whsec");
-    std::fs::write(&secret, hookrelay::delivery::signing::generate_secret())?;
+    std::fs::write(&secret, hookrelay::contract::signing::generate_secret())?;
     let subscriptions = subscription_toml(
         "sub_a",
         "tenant_a",

@@ -47,7 +47,7 @@ use hookrelay::broker::publish::Publisher;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
+use hookrelay::contract::signing::generate_secret;
 
 use super::{
     BenchError, BenchSession, Binaries, Sink, body, declare_raw_queue, machine, publish_many,

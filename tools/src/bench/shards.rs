@@ -38,7 +38,7 @@ use hookrelay::broker::management::Management;
 use hookrelay::config::{Config, SecretUrl};
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
+use hookrelay::contract::signing::generate_secret;
 
 use super::{
     BenchError, BenchSession, Binaries, Sink, WorkerProcess, body, machine, publish_many,

@@ -16,13 +16,13 @@ use serde::Serialize;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
-use hookrelay::delivery::subscriptions::{
-    ExtraHeader, HeaderValueSpec, SealedSecret, SecretRef, SecretSpec, Subscription,
-};
+use hookrelay::contract::signing::generate_secret;
 use hookrelay::store::PgStore;
 use hookrelay::store::request::header_purpose;
-use hookrelay::store::seal::{Binding, Keyring, generate_key};
+use hookrelay::subscriptions::seal::{Binding, Keyring, generate_key};
+use hookrelay::subscriptions::{
+    ExtraHeader, HeaderValueSpec, SealedSecret, SecretRef, SecretSpec, Subscription,
+};
 
 use super::store::ready_within;
 use super::{

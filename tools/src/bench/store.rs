@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
-use hookrelay::delivery::signing::generate_secret;
-use hookrelay::delivery::subscriptions::{LiveSubscriptions, SecretStore};
+use hookrelay::contract::signing::generate_secret;
 use hookrelay::observe::metrics::Metrics;
 use hookrelay::store::PgStore;
+use hookrelay::subscriptions::{LiveSubscriptions, SecretStore};
 
 use super::{
     BenchError, BenchSession, Binaries, Sink, body, machine, publish_many, rss_mib, say,
@@ -130,7 +130,7 @@ pub async fn run(
 }
 
 fn shown(url: &str) -> String {
-    hookrelay::store::Source::Postgres(url.to_owned()).shown()
+    hookrelay::config::Source::Postgres(url.to_owned()).shown()
 }
 
 async fn runs(

@@ -14,6 +14,10 @@
 //! It reconnects with backoff when the broker connection drops, keeps the subscriptions file in
 //! force as it changes (polling and SIGHUP), and on shutdown stops consuming, lets in-flight
 //! deliveries finish, and returns.
+//!
+//! - [`lanes`]: which lanes to consume, their budgets, and the consumers of a session.
+//! - [`reload`]: the subscriptions file kept in force as it changes.
+//! - [`signals`]: SIGHUP, and the shutdown signal `main` passes in.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,11 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::stream::{self, BoxStream};
-use lapin::message::Delivery;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::BasicCancelOptions;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,16 +38,25 @@ use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
-use crate::contract::ladder::QueueRole;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
-use crate::delivery::lane::{Lane, LaneKind, LaneSpec, Lanes, SharedBudget};
-use crate::delivery::subscriptions::{
-    LiveSubscriptions, Reload, SecretStore, SubscriptionError, SubscriptionErrors, Subscriptions,
-};
-use crate::observe::events::{Notices, OperationalEvent};
+use crate::delivery::lane::{LaneSpec, Lanes, SharedBudget};
+use crate::delivery::poll::QueuePoll;
+use crate::delivery::settle::Settler;
+use crate::observe::events::Notices;
 use crate::observe::metrics::Metrics;
+use crate::subscriptions::{LiveSubscriptions, SecretStore};
+
+mod lanes;
+mod reload;
+mod signals;
+
+use lanes::{ConsumeError, Consumed, lane_missing, list_queues};
+pub use lanes::{endpoint_most, lane_specs, shard_prefetch};
+use reload::{check_secrets, reload_loop};
+use signals::Hangup;
+pub use signals::shutdown_signal;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -129,28 +140,6 @@ enum SessionEnd {
     Failed { error: String, connected: bool },
 }
 
-/// The subscriptions' secrets must resolve before they are put in force.
-fn check_secrets(
-    secrets: &SecretStore,
-    subscriptions: &Subscriptions,
-) -> Result<(), SubscriptionErrors> {
-    let unresolved = secrets.unresolved(subscriptions);
-    if unresolved.is_empty() {
-        return Ok(());
-    }
-    Err(SubscriptionErrors(
-        unresolved
-            .into_iter()
-            .map(|(sub, e)| SubscriptionError {
-                path: "(subscriptions)".into(),
-                line: 0,
-                field: format!("subscription {sub}: secrets"),
-                message: e.to_string(),
-            })
-            .collect(),
-    ))
-}
-
 impl Worker {
     /// Checks that every secret resolves and connects the publishing side.
     pub async fn start(setup: WorkerSetup) -> Result<Self, WorkerError> {
@@ -220,17 +209,16 @@ impl Worker {
         );
         let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
         let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
-        let mut dispatcher = Dispatcher::new(
+        let settler = Settler::new(&config, ladder.clone(), publisher, notices, metrics);
+        let dispatcher = Dispatcher::new(
             config,
             ladder,
             Arc::new(subscriptions),
             Arc::new(secrets),
             http,
-            publisher,
-            notices,
-            metrics,
+            settler,
+            store.as_ref().map(|f| f.store.clone()),
         );
-        dispatcher.store = store.as_ref().map(|f| f.store.clone());
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
@@ -244,7 +232,7 @@ impl Worker {
     }
 
     pub fn metrics(&self) -> Metrics {
-        self.dispatcher.metrics.clone()
+        self.dispatcher.settler.metrics.clone()
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
@@ -268,7 +256,7 @@ impl Worker {
             Arc::clone(&self.dispatcher),
             stop_helpers.clone(),
         )));
-        let metrics = self.dispatcher.metrics.clone();
+        let metrics = self.dispatcher.settler.metrics.clone();
         if let Some(store) = self.store.take() {
             helpers.push(tokio::spawn(crate::store::follow::follow(
                 store,
@@ -291,16 +279,18 @@ impl Worker {
             &config.management.url,
             &Management::vhost_of(&config.amqp.url),
         ) {
-            Ok(api) => helpers.push(tokio::spawn(crate::observe::vitals::poll_queues(
-                api,
-                self.dispatcher.ladder.clone(),
-                self.lanes.clone(),
-                self.queues.clone(),
-                Arc::clone(&self.dispatcher.publisher),
-                metrics.clone(),
-                config.metrics.poll_interval,
-                stop_helpers.clone(),
-            ))),
+            Ok(api) => {
+                let poll = QueuePoll {
+                    api,
+                    ladder: self.dispatcher.ladder.clone(),
+                    lanes: self.lanes.clone(),
+                    listed: self.queues.clone(),
+                    publisher: Arc::clone(&self.dispatcher.settler.publisher),
+                    metrics: metrics.clone(),
+                    interval: config.metrics.poll_interval,
+                };
+                helpers.push(tokio::spawn(poll.run(stop_helpers.clone())));
+            }
             Err(e) => warn!(error = %e, "No queue depth metrics"),
         }
         let mut shutdown = std::pin::pin!(shutdown);
@@ -334,7 +324,7 @@ impl Worker {
                         }
                     }
                     backoff = (backoff * 2).min(amqp.reconnect_max);
-                    self.dispatcher.metrics.reconnects.inc();
+                    self.dispatcher.settler.metrics.reconnects.inc();
                 }
             }
         }
@@ -344,7 +334,7 @@ impl Worker {
         drain(&tracker, deadline).await;
         // What is still unsettled now gives up: it was never acked, and returns to its lane
         // when the connection it came on closes (or the process exits).
-        self.dispatcher.abandon.cancel();
+        self.dispatcher.settler.abandon.cancel();
         stop_helpers.cancel();
         for mut helper in helpers {
             if tokio::time::timeout_at(deadline, &mut helper)
@@ -360,7 +350,7 @@ impl Worker {
             ..
         } = self;
         // Dropping the last `Notices` lets its task send what is buffered and end.
-        let publisher = Arc::clone(&dispatcher.publisher);
+        let publisher = Arc::clone(&dispatcher.settler.publisher);
         let _ = tokio::time::timeout_at(deadline, dispatcher.parking.close()).await;
         drop(dispatcher);
         let notices_left = Instant::now() + NOTICES_FLUSH;
@@ -409,7 +399,7 @@ impl Worker {
                 );
             }
         };
-        let metrics = &self.dispatcher.metrics;
+        let metrics = &self.dispatcher.settler.metrics;
         let mut queues = self.queues.subscribe();
         let wanted = lane_specs(
             config,
@@ -552,6 +542,7 @@ impl Worker {
         };
         let workers = fleet.join(others);
         self.dispatcher
+            .settler
             .metrics
             .fleet_workers
             .set(i64::from(workers));
@@ -651,255 +642,6 @@ const NOTICES_FLUSH: Duration = Duration::from_secs(5);
 /// fails the session, which is retried with backoff, instead of hanging the worker.
 const BROKER_ANSWER: Duration = Duration::from_secs(30);
 
-/// Budget a retired tenant's lanes get while they drain.
-const RETIRED_IN_FLIGHT: u16 = 20;
-
-/// The lanes to consume: the shared pair, or each shard's pair, and each dedicated tenant's pair
-/// (required), and the lanes the ladder no longer routes to among `listed` (the queues that
-/// exist: tenants no longer dedicated, shards of another shard count, the unsharded pair of a
-/// sharded ladder or the shards of an unsharded one), so what they hold is delivered. Without a
-/// listing, only the required ones.
-///
-/// The shards' rule: each shard's prefetch is `ceil(2 × budget / N)` of its kind's budget
-/// (`worker.in_flight` split by `worker.retry_share`), at most the budget, and every delivery
-/// from a shard takes a permit of a worker-wide semaphore of that budget before it is
-/// processed. So deliveries processed at once never exceed the budget, a busy shard can use up
-/// to twice its even share while others idle, and one shard never holds all of it.
-///
-/// On a shared lane (or shard) one endpoint's attempts hold at most `endpoints.lane_share` of
-/// its prefetch ([`endpoint_most`]): an attempt holds its slot until it ends, so an endpoint
-/// that hangs would otherwise leave the tenants behind it only what its cap leaves of the
-/// lane. A dedicated tenant's lanes are its own and have no such limit.
-pub fn lane_specs(config: &Config, ladder: &Ladder, listed: Option<&[String]>) -> Vec<LaneSpec> {
-    let mut specs = Vec::new();
-    let share = config.endpoints.lane_share;
-    let mut pair =
-        |first: String, retry: String, budget: (u16, u16), shared: bool, shard, shares| {
-            let (first_prefetch, retry_prefetch) = budget;
-            specs.push(LaneSpec {
-                kind: LaneKind::First,
-                queue: first,
-                prefetch: first_prefetch,
-                required: true,
-                shard,
-                shares_budget: shares,
-                endpoint_most: shared.then(|| endpoint_most(first_prefetch, share)),
-            });
-            specs.push(LaneSpec {
-                kind: LaneKind::Retry,
-                queue: retry,
-                prefetch: retry_prefetch,
-                required: true,
-                shard,
-                shares_budget: shares,
-                endpoint_most: shared.then(|| endpoint_most(retry_prefetch, share)),
-            });
-        };
-    let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
-    let sharded = ladder.shards > 1;
-    let per_shard = (
-        shard_prefetch(first_budget, ladder.shards),
-        shard_prefetch(retry_budget, ladder.shards),
-    );
-    for (first, retry, shard) in ladder.shared_lanes() {
-        pair(first, retry, per_shard, true, shard, sharded);
-    }
-    for d in &ladder.dedicated {
-        pair(
-            ladder.first_lane_of(&d.tenant),
-            ladder.retry_lane_of(&d.tenant),
-            config.worker.split(d.in_flight),
-            false,
-            None,
-            false,
-        );
-    }
-    let (retired_first, retired_retry) = config.worker.split(RETIRED_IN_FLIGHT);
-    let mut retired: Vec<LaneSpec> = listed
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|queue| {
-            let role = ladder.role_of(queue)?;
-            if !ladder.is_retired_lane(&role) {
-                return None;
-            }
-            let (kind, prefetch, shard) = match role {
-                QueueRole::FirstLane { shard, .. } => (LaneKind::First, retired_first, shard),
-                QueueRole::RetryLane { shard, .. } => (LaneKind::Retry, retired_retry, shard),
-                _ => return None,
-            };
-            Some(LaneSpec {
-                kind,
-                queue: queue.clone(),
-                prefetch,
-                required: false,
-                shard,
-                shares_budget: false,
-                endpoint_most: None,
-            })
-        })
-        .collect();
-    retired.sort_by(|a, b| a.queue.cmp(&b.queue));
-    specs.extend(retired);
-    specs
-}
-
-/// The most attempts one endpoint may have out from a shared lane of `prefetch`: `share` of it,
-/// rounded up, at least 1.
-pub fn endpoint_most(prefetch: u16, share: f64) -> u32 {
-    ((f64::from(prefetch) * share).ceil() as u32).clamp(1, u32::from(prefetch.max(1)))
-}
-
-/// A shard's prefetch: `ceil(2 × budget / shards)`, at least 1, at most `budget` (exactly the
-/// budget when there is one shard).
-pub fn shard_prefetch(budget: u16, shards: u16) -> u16 {
-    let shards = u32::from(shards.max(1));
-    let share = (2 * u32::from(budget)).div_ceil(shards);
-    u16::try_from(share.clamp(1, u32::from(budget.max(1)))).unwrap_or(budget)
-}
-
-/// The queues of the worker's vhost, or `None` (logged) when the management API cannot say.
-async fn list_queues(config: &Config) -> Option<Vec<crate::broker::management::QueueInfo>> {
-    let listed = match Management::new(
-        &config.management.url,
-        &Management::vhost_of(&config.amqp.url),
-    ) {
-        Ok(api) => api.queues().await,
-        Err(e) => Err(e),
-    };
-    match listed {
-        Ok(queues) => Some(queues),
-        Err(e) => {
-            warn!(error = %e, "Cannot list queues; lanes of tenants no longer dedicated are drained once the management API answers");
-            None
-        }
-    }
-}
-
-/// Why a lane could not be consumed.
-#[derive(Debug, thiserror::Error)]
-enum ConsumeError {
-    /// The queue does not exist (the broker closed only that lane's channel).
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Other(String),
-}
-
-fn lane_missing(spec: &LaneSpec, e: &str) {
-    if spec.required {
-        error!(lane = %spec.queue, error = %e, "A lane of the ladder is missing; not ready until it exists: run `hookrelay topology apply`");
-    } else {
-        info!(lane = %spec.queue, "A lane of a tenant no longer dedicated is gone; not consuming it");
-    }
-}
-
-type LaneItem = (Arc<Lane>, Option<lapin::Result<Delivery>>);
-
-/// A session's consumers: each lane's channel and consumer tag, and all their deliveries as one
-/// stream (a lane's stream ends with a `None` item, which tells which consumer ended).
-#[derive(Default)]
-struct Consumed {
-    by_queue: std::collections::BTreeMap<String, (Channel, String, bool)>,
-    deliveries: stream::SelectAll<BoxStream<'static, LaneItem>>,
-    /// Channels of lanes that ended: kept open for the acks of what they delivered.
-    ended: Vec<(Channel, String)>,
-}
-
-impl Consumed {
-    fn has(&self, queue: &str) -> bool {
-        self.by_queue.contains_key(queue)
-    }
-
-    fn has_all(&self, wanted: &[LaneSpec]) -> bool {
-        wanted
-            .iter()
-            .filter(|s| s.required)
-            .all(|s| self.has(&s.queue))
-    }
-
-    fn queues(&self) -> Vec<&str> {
-        self.by_queue.keys().map(String::as_str).collect()
-    }
-
-    fn channel_open(&self, queue: &str) -> bool {
-        self.by_queue
-            .get(queue)
-            .is_some_and(|(ch, _, _)| ch.status().connected())
-    }
-
-    /// Forgets an ended lane; returns whether it was required.
-    fn remove(&mut self, queue: &str) -> bool {
-        match self.by_queue.remove(queue) {
-            Some((ch, tag, required)) => {
-                self.ended.push((ch, tag));
-                required
-            }
-            None => false,
-        }
-    }
-
-    /// Every consumer still on, to cancel.
-    fn consumers(&self) -> impl Iterator<Item = (&Channel, &String)> {
-        self.by_queue.values().map(|(ch, tag, _)| (ch, tag))
-    }
-}
-
-impl Worker {
-    /// Opens a channel for `spec` with its prefetch and consumes the lane, within
-    /// [`BROKER_ANSWER`].
-    async fn consume(
-        &self,
-        conn: &Connection,
-        spec: &LaneSpec,
-        consumed: &mut Consumed,
-    ) -> Result<(), ConsumeError> {
-        let lane = self.lanes.lane(spec, &self.dispatcher.metrics);
-        let consumer = async {
-            let ch = conn.create_channel().await?;
-            ch.basic_qos(lane.prefetch, BasicQosOptions::default())
-                .await?;
-            let consumer = ch
-                .basic_consume(
-                    lane.queue.as_str().into(),
-                    "".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-            Ok::<_, lapin::Error>((ch, consumer))
-        };
-        let (ch, consumer) = match tokio::time::timeout(BROKER_ANSWER, consumer).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                return Err(match refused(&e) {
-                    Some(Refusal::NotFound) => ConsumeError::NotFound(format!(
-                        "{e}; the topology is missing: run `hookrelay topology apply`"
-                    )),
-                    _ => ConsumeError::Other(e.to_string()),
-                });
-            }
-            Err(_) => {
-                return Err(ConsumeError::Other(format!(
-                    "no answer within {BROKER_ANSWER:?}"
-                )));
-            }
-        };
-        let tag = consumer.tag().to_string();
-        consumed
-            .by_queue
-            .insert(spec.queue.clone(), (ch, tag, spec.required));
-        consumed.deliveries.push(
-            consumer
-                .map(Some)
-                .chain(stream::once(async { None }))
-                .map(move |d| (Arc::clone(&lane), d))
-                .boxed(),
-        );
-        Ok(())
-    }
-}
-
 /// Runs `f` when dropped.
 struct Guard<F: FnMut()>(F);
 
@@ -925,235 +667,5 @@ async fn drain(tracker: &TaskTracker, deadline: Instant) {
             in_flight = tracker.len(),
             "Drain deadline passed; unfinished deliveries return to their lanes"
         );
-    }
-}
-
-/// SIGHUP, where there is such a thing.
-struct Hangup(#[cfg(unix)] tokio::signal::unix::Signal);
-
-impl Hangup {
-    fn listen() -> Option<Self> {
-        #[cfg(unix)]
-        {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .ok()
-                .map(Hangup)
-        }
-        #[cfg(not(unix))]
-        {
-            None
-        }
-    }
-
-    async fn recv(&mut self) {
-        #[cfg(unix)]
-        {
-            self.0.recv().await;
-        }
-        #[cfg(not(unix))]
-        std::future::pending::<()>().await
-    }
-}
-
-/// Looks at the subscriptions file every `reload.interval` and on SIGHUP. A changed, valid file
-/// whose secrets resolve goes into force; anything else is refused, loudly, and the last good
-/// version stays.
-async fn reload_loop(
-    dispatcher: Arc<Dispatcher>,
-    mut hangup: Option<Hangup>,
-    stop: CancellationToken,
-) {
-    if dispatcher.subscriptions.path().is_none() {
-        return;
-    }
-    let mut tick = tokio::time::interval(dispatcher.config.reload.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let hup = async {
-            match hangup.as_mut() {
-                Some(h) => h.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {}
-            () = hup => info!("SIGHUP: reloading subscriptions"),
-        }
-        let secrets = Arc::clone(&dispatcher.secrets);
-        match dispatcher
-            .subscriptions
-            .reload(|s| check_secrets(&secrets, s))
-        {
-            Reload::Unchanged => {}
-            Reload::Applied(n) => {
-                dispatcher
-                    .metrics
-                    .subscription_reloads
-                    .with_label_values(&["applied"])
-                    .inc();
-                info!(subscriptions = n, "Subscriptions reloaded");
-            }
-            Reload::Refused { errors, first } => {
-                if first {
-                    dispatcher
-                        .metrics
-                        .subscription_reloads
-                        .with_label_values(&["refused"])
-                        .inc();
-                    for e in &errors.0 {
-                        error!(problem = %e, "Subscriptions file refused; the previous version stays in force");
-                    }
-                    dispatcher.notices.operational(
-                        OperationalEvent::new("subscriptions.reload_failed", "invalid")
-                            .detail(&errors.to_string()),
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// Resolves when the process receives SIGTERM or SIGINT. The handlers are installed when this
-/// is called, not when the future is first polled: a signal that arrives while the worker is
-/// still starting (connecting to a slow broker) is then a clean stop, not the default action,
-/// death by signal.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let installed = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        match installed {
-            (Some(mut term), Some(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            (Some(mut term), None) => {
-                term.recv().await;
-            }
-            (None, _) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-        info!("Shutdown signal received");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ladders_lanes_are_required_and_retired_ones_are_consumed_while_listed() {
-        let config = Config::default();
-        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml"))
-            .unwrap()
-            .with_dedicated("bigco", 100)
-            .unwrap();
-        let names = |specs: &[LaneSpec], required: bool| -> Vec<String> {
-            specs
-                .iter()
-                .filter(|s| s.required == required)
-                .map(|s| s.queue.clone())
-                .collect()
-        };
-        let ours = [
-            "hookrelay.ready.first",
-            "hookrelay.ready.retry",
-            "hookrelay.ready.first.bigco",
-            "hookrelay.ready.retry.bigco",
-        ];
-        // Without a listing: the ladder's lanes only.
-        let unlisted = lane_specs(&config, &ladder, None);
-        assert_eq!(names(&unlisted, true), ours);
-        assert!(names(&unlisted, false).is_empty());
-        // Listed: a retired tenant's lanes, each on its own (one may be deleted already);
-        // never a dedicated tenant's twice, never a tier or another ladder's queue.
-        let listed: Vec<String> = [
-            "hookrelay.ready.first.oldco",
-            "hookrelay.ready.retry.gone",
-            "hookrelay.ready.first.bigco",
-            "hookrelay.retry-10s",
-            "other.ready.first.oldco",
-        ]
-        .map(String::from)
-        .to_vec();
-        let specs = lane_specs(&config, &ladder, Some(&listed));
-        assert_eq!(names(&specs, true), ours);
-        assert_eq!(
-            names(&specs, false),
-            ["hookrelay.ready.first.oldco", "hookrelay.ready.retry.gone"]
-        );
-        let retired: Vec<_> = specs.iter().filter(|s| !s.required).collect();
-        assert_eq!(retired[0].kind, LaneKind::First);
-        assert_eq!(retired[1].kind, LaneKind::Retry);
-        let (first, retry) = config.worker.split(RETIRED_IN_FLIGHT);
-        assert_eq!((retired[0].prefetch, retired[1].prefetch), (first, retry));
-        // An endpoint holds at most a quarter (the default share) of a shared lane; a dedicated
-        // tenant's lanes are its own.
-        let most: Vec<_> = specs.iter().map(|s| s.endpoint_most).collect();
-        assert_eq!(most, [Some(53), Some(23), None, None, None, None]);
-    }
-
-    #[test]
-    fn shards_share_the_budget_and_the_unsharded_lanes_are_drained_once_listed() {
-        let config = Config::default(); // in_flight 300: 210 first, 90 retry
-        let ladder = Ladder::parse(include_str!("../../topology/ladder.toml"))
-            .unwrap()
-            .with_shards(4)
-            .unwrap();
-        let listed: Vec<String> = [
-            "hookrelay.ready.first",
-            "hookrelay.ready.retry",
-            "hookrelay.ready.first-s1",
-            "hookrelay.ready.first-s7",
-        ]
-        .map(String::from)
-        .to_vec();
-        let specs = lane_specs(&config, &ladder, Some(&listed));
-        let shards: Vec<_> = specs.iter().filter(|s| s.required).collect();
-        assert_eq!(shards.len(), 8);
-        for s in &shards {
-            assert!(s.shares_budget && s.shard.is_some(), "{s:?}");
-            let want = match s.kind {
-                LaneKind::First => 105, // ceil(2 × 210 / 4)
-                LaneKind::Retry => 45,  // ceil(2 × 90 / 4)
-            };
-            assert_eq!(s.prefetch, want, "{s:?}");
-            // A quarter of the shard, rounded up: what one endpoint's attempts may hold of it.
-            assert_eq!(s.endpoint_most, Some(u32::from(want).div_ceil(4)), "{s:?}");
-        }
-        let retired: Vec<_> = specs
-            .iter()
-            .filter(|s| !s.required)
-            .map(|s| (s.queue.as_str(), s.shard, s.shares_budget))
-            .collect();
-        assert_eq!(
-            retired,
-            [
-                ("hookrelay.ready.first", None, false),
-                ("hookrelay.ready.first-s7", Some(7), false),
-                ("hookrelay.ready.retry", None, false),
-            ]
-        );
-        assert_eq!(shard_prefetch(210, 1), 210, "one shard: the whole budget");
-        assert_eq!(shard_prefetch(8, 4), 4);
-        assert_eq!(shard_prefetch(3, 64), 1);
-        assert_eq!(shard_prefetch(5, 2), 5, "never more than the budget");
-        assert_eq!(endpoint_most(105, 0.25), 27);
-        assert_eq!(endpoint_most(3, 0.01), 1, "at least one");
-        assert_eq!(endpoint_most(210, 1.0), 210, "1: the whole lane");
     }
 }

@@ -9,8 +9,6 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-use crate::ops::progress::Progress;
-
 /// How long the end of a stream is looked for: a reader attached at the last chunk gets what
 /// it holds at once; this much quiet means there is no more.
 const QUIET: Duration = Duration::from_millis(500);
@@ -175,13 +173,14 @@ pub async fn end_of(
 }
 
 /// Reads `stream` from `from` up to (not including) offset `end`, calling `each` with every
-/// message; `progress` learns the window's size once its first offset is known.
+/// message; `sized` learns the window's size once its first offset is known (a progress bar's
+/// total).
 pub async fn read_window<E>(
     conn: &lapin::Connection,
     stream: &str,
     from: SystemTime,
     end: u64,
-    progress: Option<&Progress>,
+    mut sized: impl FnMut(u64),
     mut each: impl AsyncFnMut(lapin::message::Delivery) -> Result<(), E>,
 ) -> Result<(), E>
 where
@@ -209,10 +208,8 @@ where
             if offset >= end {
                 break;
             }
-            if let Some(p) = progress
-                && first.is_none()
-            {
-                p.set_total(end - offset);
+            if first.is_none() {
+                sized(end - offset);
             }
             first.get_or_insert(offset);
             each(m.delivery).await?;

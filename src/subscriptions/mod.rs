@@ -2,8 +2,10 @@
 //! they carry. Secrets are `env:NAME` or `file:PATH` references, resolved when an attempt is
 //! made, never copied into a message.
 //!
+//! - [`subscription`]: one subscription, what it receives, and all of them indexed by tenant.
 //! - [`parse`]: the file and its validation.
 //! - [`secrets`]: secret references and their resolution.
+//! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`headers`]: a subscription's own request headers, and the reserved names.
 //! - [`auth`]: how it authenticates to its endpoint: basic auth, OAuth2, a client certificate.
 //! - [`live`]: the version in force, reloaded as the file changes.
@@ -12,10 +14,13 @@ pub mod auth;
 pub mod headers;
 pub mod live;
 pub mod parse;
+pub mod seal;
 pub mod secrets;
+pub mod subscription;
 
 pub use auth::{BasicAuth, ClientAuthMethod, ClientTls, OAuth2};
 pub use headers::{ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
-pub use parse::{EventFilter, Subscription, SubscriptionError, SubscriptionErrors, Subscriptions};
+pub use parse::{SubscriptionError, SubscriptionErrors};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};
+pub use subscription::{EventFilter, Subscription, Subscriptions};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::contract::envelope::{check_event_type, check_tenant};
+use crate::contract::envelope::check_tenant;
 use crate::units::Rate;
 
 use super::headers::reserved_header;
@@ -120,46 +120,6 @@ enum SecretEntry {
     },
 }
 
-/// Which event types a subscription receives: exact names and `prefix.*` wildcards.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventFilter {
-    Exact(String),
-    /// `order.*`: stored as `order.`; matches every type that starts with it.
-    Prefix(String),
-}
-
-impl EventFilter {
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        if let Some(prefix) = raw.strip_suffix('*') {
-            if !prefix.ends_with('.') || check_event_type(prefix.trim_end_matches('.')).is_err() {
-                return Err(format!(
-                    "{raw:?}: a wildcard is written \"prefix.*\" (for example \"order.*\")"
-                ));
-            }
-            return Ok(Self::Prefix(prefix.to_owned()));
-        }
-        check_event_type(raw).map_err(|e| e.to_string())?;
-        Ok(Self::Exact(raw.to_owned()))
-    }
-
-    pub fn matches(&self, event_type: &str) -> bool {
-        match self {
-            EventFilter::Exact(t) => t == event_type,
-            EventFilter::Prefix(p) => event_type.starts_with(p.as_str()),
-        }
-    }
-}
-
-/// As written: `order.created`, `order.*`.
-impl std::fmt::Display for EventFilter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EventFilter::Exact(t) => f.write_str(t),
-            EventFilter::Prefix(p) => write!(f, "{p}*"),
-        }
-    }
-}
-
 /// A subscription's endpoint: an http:// or https:// URL with a host. The error shows the URL
 /// without user information and query, and not at all when it does not parse: either may hold a
 /// password or token.
@@ -245,114 +205,6 @@ fn parse_tls(t: &TlsEntry) -> Result<ClientTls, (&'static str, String)> {
     })
 }
 
-/// One subscription as it is now. `Debug` shows the URL without user information or query.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Subscription {
-    pub id: String,
-    pub tenant: String,
-    pub url: reqwest::Url,
-    /// `None`: every event type.
-    pub event_types: Option<Vec<EventFilter>>,
-    /// Newest first.
-    pub secrets: Vec<SecretSpec>,
-    /// A disabled subscription receives nothing; what waits for it is cancelled.
-    pub enabled: bool,
-    /// A paused subscription is sent nothing, and nothing of it is cancelled or charged: what
-    /// arrives for it waits in its parking queue until `hookrelay subscriptions resume`.
-    pub paused: bool,
-    /// Attempts at once to this subscription's endpoint, instead of `endpoints.max_concurrent`.
-    pub max_concurrent: Option<u32>,
-    /// Requests per unit of time to this subscription's endpoint (`"50/s"`), instead of
-    /// `endpoints.rate`; shared by the fleet like the cap.
-    pub rate: Option<Rate>,
-    /// Headers added to every attempt.
-    pub headers: Vec<ExtraHeader>,
-    /// `Authorization: Basic` on every attempt.
-    pub basic_auth: Option<BasicAuth>,
-    /// `Authorization: Bearer` with a token from an OAuth2 token endpoint.
-    pub oauth2: Option<OAuth2>,
-    /// A client certificate presented to the endpoint (mutual TLS).
-    pub tls: Option<ClientTls>,
-}
-
-impl std::fmt::Debug for Subscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subscription")
-            .field("id", &self.id)
-            .field("tenant", &self.tenant)
-            .field("url", &crate::config::shown_url(&self.url))
-            .field("event_types", &self.event_types)
-            .field("secrets", &self.secrets)
-            .field("enabled", &self.enabled)
-            .field("paused", &self.paused)
-            .field("max_concurrent", &self.max_concurrent)
-            .field("rate", &self.rate)
-            .field("headers", &self.headers)
-            .field("basic_auth", &self.basic_auth.as_ref().map(|b| &b.username))
-            .field("oauth2", &self.oauth2)
-            .field("tls", &self.tls)
-            .finish()
-    }
-}
-
-impl Subscription {
-    /// A subscription with every event type, one secret, enabled.
-    pub fn new(id: &str, tenant: &str, url: reqwest::Url, secret: SecretRef) -> Self {
-        Self {
-            id: id.to_owned(),
-            tenant: tenant.to_owned(),
-            url,
-            event_types: None,
-            secrets: vec![SecretSpec::new(secret)],
-            enabled: true,
-            paused: false,
-            max_concurrent: None,
-            rate: None,
-            headers: Vec::new(),
-            basic_auth: None,
-            oauth2: None,
-            tls: None,
-        }
-    }
-
-    /// The secret references of its headers and endpoint authentication (not its signing
-    /// secrets).
-    pub fn request_references(&self) -> Vec<&SecretRef> {
-        let mut refs: Vec<&SecretRef> = self
-            .headers
-            .iter()
-            .filter_map(|h| match &h.value {
-                HeaderValueSpec::Secret(r) => Some(r),
-                HeaderValueSpec::Static(_) => None,
-            })
-            .collect();
-        refs.extend(self.basic_auth.as_ref().map(|b| &b.password));
-        refs.extend(self.oauth2.as_ref().map(|o| &o.client_secret));
-        if let Some(tls) = &self.tls {
-            refs.extend([&tls.cert, &tls.key]);
-            refs.extend(tls.ca.as_ref());
-        }
-        refs
-    }
-
-    pub fn accepts(&self, event_type: &str) -> bool {
-        self.event_types
-            .as_ref()
-            .is_none_or(|filters| filters.iter().any(|f| f.matches(event_type)))
-    }
-}
-
-/// Every subscription, by id, and the enabled ones by tenant (a fan-out looks up its tenant's
-/// subscriptions, not all of them: a store may hold millions).
-#[derive(Debug, Clone, Default)]
-pub struct Subscriptions {
-    /// Keys and lists shared (`Arc`), so a version with a few changes is a cheap copy of the
-    /// maps, not of every id and list.
-    by_id: HashMap<Arc<str>, Arc<Subscription>>,
-    /// Sorted by id.
-    by_tenant: HashMap<Arc<str>, Arc<Vec<Arc<Subscription>>>>,
-}
-
 impl Subscriptions {
     pub fn load(path: &Path) -> Result<Self, SubscriptionErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -368,261 +220,25 @@ impl Subscriptions {
 
     /// Parses and validates a whole file, collecting every problem rather than the first.
     pub fn parse(path: &str, text: &str) -> Result<Self, SubscriptionErrors> {
-        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
-        let error = |offset: usize, field: &str, message: String| SubscriptionError {
-            path: path.to_owned(),
-            line: line_of(offset),
-            field: field.to_owned(),
-            message,
+        let file = read_file(path, text)?;
+        let mut problems = Problems {
+            path,
+            text,
+            found: Vec::new(),
         };
-        let file: File = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| line_of(s.start));
-            // The key written on the offending line, when there is one (`url = 5` -> `url`).
-            let field = text
-                .lines()
-                .nth(line.saturating_sub(1))
-                .and_then(|l| l.split_once('='))
-                .map(|(key, _)| key.trim().to_owned())
-                .filter(|key| !key.is_empty() && !key.starts_with('['))
-                .unwrap_or_else(|| "(syntax)".into());
-            SubscriptionErrors(vec![SubscriptionError {
-                path: path.to_owned(),
-                line,
-                field,
-                message: e.message().trim().to_owned(),
-            }])
-        })?;
-        let mut errors = Vec::new();
         let mut by_id = HashMap::new();
         for entry in file.subscriptions {
-            let before = errors.len();
-            let id = entry.id.get_ref();
-            if crate::contract::envelope::check_id(id).is_err() {
-                errors.push(error(
-                    entry.id.span().start,
-                    "id",
-                    format!("{id:?}: expected 1 to 128 letters, digits, '_' or '-'"),
-                ));
-            }
-            if by_id.contains_key(id) {
-                errors.push(error(
-                    entry.id.span().start,
-                    "id",
-                    format!("{id:?} is defined twice"),
-                ));
-            }
-            if let Err(e) = check_tenant(entry.tenant.get_ref()) {
-                errors.push(error(entry.tenant.span().start, "tenant", e.to_string()));
-            }
-            let url = match parse_url(entry.url.get_ref())
-                .and_then(|url| refuse_credentials(&url, URL_CREDENTIALS_INSTEAD).map(|()| url))
+            let before = problems.found.len();
+            if let Some(subscription) = read_entry(entry, &by_id, &mut problems)
+                && problems.found.len() == before
             {
-                Ok(url) => Some(url),
-                Err(message) => {
-                    errors.push(error(entry.url.span().start, "url", message));
-                    None
-                }
-            };
-            let event_types = match &entry.event_types {
-                None => None,
-                Some(types) => match parse_event_types(types.get_ref()) {
-                    Ok(filters) => Some(filters),
-                    Err(messages) => {
-                        for message in messages {
-                            errors.push(error(types.span().start, "event_types", message));
-                        }
-                        None
-                    }
-                },
-            };
-            let mut secrets = Vec::new();
-            for raw in entry.secrets.get_ref() {
-                let (reference, expires) = match raw {
-                    SecretEntry::Plain(r) => (r, None),
-                    SecretEntry::Detailed { reference, expires } => (reference, expires.as_ref()),
-                };
-                let expires = match expires.map(|t| humantime::parse_rfc3339_weak(t)) {
-                    None => None,
-                    Some(Ok(at)) => Some(at),
-                    Some(Err(e)) => {
-                        errors.push(error(
-                            entry.secrets.span().start,
-                            "secrets.expires",
-                            format!(
-                                "{:?} is not a time like \"2027-01-31T00:00:00Z\": {e}",
-                                expires.map_or("", |t| t.as_str())
-                            ),
-                        ));
-                        None
-                    }
-                };
-                match SecretRef::parse(reference) {
-                    Ok(reference) => secrets.push(SecretSpec { reference, expires }),
-                    Err(message) => {
-                        errors.push(error(entry.secrets.span().start, "secrets", message))
-                    }
-                }
-            }
-            if entry.secrets.get_ref().is_empty() {
-                errors.push(error(
-                    entry.secrets.span().start,
-                    "secrets",
-                    "at least one secret reference is needed to sign deliveries".into(),
-                ));
-            }
-            let rate = match &entry.rate {
-                None => None,
-                Some(raw) => match raw.get_ref().parse::<Rate>() {
-                    Ok(rate) => Some(rate),
-                    Err(message) => {
-                        errors.push(error(raw.span().start, "rate", message));
-                        None
-                    }
-                },
-            };
-            let mut headers = Vec::new();
-            if let Some(table) = &entry.headers {
-                let at = table.span().start;
-                for (name, value) in table.get_ref() {
-                    if let Some(why) = reserved_header(name) {
-                        errors.push(error(at, "headers", why));
-                        continue;
-                    }
-                    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                        errors.push(error(
-                            at,
-                            "headers",
-                            format!("{name:?} is not a header name"),
-                        ));
-                        continue;
-                    }
-                    let name = name.to_ascii_lowercase();
-                    if name == "authorization"
-                        && (entry.basic_auth.is_some() || entry.oauth2.is_some())
-                    {
-                        errors.push(error(
-                            at,
-                            "headers",
-                            "\"authorization\" and basic_auth or oauth2 would each set the Authorization header; keep one".into(),
-                        ));
-                        continue;
-                    }
-                    match value {
-                        HeaderEntry::Static(v) => {
-                            if reqwest::header::HeaderValue::from_str(v).is_err() {
-                                errors.push(error(
-                                    at,
-                                    "headers",
-                                    format!("the value of {name:?} is not a header value (visible ASCII and spaces)"),
-                                ));
-                            } else {
-                                headers.push(ExtraHeader {
-                                    name,
-                                    value: HeaderValueSpec::Static(v.clone()),
-                                });
-                            }
-                        }
-                        HeaderEntry::Secret { secret } => match SecretRef::parse(secret) {
-                            Ok(r) => headers.push(ExtraHeader {
-                                name,
-                                value: HeaderValueSpec::Secret(r),
-                            }),
-                            Err(message) => {
-                                errors.push(error(at, "headers", format!("{name:?}: {message}")))
-                            }
-                        },
-                    }
-                }
-            }
-            let basic_auth = match &entry.basic_auth {
-                None => None,
-                Some(b) => {
-                    let at = b.span().start;
-                    let b = b.get_ref();
-                    if b.username.contains(':') || b.username.is_empty() {
-                        errors.push(error(
-                            at,
-                            "basic_auth.username",
-                            "a user name is not empty and has no ':'".into(),
-                        ));
-                        None
-                    } else {
-                        match SecretRef::parse(&b.password) {
-                            Ok(password) => Some(BasicAuth {
-                                username: b.username.clone(),
-                                password,
-                            }),
-                            Err(message) => {
-                                errors.push(error(at, "basic_auth.password", message));
-                                None
-                            }
-                        }
-                    }
-                }
-            };
-            if let (Some(b), Some(_)) = (&entry.basic_auth, &entry.oauth2) {
-                errors.push(error(
-                    b.span().start,
-                    "basic_auth",
-                    "basic_auth and oauth2 would each set the Authorization header; keep one"
-                        .into(),
-                ));
-            }
-            let oauth2 = entry
-                .oauth2
-                .as_ref()
-                .and_then(|o| match parse_oauth2(o.get_ref()) {
-                    Ok(o) => Some(o),
-                    Err((field, message)) => {
-                        errors.push(error(o.span().start, &format!("oauth2.{field}"), message));
-                        None
-                    }
-                });
-            let tls = entry
-                .tls
-                .as_ref()
-                .and_then(|t| match parse_tls(t.get_ref()) {
-                    Ok(t) => Some(t),
-                    Err((field, message)) => {
-                        errors.push(error(t.span().start, &format!("tls.{field}"), message));
-                        None
-                    }
-                });
-            if tls.is_some() && url.as_ref().is_some_and(|u| u.scheme() != "https") {
-                errors.push(error(
-                    entry.url.span().start,
-                    "tls",
-                    "a client certificate is presented over TLS only: the url must be https://"
-                        .into(),
-                ));
-            }
-            if errors.len() == before
-                && let Some(url) = url
-            {
-                by_id.insert(
-                    id.clone(),
-                    Arc::new(Subscription {
-                        id: id.clone(),
-                        tenant: entry.tenant.into_inner(),
-                        url,
-                        event_types,
-                        secrets,
-                        enabled: entry.enabled,
-                        paused: entry.paused.is_some_and(|p| *p.get_ref()),
-                        max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
-                        rate,
-                        headers,
-                        basic_auth,
-                        oauth2,
-                        tls,
-                    }),
-                );
+                by_id.insert(subscription.id.clone(), Arc::new(subscription));
             }
         }
-        if errors.is_empty() {
+        if problems.found.is_empty() {
             Ok(Self::from_map(by_id))
         } else {
-            Err(SubscriptionErrors(errors))
+            Err(SubscriptionErrors(problems.found))
         }
     }
 
@@ -675,115 +291,299 @@ impl Subscriptions {
             )),
         }
     }
+}
 
-    pub fn from_list(list: impl IntoIterator<Item = Subscription>) -> Self {
-        Self::from_map(
-            list.into_iter()
-                .map(|s| (s.id.clone(), Arc::new(s)))
-                .collect(),
-        )
+/// The problems found in one file, each placed by the line its offset falls on.
+struct Problems<'a> {
+    path: &'a str,
+    text: &'a str,
+    found: Vec<SubscriptionError>,
+}
+
+impl Problems<'_> {
+    fn at(&mut self, offset: usize, field: &str, message: String) {
+        self.found.push(SubscriptionError {
+            path: self.path.to_owned(),
+            line: line_of(self.text, offset),
+            field: field.to_owned(),
+            message,
+        });
     }
+}
 
-    fn from_map(by_id: HashMap<String, Arc<Subscription>>) -> Self {
-        let by_id: HashMap<Arc<str>, Arc<Subscription>> = by_id
-            .into_iter()
-            .map(|(id, s)| (Arc::from(id), s))
-            .collect();
-        let mut lists: HashMap<Arc<str>, Vec<Arc<Subscription>>> = HashMap::new();
-        for s in by_id.values().filter(|s| s.enabled) {
-            lists
-                .entry(Arc::from(s.tenant.as_str()))
-                .or_default()
-                .push(Arc::clone(s));
-        }
-        let by_tenant = lists
-            .into_iter()
-            .map(|(tenant, mut list)| {
-                list.sort_by(|a, b| a.id.cmp(&b.id));
-                (tenant, Arc::new(list))
-            })
-            .collect();
-        Self { by_id, by_tenant }
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The file as TOML; a syntax error is the one problem reported, on its line.
+fn read_file(path: &str, text: &str) -> Result<File, SubscriptionErrors> {
+    toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(0, |s| line_of(text, s.start));
+        // The key written on the offending line, when there is one (`url = 5` -> `url`).
+        let field = text
+            .lines()
+            .nth(line.saturating_sub(1))
+            .and_then(|l| l.split_once('='))
+            .map(|(key, _)| key.trim().to_owned())
+            .filter(|key| !key.is_empty() && !key.starts_with('['))
+            .unwrap_or_else(|| "(syntax)".into());
+        SubscriptionErrors(vec![SubscriptionError {
+            path: path.to_owned(),
+            line,
+            field,
+            message: e.message().trim().to_owned(),
+        }])
+    })
+}
+
+/// One `[[subscription]]` table, field by field; `None` when one it cannot do without is
+/// wrong. Every problem found is added to `problems`, in the order the fields are read.
+fn read_entry(
+    entry: Entry,
+    by_id: &HashMap<String, Arc<Subscription>>,
+    problems: &mut Problems<'_>,
+) -> Option<Subscription> {
+    let id = entry.id.get_ref();
+    if crate::contract::envelope::check_id(id).is_err() {
+        problems.at(
+            entry.id.span().start,
+            "id",
+            format!("{id:?}: expected 1 to 128 letters, digits, '_' or '-'"),
+        );
     }
-
-    /// This version with some subscriptions replaced (`Some`) or removed (`None`), by id. Only
-    /// the lists of the tenants concerned are rebuilt, from their old lists.
-    pub fn with_changes(
-        &self,
-        changes: impl IntoIterator<Item = (String, Option<Subscription>)>,
-    ) -> Self {
-        let mut by_id = self.by_id.clone();
-        let mut by_tenant = self.by_tenant.clone();
-        // Per tenant touched: the ids that left or changed, and what is enabled now.
-        let mut touched: HashMap<
-            String,
-            (std::collections::HashSet<String>, Vec<Arc<Subscription>>),
-        > = HashMap::new();
-        for (id, new) in changes {
-            if let Some(old) = by_id.remove(id.as_str()) {
-                touched
-                    .entry(old.tenant.clone())
-                    .or_default()
-                    .0
-                    .insert(id.clone());
+    if by_id.contains_key(id) {
+        problems.at(
+            entry.id.span().start,
+            "id",
+            format!("{id:?} is defined twice"),
+        );
+    }
+    if let Err(e) = check_tenant(entry.tenant.get_ref()) {
+        problems.at(entry.tenant.span().start, "tenant", e.to_string());
+    }
+    let url = read_url(&entry, problems);
+    let event_types = read_event_types(&entry, problems);
+    let secrets = read_secrets(&entry, problems);
+    let rate = read_rate(&entry, problems);
+    let headers = read_headers(&entry, problems);
+    let basic_auth = read_basic_auth(&entry, problems);
+    let oauth2 = entry
+        .oauth2
+        .as_ref()
+        .and_then(|o| match parse_oauth2(o.get_ref()) {
+            Ok(o) => Some(o),
+            Err((field, message)) => {
+                problems.at(o.span().start, &format!("oauth2.{field}"), message);
+                None
             }
-            if let Some(new) = new {
-                let new = Arc::new(new);
-                let entry = touched.entry(new.tenant.clone()).or_default();
-                entry.0.insert(id.clone());
-                if new.enabled {
-                    entry.1.push(Arc::clone(&new));
+        });
+    let tls = read_tls(&entry, url.as_ref(), problems);
+    Some(Subscription {
+        id: id.clone(),
+        tenant: entry.tenant.into_inner(),
+        url: url?,
+        event_types,
+        secrets,
+        enabled: entry.enabled,
+        paused: entry.paused.is_some_and(|p| *p.get_ref()),
+        max_concurrent: entry.max_concurrent.filter(|&n| n > 0),
+        rate,
+        headers,
+        basic_auth,
+        oauth2,
+        tls,
+    })
+}
+
+fn read_url(entry: &Entry, problems: &mut Problems<'_>) -> Option<reqwest::Url> {
+    match parse_url(entry.url.get_ref())
+        .and_then(|url| refuse_credentials(&url, URL_CREDENTIALS_INSTEAD).map(|()| url))
+    {
+        Ok(url) => Some(url),
+        Err(message) => {
+            problems.at(entry.url.span().start, "url", message);
+            None
+        }
+    }
+}
+
+fn read_event_types(entry: &Entry, problems: &mut Problems<'_>) -> Option<Vec<EventFilter>> {
+    let types = entry.event_types.as_ref()?;
+    match parse_event_types(types.get_ref()) {
+        Ok(filters) => Some(filters),
+        Err(messages) => {
+            for message in messages {
+                problems.at(types.span().start, "event_types", message);
+            }
+            None
+        }
+    }
+}
+
+fn read_secrets(entry: &Entry, problems: &mut Problems<'_>) -> Vec<SecretSpec> {
+    let at = entry.secrets.span().start;
+    let mut secrets = Vec::new();
+    for raw in entry.secrets.get_ref() {
+        let (reference, expires) = match raw {
+            SecretEntry::Plain(r) => (r, None),
+            SecretEntry::Detailed { reference, expires } => (reference, expires.as_ref()),
+        };
+        let expires = match expires.map(|t| humantime::parse_rfc3339_weak(t)) {
+            None => None,
+            Some(Ok(at)) => Some(at),
+            Some(Err(e)) => {
+                problems.at(
+                    at,
+                    "secrets.expires",
+                    format!(
+                        "{:?} is not a time like \"2027-01-31T00:00:00Z\": {e}",
+                        expires.map_or("", |t| t.as_str())
+                    ),
+                );
+                None
+            }
+        };
+        match SecretRef::parse(reference) {
+            Ok(reference) => secrets.push(SecretSpec { reference, expires }),
+            Err(message) => problems.at(at, "secrets", message),
+        }
+    }
+    if entry.secrets.get_ref().is_empty() {
+        problems.at(
+            at,
+            "secrets",
+            "at least one secret reference is needed to sign deliveries".into(),
+        );
+    }
+    secrets
+}
+
+fn read_rate(entry: &Entry, problems: &mut Problems<'_>) -> Option<Rate> {
+    let raw = entry.rate.as_ref()?;
+    match raw.get_ref().parse::<Rate>() {
+        Ok(rate) => Some(rate),
+        Err(message) => {
+            problems.at(raw.span().start, "rate", message);
+            None
+        }
+    }
+}
+
+fn read_headers(entry: &Entry, problems: &mut Problems<'_>) -> Vec<ExtraHeader> {
+    let mut headers = Vec::new();
+    let Some(table) = &entry.headers else {
+        return headers;
+    };
+    let at = table.span().start;
+    for (name, value) in table.get_ref() {
+        if let Some(why) = reserved_header(name) {
+            problems.at(at, "headers", why);
+            continue;
+        }
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            problems.at(at, "headers", format!("{name:?} is not a header name"));
+            continue;
+        }
+        let name = name.to_ascii_lowercase();
+        if name == "authorization" && (entry.basic_auth.is_some() || entry.oauth2.is_some()) {
+            problems.at(
+                at,
+                "headers",
+                "\"authorization\" and basic_auth or oauth2 would each set the Authorization header; keep one".into(),
+            );
+            continue;
+        }
+        match value {
+            HeaderEntry::Static(v) => {
+                if reqwest::header::HeaderValue::from_str(v).is_err() {
+                    problems.at(
+                        at,
+                        "headers",
+                        format!(
+                            "the value of {name:?} is not a header value (visible ASCII and spaces)"
+                        ),
+                    );
+                } else {
+                    headers.push(ExtraHeader {
+                        name,
+                        value: HeaderValueSpec::Static(v.clone()),
+                    });
                 }
-                by_id.insert(Arc::from(id), new);
             }
+            HeaderEntry::Secret { secret } => match SecretRef::parse(secret) {
+                Ok(r) => headers.push(ExtraHeader {
+                    name,
+                    value: HeaderValueSpec::Secret(r),
+                }),
+                Err(message) => problems.at(at, "headers", format!("{name:?}: {message}")),
+            },
         }
-        for (tenant, (gone, added)) in touched {
-            let mut list: Vec<Arc<Subscription>> = by_tenant
-                .get(tenant.as_str())
-                .map(|l| {
-                    l.iter()
-                        .filter(|s| !gone.contains(&s.id))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            list.extend(added);
-            if list.is_empty() {
-                by_tenant.remove(tenant.as_str());
+    }
+    headers
+}
+
+/// Basic auth, and its conflict with OAuth2 (both would set the Authorization header).
+fn read_basic_auth(entry: &Entry, problems: &mut Problems<'_>) -> Option<BasicAuth> {
+    let basic_auth = match &entry.basic_auth {
+        None => None,
+        Some(b) => {
+            let at = b.span().start;
+            let b = b.get_ref();
+            if b.username.contains(':') || b.username.is_empty() {
+                problems.at(
+                    at,
+                    "basic_auth.username",
+                    "a user name is not empty and has no ':'".into(),
+                );
+                None
             } else {
-                list.sort_by(|a, b| a.id.cmp(&b.id));
-                by_tenant.insert(Arc::from(tenant), Arc::new(list));
+                match SecretRef::parse(&b.password) {
+                    Ok(password) => Some(BasicAuth {
+                        username: b.username.clone(),
+                        password,
+                    }),
+                    Err(message) => {
+                        problems.at(at, "basic_auth.password", message);
+                        None
+                    }
+                }
             }
         }
-        Self { by_id, by_tenant }
+    };
+    if let (Some(b), Some(_)) = (&entry.basic_auth, &entry.oauth2) {
+        problems.at(
+            b.span().start,
+            "basic_auth",
+            "basic_auth and oauth2 would each set the Authorization header; keep one".into(),
+        );
     }
+    basic_auth
+}
 
-    pub fn get(&self, id: &str) -> Option<&Arc<Subscription>> {
-        self.by_id.get(id)
+/// A client certificate, which only an https:// endpoint can be shown.
+fn read_tls(
+    entry: &Entry,
+    url: Option<&reqwest::Url>,
+    problems: &mut Problems<'_>,
+) -> Option<ClientTls> {
+    let tls = entry
+        .tls
+        .as_ref()
+        .and_then(|t| match parse_tls(t.get_ref()) {
+            Ok(t) => Some(t),
+            Err((field, message)) => {
+                problems.at(t.span().start, &format!("tls.{field}"), message);
+                None
+            }
+        });
+    if tls.is_some() && url.is_some_and(|u| u.scheme() != "https") {
+        problems.at(
+            entry.url.span().start,
+            "tls",
+            "a client certificate is presented over TLS only: the url must be https://".into(),
+        );
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Subscription>> {
-        self.by_id.values()
-    }
-
-    /// The enabled subscriptions of `tenant` that receive `event_type`, by id: a fan-out's
-    /// targets.
-    pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<Subscription>> {
-        self.by_tenant.get(tenant).map_or_else(Vec::new, |list| {
-            list.iter()
-                .filter(|s| s.accepts(event_type))
-                .cloned()
-                .collect()
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
+    tls
 }
 
 #[cfg(test)]
@@ -968,52 +768,6 @@ mod tests {
         let user = with_url("https://hook@h.example/x");
         assert!(user.contains("basic_auth"), "{user}");
         assert!(!in_url.contains("hunter2") && !in_token_url.contains("hunter2"));
-    }
-
-    #[test]
-    fn a_version_with_changes_indexes_as_a_version_built_whole() {
-        let sub = |id: &str, tenant: &str, enabled: bool| {
-            let mut s = Subscription::new(
-                id,
-                tenant,
-                "https://h.example/x".parse().unwrap(),
-                SecretRef::Env("X".into()),
-            );
-            s.enabled = enabled;
-            s
-        };
-        let before = Subscriptions::from_list([
-            sub("a1", "a", true),
-            sub("a2", "a", true),
-            sub("b1", "b", true),
-            sub("c1", "c", true),
-        ]);
-        let changes = vec![
-            ("a1".to_owned(), None),                        // deleted
-            ("a2".to_owned(), Some(sub("a2", "a", false))), // disabled
-            ("b1".to_owned(), Some(sub("b1", "c", true))),  // moved to tenant c
-            ("d1".to_owned(), Some(sub("d1", "d", true))),  // new
-        ];
-        let after = before.with_changes(changes);
-        let whole = Subscriptions::from_list([
-            sub("a2", "a", false),
-            sub("b1", "c", true),
-            sub("c1", "c", true),
-            sub("d1", "d", true),
-        ]);
-        for tenant in ["a", "b", "c", "d"] {
-            let ids = |s: &Subscriptions| {
-                s.matching(tenant, "t.x")
-                    .iter()
-                    .map(|s| s.id.clone())
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(ids(&after), ids(&whole), "tenant {tenant}");
-        }
-        assert_eq!(after.len(), 4);
-        assert!(after.get("a1").is_none());
-        assert_eq!(before.len(), 4, "the old version is untouched");
-        assert_eq!(before.matching("a", "t.x").len(), 2);
     }
 
     const GOOD: &str = r#"
