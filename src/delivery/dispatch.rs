@@ -411,7 +411,7 @@ impl Dispatcher {
                 }
                 Err(reason) => {
                     warn!(subscription = %sub.id, error = %reason, "No OAuth2 token for the subscription");
-                    let result = AttemptResult::NotSent(reason);
+                    let result = AttemptResult::NotSent(reason.to_string());
                     slot.finish(&result);
                     return (result, None);
                 }

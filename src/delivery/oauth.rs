@@ -61,10 +61,54 @@ struct ErrorResponse {
     error_description: Option<String>,
 }
 
+/// Why a token endpoint gave no token. Each says whose move it is; in every case the delivery
+/// waits in the ladder and is tried again (with a new fetch), so the fix is what changes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// It answered an error status: the client's id, secret, scope or audience is wrong, or,
+    /// for a 5xx or 429, the identity provider is in trouble ([`TokenError::is_transient`]).
+    #[error("the token endpoint answered HTTP {status}{detail}")]
+    Refused { status: u16, detail: String },
+    /// Its answer is not a bearer token hookrelay can send: the provider's configuration.
+    #[error("{0}")]
+    Malformed(String),
+    /// No answer (connection, timeout, the egress policy): the provider or the network.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The subscription's client secret does not resolve: its reference.
+    #[error("client_secret: {0}")]
+    Secret(String),
+}
+
+impl TokenError {
+    /// Whether the identity provider may answer differently soon without a change of settings.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TokenError::Unreachable(_) => true,
+            TokenError::Refused { status, .. } => *status >= 500 || *status == 429,
+            TokenError::Malformed(_) | TokenError::Secret(_) => false,
+        }
+    }
+}
+
+/// No token for a subscription: from which token endpoint (shown without credentials), and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("OAuth2 token from {from}: {error}")]
+pub struct TokenFailure {
+    pub from: String,
+    pub error: TokenError,
+}
+
+const NOT_SECONDS: &str = "the token endpoint's expires_in is not a number of seconds";
+
+fn malformed(what: &str) -> TokenError {
+    TokenError::Malformed(what.to_owned())
+}
+
 /// The token in a token endpoint's answer, or why there is none. Error texts quote the
 /// endpoint's `error` and `error_description` (RFC 6749 section 5.2), never the body at large:
 /// it could echo what was sent.
-pub fn parse_token_response(status: u16, body: &[u8]) -> Result<Fetched, String> {
+pub fn parse_token_response(status: u16, body: &[u8]) -> Result<Fetched, TokenError> {
     if !(200..=299).contains(&status) {
         let detail = serde_json::from_slice::<ErrorResponse>(body)
             .ok()
@@ -75,24 +119,26 @@ pub fn parse_token_response(status: u16, body: &[u8]) -> Result<Fetched, String>
                 })
             })
             .unwrap_or_default();
-        return Err(format!("the token endpoint answered HTTP {status}{detail}"));
+        return Err(TokenError::Refused { status, detail });
     }
     let parsed: TokenResponse = serde_json::from_slice(body)
-        .map_err(|_| "the token endpoint's answer is not a JSON token response".to_owned())?;
+        .map_err(|_| malformed("the token endpoint's answer is not a JSON token response"))?;
     let access_token = parsed
         .access_token
         .filter(|t| !t.is_empty())
-        .ok_or("the token endpoint's answer has no access_token")?;
+        .ok_or_else(|| malformed("the token endpoint's answer has no access_token"))?;
     if let Some(kind) = &parsed.token_type
         && !kind.eq_ignore_ascii_case("bearer")
     {
-        return Err(format!(
+        return Err(TokenError::Malformed(format!(
             "the token endpoint issued a {:?} token; only bearer tokens are sent",
             clip(kind)
-        ));
+        )));
     }
     if reqwest::header::HeaderValue::from_str(&format!("Bearer {access_token}")).is_err() {
-        return Err("the token endpoint's access_token is not a header value".into());
+        return Err(malformed(
+            "the token endpoint's access_token is not a header value",
+        ));
     }
     // A number, or (some servers) a number in a string.
     let lifetime = match parsed.expires_in {
@@ -101,13 +147,13 @@ pub fn parse_token_response(status: u16, body: &[u8]) -> Result<Fetched, String>
             .as_f64()
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(|s| Duration::from_secs_f64(s.min(1e9)))
-            .ok_or("the token endpoint's expires_in is not a number of seconds")?,
+            .ok_or_else(|| malformed(NOT_SECONDS))?,
         Some(serde_json::Value::String(s)) => s
             .trim()
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|_| "the token endpoint's expires_in is not a number of seconds")?,
-        Some(_) => return Err("the token endpoint's expires_in is not a number of seconds".into()),
+            .map_err(|_| malformed(NOT_SECONDS))?,
+        Some(_) => return Err(malformed(NOT_SECONDS)),
     };
     Ok(Fetched {
         access_token,
@@ -160,7 +206,7 @@ struct Entry {
     /// Held while a token is fetched: who comes meanwhile waits for that fetch.
     fetching: tokio::sync::Mutex<()>,
     /// The last failed fetch: when it ended and why, for those who waited on it.
-    failed: Mutex<Option<(Instant, String)>>,
+    failed: Mutex<Option<(Instant, TokenFailure)>>,
     generation: Mutex<u64>,
 }
 
@@ -227,7 +273,7 @@ impl Tokens {
         spec: &OAuth2,
         secrets: &SecretStore,
         http: &HttpSender,
-    ) -> Result<Token, String> {
+    ) -> Result<Token, TokenFailure> {
         let entry = self.entry(subscription, spec);
         let asked = Instant::now();
         if let Some(token) = fresh(&entry) {
@@ -259,8 +305,11 @@ impl Tokens {
                 *entry.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
                 Ok(token)
             }
-            Err(why) => {
-                let why = format!("OAuth2 token from {}: {why}", shown(&spec.token_url));
+            Err(error) => {
+                let why = TokenFailure {
+                    from: shown(&spec.token_url),
+                    error,
+                };
                 *entry.failed.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some((Instant::now(), why.clone()));
                 Err(why)
@@ -306,12 +355,19 @@ fn shown(url: &reqwest::Url) -> String {
     crate::config::shown_url(url)
 }
 
-async fn fetch(spec: &OAuth2, secrets: &SecretStore, http: &HttpSender) -> Result<Fetched, String> {
+async fn fetch(
+    spec: &OAuth2,
+    secrets: &SecretStore,
+    http: &HttpSender,
+) -> Result<Fetched, TokenError> {
     let secret = secrets
         .resolve_text(&spec.client_secret)
-        .map_err(|e| format!("client_secret: {e}"))?;
+        .map_err(|e| TokenError::Secret(e.to_string()))?;
     let (form, basic) = token_request(spec, &secret);
-    let (status, body) = http.post_form(&spec.token_url, basic, form).await?;
+    let (status, body) = http
+        .post_form(&spec.token_url, basic, form)
+        .await
+        .map_err(TokenError::Unreachable)?;
     parse_token_response(status, &body)
 }
 
@@ -339,16 +395,17 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            refused,
+            refused.to_string(),
             "the token endpoint answered HTTP 401: invalid_client (unknown client)"
         );
-        assert_eq!(
-            parse_token_response(503, b"<html>").unwrap_err(),
-            "the token endpoint answered HTTP 503"
-        );
+        assert!(!refused.is_transient(), "the client's settings are wrong");
+        let down = parse_token_response(503, b"<html>").unwrap_err();
+        assert_eq!(down.to_string(), "the token endpoint answered HTTP 503");
+        assert!(down.is_transient(), "the provider is in trouble");
         assert!(
             parse_token_response(200, br#"{"access_token":"a","token_type":"mac"}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("only bearer")
         );
         assert!(parse_token_response(200, br#"{"token_type":"bearer"}"#).is_err());
