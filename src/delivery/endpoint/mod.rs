@@ -198,6 +198,14 @@ impl std::fmt::Debug for Endpoints {
     }
 }
 
+/// Drops the semaphores nobody holds: each has all its permits, as a new one would (a permit,
+/// or a delivery waiting for one, holds a clone of its `Arc`).
+fn forget_idle<K>(map: &Mutex<HashMap<K, Arc<Semaphore>>>) {
+    map.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|_, s| Arc::strong_count(s) > 1);
+}
+
 /// How many entries [`Endpoints`] keeps, by map (the worker's `hookrelay_worker_cache_entries`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EndpointEntries {
@@ -339,7 +347,6 @@ impl Endpoints {
     pub fn retain_live(&self, live: &HashSet<EndpointKey>) {
         let inner = &self.0;
         let now = inner.clock.now();
-        let idle = |s: &Arc<Semaphore>| Arc::strong_count(s) == 1;
         {
             let mut health = inner.lock_health();
             let mut ramps_dropped = 0;
@@ -352,21 +359,9 @@ impl Endpoints {
             });
             inner.recovering.fetch_sub(ramps_dropped, Ordering::Relaxed);
         }
-        inner
-            .limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, s| !idle(s));
-        inner
-            .host_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, s| !idle(s));
-        inner
-            .lane_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, s| !idle(s));
+        forget_idle(&inner.limits);
+        forget_idle(&inner.host_limits);
+        forget_idle(&inner.lane_limits);
         inner
             .rates
             .lock()
