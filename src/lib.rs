@@ -23,6 +23,8 @@
 //! - [`history`]: the archive and the attempt log materialized into PostgreSQL: `hookrelay
 //!   history`, and the story of an event for `trace` and the API.
 //! - [`api`]: `hookrelay api`, the control plane's HTTP API over the PostgreSQL store.
+//! - [`web`]: the pages `hookrelay api` serves beside it: the tenant portal and the operator
+//!   console.
 //! - [`cli`]: the command line.
 //! - [`units`]: durations, clocks, truncation: a leaf every module may use.
 //!
@@ -42,3 +44,4 @@ pub mod ops;
 pub mod store;
 pub mod subscriptions;
 pub mod units;
+pub mod web;

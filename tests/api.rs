@@ -220,6 +220,7 @@ impl Api {
             broker,
             history: history.then(|| db.store.pool().clone()),
             limits,
+            pages: Default::default(),
         };
         let (app, state) = hookrelay::api::router(setup);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

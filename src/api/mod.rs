@@ -16,6 +16,7 @@
 //!   [`crate::store::idempotency`].
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
+//! - [`portal_links`]: one-time links into the tenant portal, and revoking its sessions.
 //! - [`openapi`]: the OpenAPI document, generated from the handlers and types.
 
 pub mod actions;
@@ -25,6 +26,7 @@ pub mod history;
 pub mod keepalive;
 pub mod model;
 pub mod openapi;
+pub mod portal_links;
 pub mod problem;
 pub mod quota;
 pub mod replays;
@@ -91,6 +93,33 @@ pub struct ApiSetup {
     pub history: Option<PgPool>,
     /// Per-tenant quotas and the bounds of replays (`[api]`).
     pub limits: quota::Limits,
+    /// The pages' settings: where portal links point, how long sessions last, who may frame
+    /// the portal.
+    pub pages: PagesSetup,
+}
+
+/// The settings of the pages (`api.public_url`, `api.session_ttl`, `api.frame_ancestors`).
+#[derive(Debug, Clone)]
+pub struct PagesSetup {
+    pub public_url: String,
+    pub session_ttl: Duration,
+    pub frame_ancestors: Vec<String>,
+}
+
+impl PagesSetup {
+    pub fn from_config(api: &crate::config::ApiConfig) -> Self {
+        Self {
+            public_url: api.public_url.trim_end_matches('/').to_owned(),
+            session_ttl: api.session_ttl,
+            frame_ancestors: api.frame_ancestors.clone(),
+        }
+    }
+}
+
+impl Default for PagesSetup {
+    fn default() -> Self {
+        Self::from_config(&crate::config::ApiConfig::default())
+    }
 }
 
 /// The handlers' shared state.
@@ -106,6 +135,9 @@ pub struct Shared {
     broker: Option<BrokerSetup>,
     history: Option<PgPool>,
     limits: quota::Limits,
+    pub pages: PagesSetup,
+    /// The API's tokens: the console's sign-in takes an admin's.
+    pub tokens: Tokens,
     /// Each tenant's writes and test events of the last minute.
     pace: quota::Pace,
     replays: Arc<replays::SharedJobs>,
@@ -273,6 +305,8 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         broker: setup.broker,
         history: setup.history,
         limits: setup.limits,
+        pages: setup.pages,
+        tokens: setup.tokens.clone(),
         pace: quota::Pace::default(),
         replays: Default::default(),
         publisher: OnceCell::new(),
@@ -299,6 +333,8 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
         .route("/v1/replays/{id}/cancel", post(replays::cancel))
+        .route("/v1/portal-links", post(portal_links::create))
+        .route("/v1/portal-sessions/revoke", post(portal_links::revoke))
         // Inside the token check (a layer wraps those before it): the scope is known.
         .route_layer(from_fn_with_state(state.clone(), quota::limit))
         .route_layer(from_fn_with_state(

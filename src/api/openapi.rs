@@ -14,6 +14,7 @@ use utoipa::{Modify, OpenApi};
 use super::actions;
 use super::history;
 use super::model;
+use super::portal_links;
 use super::problem;
 use super::replays;
 use super::subscriptions;
@@ -44,6 +45,8 @@ use super::subscriptions;
         replays::create,
         replays::read,
         replays::cancel,
+        portal_links::create,
+        portal_links::revoke,
     ),
     components(schemas(
         model::CreateSubscription,
@@ -65,6 +68,10 @@ use super::subscriptions;
         crate::history::trace::Outcome,
         replays::CreateReplay,
         replays::ReplayJob,
+        portal_links::CreatePortalLink,
+        portal_links::PortalLink,
+        portal_links::RevokePortalSessions,
+        portal_links::PortalSessionsRevoked,
         problem::Problem,
         problem::FieldError,
     )),
@@ -74,6 +81,7 @@ use super::subscriptions;
         (name = "subscriptions", description = "Who receives which events, where, signed with what"),
         (name = "history", description = "What happened to an event, and a subscription's attempts (filled by `hookrelay history`)"),
         (name = "replays", description = "Archived events published again by the time they were accepted"),
+        (name = "portal", description = "One-time links into the tenant portal, and ending its sessions"),
     ),
 )]
 struct ApiDoc;

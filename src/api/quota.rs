@@ -138,25 +138,37 @@ pub async fn limit(State(state): State<ApiState>, request: Request, next: Next) 
         .extensions()
         .get::<MatchedPath>()
         .is_some_and(|p| p.as_str() == "/v1/subscriptions/{id}/test");
-    let (spend, per_minute) = if test_event {
-        (Spend::TestEvent, state.limits.test_events_per_minute)
+    let spend = if test_event {
+        Spend::TestEvent
     } else {
-        (Spend::Write, state.limits.writes_per_minute)
+        Spend::Write
     };
-    match state.pace.take(spend, tenant, per_minute, Instant::now()) {
+    match take(&state, tenant, spend) {
         Ok(()) => next.run(request).await,
-        Err(wait) => {
-            let refused = ApiError::RateLimited {
-                what: spend.what(),
-                setting: spend.setting(),
-                per_minute,
-                // Whole seconds, rounded up: trying again then succeeds.
-                retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-            };
+        Err(refused) => {
             keepalive::drain(request.into_body(), state.max_body).await;
             refused.into_response()
         }
     }
+}
+
+/// Takes one of `tenant`'s writes or test events of this minute, or says when to try again:
+/// what [`limit`] does for `/v1`, for the pages' forms.
+pub fn take(state: &ApiState, tenant: &str, spend: Spend) -> Result<(), ApiError> {
+    let per_minute = match spend {
+        Spend::TestEvent => state.limits.test_events_per_minute,
+        Spend::Write => state.limits.writes_per_minute,
+    };
+    state
+        .pace
+        .take(spend, tenant, per_minute, Instant::now())
+        .map_err(|wait| ApiError::RateLimited {
+            what: spend.what(),
+            setting: spend.setting(),
+            per_minute,
+            // Whole seconds, rounded up: trying again then succeeds.
+            retry_after: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+        })
 }
 
 /// Refuses a subscription more for `tenant` once it has `max`. Holds a lock on the tenant's

@@ -72,9 +72,10 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
         }),
         history: Some(history),
         limits: crate::api::quota::Limits::from_config(&config.api),
+        pages: crate::api::PagesSetup::from_config(&config.api),
     };
     tracing::info!(store = %store.shown(), "Starting the API");
-    let (app, state) = crate::api::router(setup);
+    let (app, state) = crate::web::app(setup);
     crate::api::serve(listener, app, state, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -462,6 +462,16 @@ pub struct ApiConfig {
     /// Envelope ids the index of one `only_undelivered` replay may hold (about 100 bytes
     /// each); past it the replay fails and says so.
     pub replay_index_max: usize,
+    /// Where the pages are reached from outside (`https://hooks.example.com`), which portal
+    /// links point to; empty: `http://` and the host the link was asked at. `https://` marks
+    /// the pages' cookies `Secure`.
+    pub public_url: String,
+    /// How long a portal or console session lasts after it was opened.
+    #[serde(with = "humantime_serde")]
+    pub session_ttl: Duration,
+    /// Who may show the tenant portal in a frame (CSP `frame-ancestors`): origins such as
+    /// `https://app.example.com`; empty: nobody.
+    pub frame_ancestors: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -480,6 +490,9 @@ impl Default for ApiConfig {
             tenant_replay_window: Duration::from_secs(24 * 3600),
             tenant_replay_rate: default_replay_rate(),
             replay_index_max: 500_000,
+            public_url: String::new(),
+            session_ttl: Duration::from_secs(8 * 3600),
+            frame_ancestors: Vec::new(),
         }
     }
 }

@@ -147,6 +147,36 @@ impl Config {
                 "must be longer than zero",
             ));
         }
+        if !self.api.public_url.is_empty() {
+            let url = url::Url::parse(&self.api.public_url)
+                .map_err(|e| ConfigError::invalid("api.public_url", e.to_string()))?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err(ConfigError::invalid(
+                    "api.public_url",
+                    "must be an http:// or https:// address with a host",
+                ));
+            }
+        }
+        if self.api.session_ttl.is_zero() || self.api.session_ttl > Duration::from_secs(7 * 86_400)
+        {
+            return Err(ConfigError::invalid(
+                "api.session_ttl",
+                "must be longer than zero and at most 7 days",
+            ));
+        }
+        for origin in &self.api.frame_ancestors {
+            // One source expression each: no spaces or semicolons to smuggle directives in.
+            if origin.is_empty()
+                || origin
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, ';' | ',' | '\'' | '"'))
+            {
+                return Err(ConfigError::invalid(
+                    "api.frame_ancestors",
+                    format!("{origin:?} is not an origin such as https://app.example.com"),
+                ));
+            }
+        }
         for token in &self.api.tokens {
             SecretSource::parse(&token.token)
                 .map_err(|e| ConfigError::invalid("api.tokens", format!("token: {e}")))?;

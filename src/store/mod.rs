@@ -12,9 +12,11 @@
 //!   delivering on the last one while the database is away.
 //! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
+//! - [`portal`]: one-time portal links and the pages' sessions.
 
 pub mod follow;
 pub mod idempotency;
+pub mod portal;
 pub mod postgres;
 pub mod request;
 pub mod subscriptions;

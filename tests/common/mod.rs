@@ -7,6 +7,7 @@
 //! - [`egress`]: a permissive egress policy and a resolver with fixed answers.
 //! - [`node`]: RabbitMQ nodes of a test's own, for the fault suite.
 //! - [`pg`]: PostgreSQL databases and servers of a test's own, for the store.
+//! - [`site`]: the API with its pages over a database of the test's own.
 
 #![allow(dead_code)]
 
@@ -14,6 +15,7 @@ pub mod egress;
 pub mod hostile;
 pub mod node;
 pub mod pg;
+pub mod site;
 
 // Not every test binary uses each of these.
 #[allow(unused_imports)]

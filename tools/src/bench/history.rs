@@ -358,6 +358,7 @@ async fn measure(
         broker: None,
         history: Some(pool.clone()),
         limits: Default::default(),
+        pages: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
