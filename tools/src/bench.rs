@@ -54,6 +54,7 @@ use crate::kit::{
 pub mod cpu;
 pub mod history;
 pub mod noisy;
+pub mod pages;
 pub mod shards;
 pub mod soak;
 pub mod store;
@@ -76,6 +77,8 @@ pub enum BenchError {
     Node(#[from] crate::node::NodeError),
     #[error("subscription store: {0}")]
     Sql(#[from] sqlx::Error),
+    #[error("http: {0}")]
+    Http(#[from] reqwest::Error),
     #[error("{0}")]
     Other(String),
 }

@@ -180,6 +180,17 @@ struct BenchArgs {
     /// its own on HOOKRELAY_TEST_DATABASE_URL (else the local server), dropped after.
     #[arg(long)]
     history: bool,
+    /// The portal's and console's pages over a full store: --page-subscriptions subscriptions
+    /// and --page-attempts attempt rows, each page fetched --page-requests times. In a database
+    /// of its own, dropped after; no broker needed.
+    #[arg(long)]
+    pages: bool,
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    page_subscriptions: u64,
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    page_attempts: u64,
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    page_requests: usize,
     /// Attempt records materialized from a full stream for --history.
     #[arg(long, default_value_t = 200_000, value_name = "N")]
     history_records: usize,
@@ -296,6 +307,21 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 failure_path: args.failure_path,
                 ..Default::default()
             };
+            // The pages run in this process: no worker binary needed.
+            if args.pages {
+                let options = bench::pages::PagesOptions {
+                    subscriptions: args.page_subscriptions,
+                    attempts: args.page_attempts,
+                    requests: args.page_requests.max(1),
+                };
+                let report = bench::pages::run(&options).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let exe = std::env::current_exe().context("cannot find the hookrelay-dev binary")?;
             let worker = match args.worker_bin {
                 Some(path) => path,
