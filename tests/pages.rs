@@ -261,7 +261,10 @@ async fn every_page_carries_a_strict_policy() {
         assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
         assert_eq!(answer.headers()["cache-control"], "no-store", "{path}");
         let body = answer.text().await.unwrap();
-        assert!(!body.contains("<script>"), "{path}: an inline script: {body}");
+        assert!(
+            !body.contains("<script>"),
+            "{path}: an inline script: {body}"
+        );
         assert!(!has_handler(&body), "{path}: an inline handler: {body}");
     }
     site.stop().await;

@@ -46,7 +46,7 @@ enum Command {
     /// per second at a local sink from the first delivery to the last. The worker runs as its own
     /// process (`hookrelay worker`, found beside this binary unless --worker-bin says otherwise),
     /// with signing, lookups, egress checks and metrics on.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// The bench's ceiling loop (started by `hookrelay-dev bench`).
     #[command(hide = true)]
     BenchCeiling {
