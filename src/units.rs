@@ -37,24 +37,40 @@ impl Rate {
     }
 }
 
+/// Why a rate was refused: each says what to correct in the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    #[error("{0:?} is not a rate like \"50/s\" or \"600/m\"")]
+    NotANumber(String),
+    #[error("unknown unit {unit:?} in {rate:?}; use /s, /m or /h")]
+    UnknownUnit { unit: String, rate: String },
+    #[error("{0:?}: the rate must be {bounds}", bounds = Rate::BOUNDS)]
+    OutOfBounds(String),
+}
+
 impl std::str::FromStr for Rate {
-    type Err = String;
+    type Err = RateError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (n, unit) = s.split_once('/').unwrap_or((s, "s"));
         let n: f64 = n
             .trim()
             .parse()
-            .map_err(|_| format!("{s:?} is not a rate like \"50/s\" or \"600/m\""))?;
+            .map_err(|_| RateError::NotANumber(s.to_owned()))?;
         let seconds = match unit.trim() {
             "s" | "sec" | "second" => 1.0,
             "m" | "min" | "minute" => 60.0,
             "h" | "hour" => 3600.0,
-            other => return Err(format!("unknown unit {other:?} in {s:?}; use /s, /m or /h")),
+            other => {
+                return Err(RateError::UnknownUnit {
+                    unit: other.to_owned(),
+                    rate: s.to_owned(),
+                });
+            }
         };
         let per_second = n / seconds;
         // NaN fails both comparisons, and so is refused with the rest.
         if !(Self::MIN_PER_SECOND..=Self::MAX_PER_SECOND).contains(&per_second) {
-            return Err(format!("{s:?}: the rate must be {}", Self::BOUNDS));
+            return Err(RateError::OutOfBounds(s.to_owned()));
         }
         Ok(Self { per_second })
     }
@@ -241,7 +257,10 @@ mod tests {
         );
         assert!("0/s".parse::<Rate>().is_err());
         assert!("fast".parse::<Rate>().is_err());
-        assert!("5/d".parse::<Rate>().unwrap_err().contains("unknown unit"));
+        assert_eq!(
+            "5/d".parse::<Rate>().unwrap_err().to_string(),
+            "unknown unit \"d\" in \"5/d\"; use /s, /m or /h"
+        );
         // Written back as it is read.
         let r: Rate = "600/m".parse().unwrap();
         assert_eq!(r.to_string(), "10/s");
@@ -259,7 +278,8 @@ mod tests {
             "NaN/s",
         ] {
             let e = bad.parse::<Rate>().unwrap_err();
-            assert!(e.contains("between"), "{bad}: {e}");
+            assert_eq!(e, RateError::OutOfBounds(bad.to_owned()));
+            assert!(e.to_string().contains("between"), "{bad}: {e}");
         }
         for edge in ["0.000001/s", "1000000/s", "0.0036/h", "60000000/m"] {
             let r: Rate = edge.parse().unwrap_or_else(|e| panic!("{edge}: {e}"));

@@ -18,7 +18,7 @@ use hookrelay::config::EgressConfig;
 use hookrelay::config::HttpConfig;
 use hookrelay::contract::envelope::EnvelopeId;
 use hookrelay::delivery::egress::{EgressPolicy, GuardedResolver, ResolveError};
-use hookrelay::delivery::http::{HttpSender, WebhookRequest};
+use hookrelay::delivery::http::{FormError, HttpSender, WebhookRequest};
 use hookrelay::delivery::route::AttemptResult;
 use hookrelay_tools::receiver::{Receiver, Reply};
 
@@ -496,7 +496,10 @@ async fn a_token_endpoint_passes_the_egress_policy_like_an_endpoint() {
             )
             .await
             .unwrap_err();
-        assert!(refused.contains("egress"), "{refused}");
+        assert!(matches!(refused, FormError::Denied(_)), "{refused}");
+        assert!(refused.to_string().contains("egress"), "{refused}");
+        // A token request the policy refuses is not tried again until the settings change.
+        assert!(!refused.is_transient(), "{refused}");
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
 }

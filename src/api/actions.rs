@@ -99,7 +99,7 @@ pub async fn resume(
         .as_deref()
         .map(str::parse::<Rate>)
         .transpose()
-        .map_err(|e| ApiError::field("rate", e))?;
+        .map_err(|e| ApiError::field("rate", e.to_string()))?;
     let (view, changed) = set_paused(&state, &scope, &id, false).await?;
     let returning_parked = changed && state.return_parked(&id, rate);
     info!(subscription = %id, returning_parked, "Resumed subscription");

@@ -87,8 +87,8 @@ impl Tokens {
     pub fn resolve(tokens: &[ApiToken], env: &dyn Env) -> Result<Self, TokenError> {
         let mut hashed = Vec::with_capacity(tokens.len());
         for configured in tokens {
-            let reference =
-                SecretRef::parse(&configured.token).map_err(TokenError::NotAReference)?;
+            let reference = SecretRef::parse(&configured.token)
+                .map_err(|e| TokenError::NotAReference(e.to_string()))?;
             let shown = reference.to_string();
             let value = match &reference {
                 SecretRef::Env(name) => env.var(name).ok_or(TokenError::EnvMissing {

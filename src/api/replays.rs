@@ -313,7 +313,7 @@ fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayO
     let rate = match &req.rate {
         Some(text) => text
             .parse::<Rate>()
-            .map_err(|e| errors.push(FieldError::new("rate", e)))
+            .map_err(|e| errors.push(FieldError::new("rate", e.to_string())))
             .ok(),
         None => Some(default_rate(scope, limits)),
     };

@@ -185,8 +185,8 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
     }
     match parse_url(raw).and_then(|u| refuse_credentials(&u, URL_CREDENTIALS_INSTEAD).map(|()| u)) {
         Ok(u) => Some(u),
-        Err(message) => {
-            problems.add("url", message);
+        Err(e) => {
+            problems.add("url", e.to_string());
             None
         }
     }
@@ -216,8 +216,8 @@ fn max_concurrent(n: u32, problems: &mut Problems) -> Option<u32> {
 fn rate(raw: &str, problems: &mut Problems) -> Option<Rate> {
     match raw.parse::<Rate>() {
         Ok(r) => Some(r),
-        Err(message) => {
-            problems.add("rate", message);
+        Err(e) => {
+            problems.add("rate", e.to_string());
             None
         }
     }
@@ -264,7 +264,7 @@ fn headers(
         let lower = match check_header_name(name) {
             Ok(lower) => lower,
             Err(why) => {
-                problems.add(&field, why);
+                problems.add(&field, why.to_string());
                 continue;
             }
         };
@@ -275,7 +275,7 @@ fn headers(
         let header = match value {
             HeaderInput::Value(v) => {
                 if let Err(why) = check_header_value(name, v) {
-                    problems.add(&field, why);
+                    problems.add(&field, why.to_string());
                     continue;
                 }
                 StoredHeader {
@@ -313,7 +313,7 @@ fn basic_auth(
 ) {
     let mut ok = true;
     if let Err(why) = check_username(&raw.username) {
-        problems.add("basic_auth.username", why);
+        problems.add("basic_auth.username", why.to_string());
         ok = false;
     }
     ok &= secret_text("basic_auth.password", &raw.password, problems);
@@ -344,7 +344,7 @@ fn oauth2(
     let built = built.and_then(|o| {
         refuse_credentials(&o.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
             .map(|()| o)
-            .map_err(|why| ("token_url", why))
+            .map_err(|why| ("token_url", why.to_string()))
     });
     match built {
         Err((field, why)) => {

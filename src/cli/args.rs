@@ -307,7 +307,7 @@ pub struct ReplayArgs {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgError {
     #[error("{0}")]
-    EventFilter(String),
+    EventFilter(crate::subscriptions::FilterError),
     #[error("{0:?}: use 1 to 64 letters, digits, '_' or '-'")]
     KeyWord(String),
 }

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 pub use load::{Env, ProcessEnv};
-pub use reference::SecretSource;
+pub use reference::{ReferenceError, SecretSource};
 pub use sections::*;
 pub use source::Source;
 pub use url::{SecretUrl, shown_url};

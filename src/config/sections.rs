@@ -593,9 +593,9 @@ fn write_optional<T: Serialize, S: Serializer>(
 }
 
 /// `""` is `None`; anything else must parse.
-fn read_optional<'de, D: Deserializer<'de>, T>(
+fn read_optional<'de, D: Deserializer<'de>, T, E: std::fmt::Display>(
     deserializer: D,
-    parse: impl FnOnce(&str) -> Result<T, String>,
+    parse: impl FnOnce(&str) -> Result<T, E>,
 ) -> Result<Option<T>, D::Error> {
     let text = String::deserialize(deserializer)?;
     if text.is_empty() {

@@ -43,7 +43,8 @@ impl Config {
             }
         }
         for key in &self.store.keys {
-            SecretSource::parse(key).map_err(|e| ConfigError::invalid("store.keys", e))?;
+            SecretSource::parse(key)
+                .map_err(|e| ConfigError::invalid("store.keys", e.to_string()))?;
         }
         if self.amqp.reconnect_max < self.amqp.reconnect_min {
             return Err(ConfigError::invalid(

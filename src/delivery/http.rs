@@ -156,7 +156,7 @@ impl HttpSender {
 
     /// The client that presents `pem`'s certificate, built the first time it is needed and
     /// again when the PEM changes. The error says what is wrong, never what the PEM holds.
-    fn tls_client(&self, pem: &ClientPem) -> Result<reqwest::Client, String> {
+    fn tls_client(&self, pem: &ClientPem) -> Result<reqwest::Client, ClientTlsError> {
         let fingerprint = pem.fingerprint();
         let mut clients = self.tls_clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((held, client)) = clients.get(&pem.subscription)
@@ -164,34 +164,22 @@ impl HttpSender {
         {
             return Ok(client.clone());
         }
-        let identity = reqwest::Identity::from_pem(pem.identity.as_bytes()).map_err(|_| {
-            format!(
-                "the client certificate of subscription {} is not a PEM certificate and private \
-                 key (PKCS#8, PKCS#1 or SEC1)",
-                pem.subscription
-            )
-        })?;
+        let subscription = || pem.subscription.clone();
+        let identity = reqwest::Identity::from_pem(pem.identity.as_bytes())
+            .map_err(|_| ClientTlsError::NotIdentity(subscription()))?;
         let mut builder = builder(&self.config, &self.policy, &self.resolver)
-            .map_err(|e| format!("cannot build a TLS client: {e}"))?
+            .map_err(ClientTlsError::Builder)?
             .identity(identity);
         if let Some(ca) = &pem.ca {
             let roots = reqwest::Certificate::from_pem_bundle(ca.as_bytes())
                 .ok()
                 .filter(|r| !r.is_empty())
-                .ok_or_else(|| {
-                    format!(
-                        "the tls.ca of subscription {} is not a PEM certificate",
-                        pem.subscription
-                    )
-                })?;
+                .ok_or_else(|| ClientTlsError::NotCa(subscription()))?;
             builder = builder.tls_certs_only(roots);
         }
-        let client = builder.build().map_err(|e| {
-            format!(
-                "cannot use the client certificate of subscription {}: {}",
-                pem.subscription,
-                innermost(&e)
-            )
+        let client = builder.build().map_err(|e| ClientTlsError::Unusable {
+            subscription: subscription(),
+            detail: innermost(&e),
         })?;
         clients.insert(pem.subscription.clone(), (fingerprint, client.clone()));
         Ok(client)
@@ -205,16 +193,11 @@ impl HttpSender {
         url: &reqwest::Url,
         authorization: Option<String>,
         form: String,
-    ) -> Result<(u16, Bytes), String> {
+    ) -> Result<(u16, Bytes), FormError> {
         let limit = self.config.token_timeout;
         tokio::time::timeout(limit, self.post_form_unbounded(url, authorization, form))
             .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "no answer within http.token_timeout ({})",
-                    crate::units::fmt_duration(limit)
-                ))
-            })
+            .unwrap_or(Err(FormError::NoAnswer(limit)))
     }
 
     async fn post_form_unbounded(
@@ -222,9 +205,9 @@ impl HttpSender {
         url: &reqwest::Url,
         authorization: Option<String>,
         form: String,
-    ) -> Result<(u16, Bytes), String> {
+    ) -> Result<(u16, Bytes), FormError> {
         if let Some(result) = self.precheck(url).await {
-            return Err(result.describe());
+            return Err(FormError::unanswered(result));
         }
         let mut request = self
             .client
@@ -240,22 +223,21 @@ impl HttpSender {
             )
             .body(form);
         if let Some(value) = authorization {
-            let mut value = HeaderValue::from_str(&value)
-                .map_err(|_| "the client credentials are not a header value".to_owned())?;
+            let mut value = HeaderValue::from_str(&value).map_err(|_| FormError::Credentials)?;
             value.set_sensitive(true);
             request = request.header(reqwest::header::AUTHORIZATION, value);
         }
         let mut response = request
             .send()
             .await
-            .map_err(|e| classify_error(&e).describe())?;
+            .map_err(|e| FormError::unanswered(classify_error(&e)))?;
         let status = response.status().as_u16();
         let mut body = Vec::new();
         while body.len() < self.config.max_response_bytes {
             match response.chunk().await {
                 Ok(Some(chunk)) => body.extend_from_slice(&chunk),
                 Ok(None) => break,
-                Err(e) => return Err(classify_error(&e).describe()),
+                Err(e) => return Err(FormError::unanswered(classify_error(&e))),
             }
         }
         Ok((status, Bytes::from(body)))
@@ -308,7 +290,7 @@ impl HttpSender {
                 Ok(client) => client,
                 Err(reason) => {
                     return AttemptReport {
-                        result: AttemptResult::NotSent(reason),
+                        result: AttemptResult::NotSent(reason.to_string()),
                         latency: started.elapsed(),
                         response_excerpt: String::new(),
                     };
@@ -370,6 +352,74 @@ impl HttpSender {
     }
 }
 
+/// Why a subscription's client certificate cannot be presented. The attempt is not sent;
+/// [`ClientTlsError::is_subscriptions`] says whose setting is to be fixed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientTlsError {
+    #[error(
+        "the client certificate of subscription {0} is not a PEM certificate and private key \
+         (PKCS#8, PKCS#1 or SEC1)"
+    )]
+    NotIdentity(String),
+    #[error("the tls.ca of subscription {0} is not a PEM certificate")]
+    NotCa(String),
+    #[error("cannot use the client certificate of subscription {subscription}: {detail}")]
+    Unusable {
+        subscription: String,
+        detail: String,
+    },
+    /// hookrelay's own HTTP settings (the proxy), not the subscription's.
+    #[error("cannot build a TLS client: {0}")]
+    Builder(reqwest::Error),
+}
+
+impl ClientTlsError {
+    /// Whether the subscription's `tls` settings are at fault (else hookrelay's configuration).
+    pub fn is_subscriptions(&self) -> bool {
+        !matches!(self, ClientTlsError::Builder(_))
+    }
+}
+
+/// Why a form POST (a token request) has no answer to read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormError {
+    /// The egress policy refuses the target: only a change of settings lets it through.
+    #[error("{0}")]
+    Denied(String),
+    /// No connection, or it broke: the target or the network.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// Over `http.request_timeout`.
+    #[error("timeout")]
+    Timeout,
+    /// Over `http.token_timeout`, all of it.
+    #[error("no answer within http.token_timeout ({})", crate::units::fmt_duration(*.0))]
+    NoAnswer(Duration),
+    /// The client id and secret make no `Authorization` header: the subscription's settings.
+    #[error("the client credentials are not a header value")]
+    Credentials,
+}
+
+impl FormError {
+    /// Whether asking again may get an answer without a change of settings.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            FormError::Transport(_) | FormError::Timeout | FormError::NoAnswer(_)
+        )
+    }
+
+    /// What [`HttpSender::precheck`] and [`classify_error`] found; they find no other kinds.
+    fn unanswered(result: AttemptResult) -> Self {
+        match result {
+            AttemptResult::EgressDenied(why) => FormError::Denied(why),
+            AttemptResult::Timeout => FormError::Timeout,
+            AttemptResult::Transport(why) => FormError::Transport(why),
+            other => FormError::Transport(other.describe()),
+        }
+    }
+}
+
 /// The client every request goes through: enforced timeouts, no redirects, the guarded
 /// resolver, the policy's proxy.
 fn builder(
@@ -411,4 +461,50 @@ fn classify_error(e: &reqwest::Error) -> AttemptResult {
     let detail = innermost(e);
     let kind = if e.is_connect() { "connect" } else { "request" };
     AttemptResult::Transport(format!("{kind}: {detail}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::egress::SystemLookup;
+
+    #[test]
+    fn a_bad_client_certificate_is_the_subscriptions_to_fix() {
+        let sender = HttpSender::new(
+            &HttpConfig::default(),
+            Arc::new(EgressPolicy::default()),
+            Arc::new(SystemLookup),
+        )
+        .unwrap();
+        let pem = ClientPem {
+            subscription: "sub_1".into(),
+            identity: Arc::from("not a PEM"),
+            ca: None,
+        };
+        let e = sender.tls_client(&pem).unwrap_err();
+        assert!(matches!(e, ClientTlsError::NotIdentity(_)), "{e}");
+        assert!(e.is_subscriptions(), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "the client certificate of subscription sub_1 is not a PEM certificate and private \
+             key (PKCS#8, PKCS#1 or SEC1)"
+        );
+    }
+
+    #[test]
+    fn a_form_post_is_tried_again_only_when_settings_do_not_refuse_it() {
+        assert_eq!(
+            FormError::NoAnswer(Duration::from_secs(90)).to_string(),
+            "no answer within http.token_timeout (1m30s)"
+        );
+        assert!(FormError::Timeout.is_transient());
+        assert!(FormError::NoAnswer(Duration::from_secs(90)).is_transient());
+        let denied = FormError::unanswered(AttemptResult::EgressDenied("private".into()));
+        assert_eq!(denied, FormError::Denied("private".into()));
+        assert!(!denied.is_transient());
+        let refused = FormError::unanswered(AttemptResult::Transport("connect: refused".into()));
+        assert_eq!(refused.to_string(), "transport error: connect: refused");
+        assert!(refused.is_transient());
+        assert!(!FormError::Credentials.is_transient());
+    }
 }

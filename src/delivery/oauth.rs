@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde::Deserialize;
 
-use crate::delivery::http::HttpSender;
+use crate::delivery::http::{FormError, HttpSender};
 use crate::subscriptions::{ClientAuthMethod, OAuth2, SecretStore};
 
 /// How long a token without `expires_in` is used (unless the endpoint refuses it first).
@@ -72,9 +72,10 @@ pub enum TokenError {
     /// Its answer is not a bearer token hookrelay can send: the provider's configuration.
     #[error("{0}")]
     Malformed(String),
-    /// No answer (connection, timeout, the egress policy): the provider or the network.
+    /// No answer: the provider or the network, or (the egress policy, the credentials) the
+    /// settings, as [`FormError::is_transient`] tells.
     #[error("{0}")]
-    Unreachable(String),
+    Unreachable(FormError),
     /// The subscription's client secret does not resolve: its reference.
     #[error("client_secret: {0}")]
     Secret(String),
@@ -84,7 +85,7 @@ impl TokenError {
     /// Whether the identity provider may answer differently soon without a change of settings.
     pub fn is_transient(&self) -> bool {
         match self {
-            TokenError::Unreachable(_) => true,
+            TokenError::Unreachable(e) => e.is_transient(),
             TokenError::Refused { status, .. } => *status >= 500 || *status == 429,
             TokenError::Malformed(_) | TokenError::Secret(_) => false,
         }
@@ -411,6 +412,25 @@ mod tests {
         assert!(parse_token_response(200, br#"{"token_type":"bearer"}"#).is_err());
         assert!(parse_token_response(200, b"{\"access_token\":\"a\\nb\"}").is_err());
         assert!(parse_token_response(200, br#"{"access_token":"a","expires_in":-1}"#).is_err());
+    }
+
+    #[test]
+    fn an_unanswered_token_request_is_tried_again_unless_the_settings_refuse_it() {
+        let silent = TokenError::Unreachable(FormError::NoAnswer(Duration::from_secs(10)));
+        assert_eq!(
+            silent.to_string(),
+            "no answer within http.token_timeout (10s)"
+        );
+        assert!(silent.is_transient(), "the provider or the network");
+        assert!(
+            TokenError::Unreachable(FormError::Transport("connect: refused".into())).is_transient()
+        );
+        let denied = TokenError::Unreachable(FormError::Denied("egress denied".into()));
+        assert!(
+            !denied.is_transient(),
+            "only a change of egress settings lets it through"
+        );
+        assert!(!TokenError::Unreachable(FormError::Credentials).is_transient());
     }
 
     #[test]

@@ -234,7 +234,7 @@ pub fn route(
     ladder: &Ladder,
 ) -> Route {
     if let Err(forged) = check_provenance(envelope, lane) {
-        return Route::Settle(Outcome::invalid(forged, envelope.attempts_made));
+        return Route::Settle(Outcome::invalid(forged.to_string(), envelope.attempts_made));
     }
     let Some(sub_id) = &envelope.subscription else {
         return Route::Settle(fan_out(envelope, lane, subscriptions));
@@ -302,11 +302,29 @@ fn park(sub: &Subscription) -> Option<Outcome> {
     })
 }
 
+/// Headers of hookrelay's own that a publisher set: the envelope is dead-lettered as invalid,
+/// never delivered, since believing them would let a publisher skip the retry budget or
+/// impersonate a fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum Forged {
+    #[error(
+        "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {BUSY_DEFERRALS_HEADER}, \
+         {FIRST_TRY_HEADER}, {WAITING_SINCE_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are \
+         hookrelay's own and never on a first attempt"
+    )]
+    Accounting,
+    #[error(
+        "header {EVENT_ID_HEADER} is hookrelay's own, set only on fan-out deliveries, \
+         whose message_id derives from it and x-subscription"
+    )]
+    EventId,
+}
+
 /// Headers only hookrelay writes are believed only where hookrelay put them. The accounting
 /// headers travel only through the tiers, so a first-attempt lane never sees them from us; the
 /// event id goes only on fan-out deliveries, whose id derives from it and the subscription.
 /// (The tenant header is checked against the routing key when the envelope is read.)
-fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
+fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), Forged> {
     if lane == LaneKind::First
         && (envelope.attempts_made > 0
             || envelope.due_ms.is_some()
@@ -316,11 +334,7 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
             || envelope.first_try_ms.is_some()
             || envelope.waiting_since_ms.is_some())
     {
-        return Err(format!(
-            "headers {ATTEMPTS_HEADER}, {DEFERRALS_HEADER}, {BUSY_DEFERRALS_HEADER}, \
-             {FIRST_TRY_HEADER}, {WAITING_SINCE_HEADER}, {DUE_HEADER} and {ENDPOINT_HEADER} are \
-             hookrelay's own and never on a first attempt"
-        ));
+        return Err(Forged::Accounting);
     }
     if let Some(event_id) = &envelope.event_id {
         let derived = envelope
@@ -328,10 +342,7 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), String> {
             .as_deref()
             .map(|sub| envelope::derived_id(event_id, sub));
         if derived.as_ref() != Some(&envelope.id) {
-            return Err(format!(
-                "header {EVENT_ID_HEADER} is hookrelay's own, set only on fan-out deliveries, \
-                 whose message_id derives from it and x-subscription"
-            ));
+            return Err(Forged::EventId);
         }
     }
     Ok(())

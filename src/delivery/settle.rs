@@ -298,7 +298,7 @@ impl Settler {
             }
         };
         if let Err(why) = stored {
-            error!(envelope = %id, error = %why, "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
+            error!(envelope = %id, error = %why, retry_helps = why.retry_helps(), "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
             // No pause once the drain is over: the worker is about to close the connection.
             let left = if self.abandon.is_cancelled() {
                 Duration::ZERO
@@ -492,7 +492,7 @@ impl Settler {
         mut pending: Vec<T>,
         lease_end: Instant,
         put: F,
-    ) -> Result<(), String>
+    ) -> Result<(), NotStored>
     where
         T: Clone,
         F: Fn(T) -> Fut,
@@ -501,17 +501,16 @@ impl Settler {
         let one_try = self.publish_budget;
         let mut pause = self.requeue_delay;
         let mut tries = 0u32;
-        let mut last = String::from("the broker blocks publishing (resource alarm)");
+        let mut last = LastTry::Blocked;
         loop {
             // Once the delivery's channel has closed, the broker hands the original out again:
             // a copy stored now could never be followed by its ack, and would be a second copy
             // of the envelope on its way (a duplicate beyond the deliveries in flight).
             if held.poisoned() {
-                let closed = "the delivery's channel closed, so the broker delivers it again";
                 return Err(if tries == 0 {
-                    closed.to_owned()
+                    NotStored::ChannelClosed
                 } else {
-                    format!("{last}; {closed}")
+                    NotStored::ChannelClosedAfter(last)
                 });
             }
             if !self.publisher.is_blocked() {
@@ -536,7 +535,7 @@ impl Settler {
                 for (item, result) in pending.into_iter().zip(results) {
                     if let Err(e) = result {
                         permanent |= !e.is_transient();
-                        last = e.to_string();
+                        last = LastTry::Failed(e);
                         failed.push(item);
                     }
                 }
@@ -546,14 +545,14 @@ impl Settler {
                 }
                 if permanent {
                     self.count_republish_failure(target);
-                    return Err(last);
+                    return Err(NotStored::Refused(last));
                 }
             }
             // A round skipped while the broker blocks publishing counts as a failed one: the
             // outcome is not stored, and the alert on this counter should say so.
             self.count_republish_failure(target);
             let Some(wait) = next_try(Instant::now(), lease_end, pause, one_try) else {
-                return Err(last);
+                return Err(NotStored::LeaseSpent(last));
             };
             if tries == 1 {
                 warn!(envelope = %id, target, error = %last, retry_in = ?wait, "Republish not confirmed; trying again within the lease");
@@ -563,7 +562,7 @@ impl Settler {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.abandon.cancelled() => {
-                    return Err(format!("{last}; the drain deadline passed"));
+                    return Err(NotStored::Drained(last));
                 }
             }
             pause = (pause * 2).min(self.reconnect_max.max(pause));
@@ -589,6 +588,44 @@ impl Settler {
         {
             warn!(why, error = %e, "Nack failed; the broker will redeliver when the channel closes");
         }
+    }
+}
+
+/// Why what replaces a delivery was not stored. The delivery is not acked: it goes back to its
+/// lane, and [`NotStored::retry_helps`] says whether its next delivery may store it.
+#[derive(Debug, thiserror::Error)]
+pub enum NotStored {
+    /// The broker refused a copy for good (see [`PublishError::is_transient`]).
+    #[error("{0}")]
+    Refused(LastTry),
+    /// Another try would not end within the lease.
+    #[error("{0}")]
+    LeaseSpent(LastTry),
+    /// The worker is stopping.
+    #[error("{0}; the drain deadline passed")]
+    Drained(LastTry),
+    /// The broker hands the original out again already, before any try.
+    #[error("the delivery's channel closed, so the broker delivers it again")]
+    ChannelClosed,
+    /// As [`NotStored::ChannelClosed`], after tries that failed.
+    #[error("{0}; the delivery's channel closed, so the broker delivers it again")]
+    ChannelClosedAfter(LastTry),
+}
+
+/// What the last try of a republish met.
+#[derive(Debug, thiserror::Error)]
+pub enum LastTry {
+    #[error("the broker blocks publishing (resource alarm)")]
+    Blocked,
+    #[error("{0}")]
+    Failed(PublishError),
+}
+
+impl NotStored {
+    /// Whether the delivery's next turn may store it: not when the broker refused a copy for
+    /// good, as it will the same copy again (an operator must look at the message).
+    pub fn retry_helps(&self) -> bool {
+        !matches!(self, NotStored::Refused(_))
     }
 }
 
@@ -786,5 +823,38 @@ mod tests {
         let too_late = late + Duration::from_millis(1);
         assert_eq!(next_try(too_late, end, pause, one_try), None);
         assert_eq!(next_try(end + pause, end, pause, one_try), None);
+    }
+
+    #[test]
+    fn an_outcome_refused_for_good_is_not_stored_by_trying_again() {
+        let too_long = || {
+            LastTry::Failed(PublishError::TooLong {
+                what: "the routing key",
+                len: 300,
+            })
+        };
+        let refused = NotStored::Refused(too_long());
+        assert!(!refused.retry_helps(), "{refused}");
+        assert_eq!(
+            refused.to_string(),
+            "the routing key is 300 bytes, over AMQP's 255-byte limit for it"
+        );
+        let spent = NotStored::LeaseSpent(LastTry::Failed(PublishError::Nacked));
+        assert!(spent.retry_helps(), "{spent}");
+        let drained = NotStored::Drained(LastTry::Blocked);
+        assert!(drained.retry_helps());
+        assert_eq!(
+            drained.to_string(),
+            "the broker blocks publishing (resource alarm); the drain deadline passed"
+        );
+        assert_eq!(
+            NotStored::ChannelClosed.to_string(),
+            "the delivery's channel closed, so the broker delivers it again"
+        );
+        assert_eq!(
+            NotStored::ChannelClosedAfter(too_long()).to_string(),
+            "the routing key is 300 bytes, over AMQP's 255-byte limit for it; the delivery's \
+             channel closed, so the broker delivers it again"
+        );
     }
 }

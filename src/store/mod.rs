@@ -38,7 +38,10 @@ use crate::subscriptions::seal::Keyring;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyringError {
     #[error("store.keys: {raw}: {message}")]
-    BadReference { raw: String, message: String },
+    BadReference {
+        raw: String,
+        message: crate::config::ReferenceError,
+    },
     #[error("store.keys: {reference}: environment variable is not set")]
     Unset { reference: String },
     #[error("store.keys: {reference}: cannot read file: {error}")]

@@ -14,6 +14,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
+use crate::config::ReferenceError;
 use crate::contract::envelope::{check_id, check_tenant};
 use crate::subscriptions::{
     SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions, parse::parse_event_types,
@@ -359,7 +360,7 @@ pub enum RowError {
     Id(String),
     /// A secret's reference that does not parse.
     #[error("{0}")]
-    Reference(String),
+    Reference(ReferenceError),
     #[error("a secret row needs a reference or a sealed value, not both")]
     ReferenceAndSealed,
     #[error("secrets: none; at least one is needed to sign deliveries")]

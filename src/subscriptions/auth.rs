@@ -11,10 +11,16 @@ pub struct BasicAuth {
     pub password: SecretRef,
 }
 
+/// A basic-auth user name that cannot be one: empty, or with the `:` that ends it in the
+/// `Authorization` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a user name is not empty and has no ':'")]
+pub struct UsernameError;
+
 /// A basic-auth user name, or why not.
-pub fn check_username(username: &str) -> Result<(), String> {
+pub fn check_username(username: &str) -> Result<(), UsernameError> {
     if username.is_empty() || username.contains(':') {
-        return Err("a user name is not empty and has no ':'".into());
+        return Err(UsernameError);
     }
     Ok(())
 }
@@ -29,14 +35,17 @@ pub enum ClientAuthMethod {
     Post,
 }
 
+/// An `auth_method` that is neither of the two hookrelay sends.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected \"basic\" (client_secret_basic) or \"post\" (client_secret_post)")]
+pub struct UnknownAuthMethod(pub String);
+
 impl ClientAuthMethod {
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, UnknownAuthMethod> {
         match raw {
             "basic" | "client_secret_basic" => Ok(Self::Basic),
             "post" | "client_secret_post" => Ok(Self::Post),
-            other => Err(format!(
-                "{other:?}: expected \"basic\" (client_secret_basic) or \"post\" (client_secret_post)"
-            )),
+            other => Err(UnknownAuthMethod(other.to_owned())),
         }
     }
 
@@ -73,13 +82,16 @@ impl OAuth2 {
         audience: Option<&str>,
         auth_method: Option<&str>,
     ) -> Result<Self, (&'static str, String)> {
-        let token_url = super::parse::parse_url(token_url).map_err(|m| ("token_url", m))?;
+        let token_url =
+            super::parse::parse_url(token_url).map_err(|e| ("token_url", e.to_string()))?;
         if client_id.is_empty() {
             return Err(("client_id", "a client id is not empty".into()));
         }
         let method = match auth_method {
             None => ClientAuthMethod::default(),
-            Some(raw) => ClientAuthMethod::parse(raw).map_err(|m| ("auth_method", m))?,
+            Some(raw) => {
+                ClientAuthMethod::parse(raw).map_err(|e| ("auth_method", e.to_string()))?
+            }
         };
         let text = |v: Option<&str>| v.filter(|s| !s.is_empty()).map(str::to_owned);
         Ok(Self {

@@ -47,24 +47,35 @@ pub fn reserved_header(name: &str) -> Option<String> {
     Some(format!("{name:?} is reserved: {why}"))
 }
 
+/// Why a subscription cannot send a header as given: the name or value is to be changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// A name hookrelay or the HTTP client owns ([`reserved_header`] says why).
+    #[error("{0}")]
+    Reserved(String),
+    #[error("{0:?} is not a header name")]
+    NotAName(String),
+    /// Names the header, never the value: it may be a secret.
+    #[error("the value of {0:?} is not a header value (visible ASCII and spaces)")]
+    NotAValue(String),
+}
+
 /// A header name a subscription may set, lower-cased, or why not.
-pub fn check_header_name(name: &str) -> Result<String, String> {
+pub fn check_header_name(name: &str) -> Result<String, HeaderError> {
     if let Some(why) = reserved_header(name) {
-        return Err(why);
+        return Err(HeaderError::Reserved(why));
     }
     if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(format!("{name:?} is not a header name"));
+        return Err(HeaderError::NotAName(name.to_owned()));
     }
     Ok(name.to_ascii_lowercase())
 }
 
 /// Whether `value` can be sent as a header value; the error names the header, not the value.
-pub fn check_header_value(name: &str, value: &str) -> Result<(), String> {
+pub fn check_header_value(name: &str, value: &str) -> Result<(), HeaderError> {
     reqwest::header::HeaderValue::from_str(value)
         .map(drop)
-        .map_err(|_| {
-            format!("the value of {name:?} is not a header value (visible ASCII and spaces)")
-        })
+        .map_err(|_| HeaderError::NotAValue(name.to_owned()))
 }
 
 /// A request header a subscription adds to every attempt.

@@ -23,4 +23,4 @@ pub use headers::{ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
 pub use parse::{SubscriptionError, SubscriptionErrors};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};
-pub use subscription::{EventFilter, Subscription, Subscriptions};
+pub use subscription::{EventFilter, FilterError, Subscription, Subscriptions};

@@ -120,17 +120,30 @@ enum SecretEntry {
     },
 }
 
-/// A subscription's endpoint: an http:// or https:// URL with a host. The error shows the URL
-/// without user information and query, and not at all when it does not parse: either may hold a
-/// password or token.
-pub fn parse_url(raw: &str) -> Result<reqwest::Url, String> {
+/// Why a subscription's URL is refused: it is to be rewritten. Each shows the URL without user
+/// information and query, and none when it does not parse: either may hold a password or token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("not a URL: {0}")]
+    NotAUrl(url::ParseError),
+    #[error("{0:?}: expected an http:// or https:// URL with a host")]
+    NotHttp(String),
+    /// The credentials are to move where `instead` says.
+    #[error(
+        "{shown:?} has credentials in it, which would be stored and shown as the URL is; {instead}"
+    )]
+    Credentials {
+        shown: String,
+        instead: &'static str,
+    },
+}
+
+/// A subscription's endpoint: an http:// or https:// URL with a host.
+pub fn parse_url(raw: &str) -> Result<reqwest::Url, UrlError> {
     match reqwest::Url::parse(raw) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(url),
-        Ok(other) => Err(format!(
-            "{:?}: expected an http:// or https:// URL with a host",
-            crate::config::shown_url(&other)
-        )),
-        Err(e) => Err(format!("not a URL: {e}")),
+        Ok(other) => Err(UrlError::NotHttp(crate::config::shown_url(&other))),
+        Err(e) => Err(UrlError::NotAUrl(e)),
     }
 }
 
@@ -144,14 +157,14 @@ pub const TOKEN_URL_CREDENTIALS_INSTEAD: &str = "give them as client_id and clie
 /// A URL as a subscription is given it (a file, the API) holds no credentials: a URL is stored,
 /// logged and shown as it is, so a password in it would be too. `instead` says where they go.
 /// The error does not repeat them.
-pub fn refuse_credentials(url: &reqwest::Url, instead: &str) -> Result<(), String> {
+pub fn refuse_credentials(url: &reqwest::Url, instead: &'static str) -> Result<(), UrlError> {
     if url.username().is_empty() && url.password().is_none() {
         return Ok(());
     }
-    Err(format!(
-        "{:?} has credentials in it, which would be stored and shown as the URL is; {instead}",
-        crate::config::shown_url(url)
-    ))
+    Err(UrlError::Credentials {
+        shown: crate::config::shown_url(url),
+        instead,
+    })
 }
 
 /// A subscription's event types: exact names and `prefix.*` wildcards, at least one. Every
@@ -167,7 +180,7 @@ pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, V
     for r in raw {
         match EventFilter::parse(r.as_ref()) {
             Ok(f) => filters.push(f),
-            Err(message) => problems.push(message),
+            Err(e) => problems.push(e.to_string()),
         }
     }
     if problems.is_empty() {
@@ -179,7 +192,8 @@ pub fn parse_event_types<S: AsRef<str>>(raw: &[S]) -> Result<Vec<EventFilter>, V
 
 /// An `[subscription.oauth2]` table, or the field and why not.
 fn parse_oauth2(o: &OAuth2Entry) -> Result<OAuth2, (&'static str, String)> {
-    let client_secret = SecretRef::parse(&o.client_secret).map_err(|m| ("client_secret", m))?;
+    let client_secret =
+        SecretRef::parse(&o.client_secret).map_err(|e| ("client_secret", e.to_string()))?;
     let built = OAuth2::build(
         &o.token_url,
         &o.client_id,
@@ -189,18 +203,18 @@ fn parse_oauth2(o: &OAuth2Entry) -> Result<OAuth2, (&'static str, String)> {
         o.auth_method.as_deref(),
     )?;
     refuse_credentials(&built.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
-        .map_err(|m| ("token_url", m))?;
+        .map_err(|e| ("token_url", e.to_string()))?;
     Ok(built)
 }
 
 /// A `[subscription.tls]` table, or the field and why not.
 fn parse_tls(t: &TlsEntry) -> Result<ClientTls, (&'static str, String)> {
     Ok(ClientTls {
-        cert: SecretRef::parse(&t.cert).map_err(|m| ("cert", m))?,
-        key: SecretRef::parse(&t.key).map_err(|m| ("key", m))?,
+        cert: SecretRef::parse(&t.cert).map_err(|e| ("cert", e.to_string()))?,
+        key: SecretRef::parse(&t.key).map_err(|e| ("key", e.to_string()))?,
         ca: match &t.ca {
             None => None,
-            Some(raw) => Some(SecretRef::parse(raw).map_err(|m| ("ca", m))?),
+            Some(raw) => Some(SecretRef::parse(raw).map_err(|e| ("ca", e.to_string()))?),
         },
     })
 }
@@ -400,8 +414,8 @@ fn read_url(entry: &Entry, problems: &mut Problems<'_>) -> Option<reqwest::Url> 
         .and_then(|url| refuse_credentials(&url, URL_CREDENTIALS_INSTEAD).map(|()| url))
     {
         Ok(url) => Some(url),
-        Err(message) => {
-            problems.at(entry.url.span().start, "url", message);
+        Err(e) => {
+            problems.at(entry.url.span().start, "url", e.to_string());
             None
         }
     }
@@ -445,7 +459,7 @@ fn read_secrets(entry: &Entry, problems: &mut Problems<'_>) -> Vec<SecretSpec> {
         };
         match SecretRef::parse(reference) {
             Ok(reference) => secrets.push(SecretSpec { reference, expires }),
-            Err(message) => problems.at(at, "secrets", message),
+            Err(e) => problems.at(at, "secrets", e.to_string()),
         }
     }
     if entry.secrets.get_ref().is_empty() {
@@ -462,8 +476,8 @@ fn read_rate(entry: &Entry, problems: &mut Problems<'_>) -> Option<Rate> {
     let raw = entry.rate.as_ref()?;
     match raw.get_ref().parse::<Rate>() {
         Ok(rate) => Some(rate),
-        Err(message) => {
-            problems.at(raw.span().start, "rate", message);
+        Err(e) => {
+            problems.at(raw.span().start, "rate", e.to_string());
             None
         }
     }
@@ -515,7 +529,7 @@ fn read_headers(entry: &Entry, problems: &mut Problems<'_>) -> Vec<ExtraHeader> 
                     name,
                     value: HeaderValueSpec::Secret(r),
                 }),
-                Err(message) => problems.at(at, "headers", format!("{name:?}: {message}")),
+                Err(e) => problems.at(at, "headers", format!("{name:?}: {e}")),
             },
         }
     }
@@ -542,8 +556,8 @@ fn read_basic_auth(entry: &Entry, problems: &mut Problems<'_>) -> Option<BasicAu
                         username: b.username.clone(),
                         password,
                     }),
-                    Err(message) => {
-                        problems.at(at, "basic_auth.password", message);
+                    Err(e) => {
+                        problems.at(at, "basic_auth.password", e.to_string());
                         None
                     }
                 }

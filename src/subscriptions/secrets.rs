@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::{Env, ProcessEnv, SecretSource};
+use crate::config::{Env, ProcessEnv, ReferenceError, SecretSource};
 use crate::contract::signing::{KeyError, SigningKey};
 use crate::subscriptions::seal::{Binding, Keyring};
 
@@ -44,7 +44,7 @@ impl std::fmt::Debug for SealedSecret {
 impl SecretRef {
     /// A reference as configuration and subscriptions write it; `Sealed` ones come from the
     /// store alone.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, ReferenceError> {
         Ok(match SecretSource::parse(raw)? {
             SecretSource::Env(name) => Self::Env(name),
             SecretSource::File(path) => Self::File(path),

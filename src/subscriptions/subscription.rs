@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::contract::envelope::check_event_type;
+use crate::contract::envelope::{InvalidEnvelope, check_event_type};
 use crate::units::Rate;
 
 use super::*;
@@ -17,17 +17,25 @@ pub enum EventFilter {
     Prefix(String),
 }
 
+/// Why text is not an event filter: the filter is to be rewritten.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    #[error("{0:?}: a wildcard is written \"prefix.*\" (for example \"order.*\")")]
+    Wildcard(String),
+    /// Not an event type; the envelope's rule says why.
+    #[error("{0}")]
+    EventType(InvalidEnvelope),
+}
+
 impl EventFilter {
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, FilterError> {
         if let Some(prefix) = raw.strip_suffix('*') {
             if !prefix.ends_with('.') || check_event_type(prefix.trim_end_matches('.')).is_err() {
-                return Err(format!(
-                    "{raw:?}: a wildcard is written \"prefix.*\" (for example \"order.*\")"
-                ));
+                return Err(FilterError::Wildcard(raw.to_owned()));
             }
             return Ok(Self::Prefix(prefix.to_owned()));
         }
-        check_event_type(raw).map_err(|e| e.to_string())?;
+        check_event_type(raw).map_err(FilterError::EventType)?;
         Ok(Self::Exact(raw.to_owned()))
     }
 

@@ -148,12 +148,45 @@ pub(super) async fn list_queues(
 
 /// Why a lane could not be consumed.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ConsumeError {
+pub enum ConsumeError {
     /// The queue does not exist (the broker closed only that lane's channel).
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Other(String),
+}
+
+/// Why a session's lanes could not all be consumed. [`LaneError::retry_helps`] tells missing
+/// topology or a refusal, which an operator must mend, from a broker that may answer next time.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneError {
+    #[error(
+        "exchange {0} does not exist (a ladder applied by an earlier version has tiers without \
+         exchanges of their own); the topology is missing: run `hookrelay topology apply`"
+    )]
+    NoExchange(String),
+    #[error("checking exchange {name}: {error}")]
+    Exchange { name: String, error: lapin::Error },
+    #[error("checking the tiers' exchanges: {0}")]
+    Tiers(lapin::Error),
+    #[error("checking the tiers' exchanges: no answer within {BROKER_ANSWER:?}")]
+    TiersSilent,
+    #[error("consuming {queue}: {error}")]
+    Consume { queue: String, error: ConsumeError },
+}
+
+impl LaneError {
+    /// Whether trying again, as the worker does with backoff, may succeed with nobody acting:
+    /// not for a missing exchange or lane (`hookrelay topology apply`), nor for an exchange
+    /// the broker refused to show (the user's permissions).
+    pub fn retry_helps(&self) -> bool {
+        match self {
+            LaneError::NoExchange(_) => false,
+            LaneError::Exchange { error, .. } => refused(error).is_none(),
+            LaneError::Consume { error, .. } => !matches!(error, ConsumeError::NotFound(_)),
+            LaneError::Tiers(_) | LaneError::TiersSilent => true,
+        }
+    }
 }
 
 pub(super) fn lane_missing(spec: &LaneSpec, e: &str) {
@@ -268,6 +301,78 @@ impl Worker {
         );
         Ok(())
     }
+
+    /// Consumes every lane of `wanted`. A lane that is not there is skipped (logged), but in the
+    /// very `first` session a missing lane of the ladder fails it, with the reason.
+    pub(super) async fn open_lanes(
+        &self,
+        conn: &Connection,
+        wanted: &[LaneSpec],
+        first: bool,
+        consumed: &mut Consumed,
+    ) -> Result<(), LaneError> {
+        if first {
+            self.tier_exchanges_exist(conn).await?;
+        }
+        for spec in wanted {
+            match self.consume(conn, spec, consumed).await {
+                Ok(()) => {}
+                // A lane that is not there: a retired one was deleted, which is the operator's
+                // right; a required one is missing topology. Neither ends the session, except
+                // the very first, which fails the start with the reason.
+                Err(ConsumeError::NotFound(e)) if !(spec.required && first) => {
+                    lane_missing(spec, &e);
+                }
+                Err(error) => {
+                    return Err(LaneError::Consume {
+                        queue: spec.queue.clone(),
+                        error,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tier's exchange is there, so retries have somewhere to go: a ladder applied by an
+    /// earlier version has the tiers without them, and the worker says so before consuming.
+    async fn tier_exchanges_exist(&self, conn: &Connection) -> Result<(), LaneError> {
+        let ladder = &self.dispatcher.ladder;
+        let checked = async {
+            // A passive declare of a missing exchange closes its channel: one of its own.
+            let ch = conn.create_channel().await?;
+            for tier in ladder.tier_ids() {
+                let name = ladder.tier_exchange(tier);
+                let passive = lapin::options::ExchangeDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..Default::default()
+                };
+                if let Err(e) = ch
+                    .exchange_declare(
+                        name.as_str().into(),
+                        lapin::ExchangeKind::Fanout,
+                        passive,
+                        FieldTable::default(),
+                    )
+                    .await
+                {
+                    return Ok(Err((name, e)));
+                }
+            }
+            let _ = ch.close(200, "checked".into()).await;
+            Ok::<_, lapin::Error>(Ok(()))
+        };
+        match tokio::time::timeout(BROKER_ANSWER, checked).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err((name, error)))) => Err(match refused(&error) {
+                Some(Refusal::NotFound) => LaneError::NoExchange(name),
+                _ => LaneError::Exchange { name, error },
+            }),
+            Ok(Err(e)) => Err(LaneError::Tiers(e)),
+            Err(_) => Err(LaneError::TiersSilent),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -374,5 +479,41 @@ mod tests {
         assert_eq!(endpoint_most(105, 0.25), 27);
         assert_eq!(endpoint_most(3, 0.01), 1, "at least one");
         assert_eq!(endpoint_most(210, 1.0), 210, "1: the whole lane");
+    }
+
+    #[test]
+    fn missing_topology_waits_for_an_operator_and_a_silent_broker_does_not() {
+        let missing = LaneError::NoExchange("hookrelay.retry-10s".into());
+        assert!(!missing.retry_helps(), "{missing}");
+        assert!(
+            missing
+                .to_string()
+                .starts_with("exchange hookrelay.retry-10s does not exist"),
+            "{missing}"
+        );
+        let lane = |error| LaneError::Consume {
+            queue: "hookrelay.ready.first".into(),
+            error,
+        };
+        assert!(!lane(ConsumeError::NotFound("NOT_FOUND".into())).retry_helps());
+        let silent = lane(ConsumeError::Other("no answer within 30s".into()));
+        assert!(silent.retry_helps(), "{silent}");
+        assert_eq!(
+            silent.to_string(),
+            "consuming hookrelay.ready.first: no answer within 30s"
+        );
+        assert!(LaneError::TiersSilent.retry_helps());
+        // A session says what its lanes say; its own failures are the broker's, which may recover.
+        let session = SessionError::from(missing);
+        assert!(!session.retry_helps());
+        let shown = session.to_string();
+        let failed = WorkerError::Consume(session);
+        assert_eq!(
+            failed.to_string(),
+            format!("cannot consume from the broker: {shown}")
+        );
+        // Whole: an error chain (`{:#}`) does not say the cause twice.
+        assert!(std::error::Error::source(&failed).is_none());
+        assert!(SessionError::ChannelEnded("hookrelay.ready.first".into()).retry_helps());
     }
 }

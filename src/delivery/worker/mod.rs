@@ -26,14 +26,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::BasicCancelOptions;
-use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use crate::broker::error::{Refusal, refused};
 use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::Config;
@@ -41,7 +39,7 @@ use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
-use crate::delivery::lane::{LaneSpec, Lanes, SharedBudget};
+use crate::delivery::lane::{Lanes, SharedBudget};
 use crate::delivery::poll::QueuePoll;
 use crate::delivery::settle::Settler;
 use crate::observe::events::Notices;
@@ -52,8 +50,8 @@ mod lanes;
 mod reload;
 mod signals;
 
-use lanes::{ConsumeError, Consumed, lane_missing, list_queues};
-pub use lanes::{endpoint_most, lane_specs, shard_prefetch};
+pub use lanes::{ConsumeError, LaneError, endpoint_most, lane_specs, shard_prefetch};
+use lanes::{Consumed, lane_missing, list_queues};
 use reload::{check_secrets, reload_loop};
 use signals::Hangup;
 pub use signals::shutdown_signal;
@@ -71,10 +69,39 @@ pub enum WorkerError {
          Set the variables or create the files, or fix the subscriptions file"
     )]
     Secrets(String),
+    /// The very first session failed: [`SessionError::retry_helps`] says whether starting
+    /// again later may succeed with nobody acting.
     #[error("cannot consume from the broker: {0}")]
-    Consume(String),
+    Consume(SessionError),
     #[error("{0}")]
     Listen(#[from] std::io::Error),
+}
+
+/// Why a broker session ended other than by shutdown. The worker starts another, with
+/// backoff, unless it never got to consume.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("connecting to {url}: {error}")]
+    Connect { url: String, error: lapin::Error },
+    #[error("connecting to {url}: no answer within {BROKER_ANSWER:?}")]
+    ConnectSilent { url: String },
+    #[error(transparent)]
+    Lanes(#[from] LaneError),
+    #[error("consumer of {queue}: {error}")]
+    Consumer { queue: String, error: lapin::Error },
+    #[error("the consumer of {0} ended with its channel")]
+    ChannelEnded(String),
+}
+
+impl SessionError {
+    /// Whether another session may consume with nobody acting: the broker may come back, but
+    /// missing topology or a refusal waits for an operator ([`LaneError::retry_helps`]).
+    pub fn retry_helps(&self) -> bool {
+        match self {
+            SessionError::Lanes(e) => e.retry_helps(),
+            _ => true,
+        }
+    }
 }
 
 /// What a worker is made of. [`WorkerSetup::new`] fills in the production defaults; tests swap
@@ -137,7 +164,10 @@ enum SessionEnd {
     /// after the signal).
     Shutdown { deadline: Instant },
     /// The connection or a consumer failed; `connected` says whether it got as far as consuming.
-    Failed { error: String, connected: bool },
+    Failed {
+        error: SessionError,
+        connected: bool,
+    },
 }
 
 impl Worker {
@@ -368,7 +398,7 @@ impl Worker {
         tracker: &TaskTracker,
         first: bool,
     ) -> SessionEnd {
-        let failed = |error: String, connected| SessionEnd::Failed { error, connected };
+        let failed = |error: SessionError, connected| SessionEnd::Failed { error, connected };
         let config = &self.dispatcher.config;
         let grace = config.worker.shutdown_grace;
         let props = ConnectionProperties::default()
@@ -386,17 +416,13 @@ impl Worker {
         };
         let conn = match connected {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                return failed(format!("connecting to {}: {e}", config.amqp.url), false);
+            Ok(Err(error)) => {
+                let url = config.amqp.url.to_string();
+                return failed(SessionError::Connect { url, error }, false);
             }
             Err(_) => {
-                return failed(
-                    format!(
-                        "connecting to {}: no answer within {BROKER_ANSWER:?}",
-                        config.amqp.url
-                    ),
-                    false,
-                );
+                let url = config.amqp.url.to_string();
+                return failed(SessionError::ConnectSilent { url }, false);
             }
         };
         let metrics = &self.dispatcher.settler.metrics;
@@ -416,7 +442,7 @@ impl Worker {
             Some(Ok(())) => {}
             Some(Err(e)) => {
                 close(conn, Instant::now() + BROKER_ANSWER, "cannot consume").await;
-                return failed(e, false);
+                return failed(e.into(), false);
             }
             None => {
                 let deadline = Instant::now() + grace;
@@ -460,7 +486,10 @@ impl Worker {
                         match self.consume(&conn, spec, &mut consumed).await {
                             Ok(()) => info!(lane = %spec.queue, "Consuming a lane found since"),
                             Err(ConsumeError::NotFound(e)) => lane_missing(spec, &e),
-                            Err(e) => return failed(format!("consuming {}: {e}", spec.queue), true),
+                            Err(error) => {
+                                let queue = spec.queue.clone();
+                                return failed(LaneError::Consume { queue, error }.into(), true);
+                            }
                         }
                     }
                     consuming.set(i64::from(consumed.has_all(&wanted)));
@@ -476,13 +505,14 @@ impl Worker {
                         });
                     }
                     Some((lane, Some(Err(e)))) => {
-                        return failed(format!("consumer of {}: {e}", lane.queue), true);
+                        let queue = lane.queue.clone();
+                        return failed(SessionError::Consumer { queue, error: e }, true);
                     }
                     Some((lane, None)) => {
                         // The broker cancels a consumer whose queue was deleted; its channel and
                         // the connection stay open. Then only that lane ends.
                         if !(conn.status().connected() && consumed.channel_open(&lane.queue)) {
-                            return failed(format!("the consumer of {} ended with its channel", lane.queue), true);
+                            return failed(SessionError::ChannelEnded(lane.queue.clone()), true);
                         }
                         let required = consumed.remove(&lane.queue);
                         if required {
@@ -522,8 +552,6 @@ impl Worker {
         SessionEnd::Shutdown { deadline }
     }
 
-    /// Consumes every lane of `wanted`. A lane that is not there is skipped (logged), but in the
-    /// very `first` session a missing lane of the ladder fails it, with the reason.
     /// Counts the fleet this session joins before it consumes: the consumers of the lane every
     /// worker consumes, from the broker as they are now. Its count is young from here
     /// ([`crate::delivery::fleet`]). Should the count fail, the session's recounts try again.
@@ -546,79 +574,6 @@ impl Worker {
             .metrics
             .fleet_workers
             .set(i64::from(workers));
-    }
-
-    async fn open_lanes(
-        &self,
-        conn: &Connection,
-        wanted: &[LaneSpec],
-        first: bool,
-        consumed: &mut Consumed,
-    ) -> Result<(), String> {
-        if first {
-            self.tier_exchanges_exist(conn).await?;
-        }
-        for spec in wanted {
-            match self.consume(conn, spec, consumed).await {
-                Ok(()) => {}
-                // A lane that is not there: a retired one was deleted, which is the operator's
-                // right; a required one is missing topology. Neither ends the session, except
-                // the very first, which fails the start with the reason.
-                Err(ConsumeError::NotFound(e)) if !(spec.required && first) => {
-                    lane_missing(spec, &e);
-                }
-                Err(e) => return Err(format!("consuming {}: {e}", spec.queue)),
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Worker {
-    /// Every tier's exchange is there, so retries have somewhere to go: a ladder applied by an
-    /// earlier version has the tiers without them, and the worker says so before consuming.
-    async fn tier_exchanges_exist(&self, conn: &Connection) -> Result<(), String> {
-        let ladder = &self.dispatcher.ladder;
-        let checked = async {
-            // A passive declare of a missing exchange closes its channel: one of its own.
-            let ch = conn.create_channel().await?;
-            for tier in ladder.tier_ids() {
-                let name = ladder.tier_exchange(tier);
-                let passive = lapin::options::ExchangeDeclareOptions {
-                    passive: true,
-                    durable: true,
-                    ..Default::default()
-                };
-                if let Err(e) = ch
-                    .exchange_declare(
-                        name.as_str().into(),
-                        lapin::ExchangeKind::Fanout,
-                        passive,
-                        FieldTable::default(),
-                    )
-                    .await
-                {
-                    return Ok(Err((name, e)));
-                }
-            }
-            let _ = ch.close(200, "checked".into()).await;
-            Ok::<_, lapin::Error>(Ok(()))
-        };
-        match tokio::time::timeout(BROKER_ANSWER, checked).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err((name, e)))) => Err(match refused(&e) {
-                Some(Refusal::NotFound) => format!(
-                    "exchange {name} does not exist (a ladder applied by an earlier version has \
-                     tiers without exchanges of their own); the topology is missing: run \
-                     `hookrelay topology apply`"
-                ),
-                _ => format!("checking exchange {name}: {e}"),
-            }),
-            Ok(Err(e)) => Err(format!("checking the tiers' exchanges: {e}")),
-            Err(_) => Err(format!(
-                "checking the tiers' exchanges: no answer within {BROKER_ANSWER:?}"
-            )),
-        }
     }
 }
 
