@@ -70,9 +70,12 @@ pub struct AttemptsQuery {
     /// 1 to 500; default 50.
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
+    /// `oldest` first (the default) or `newest` first; a cursor goes on in its page's order.
+    #[param(pattern = "^(oldest|newest)$")]
+    pub order: Option<String>,
 }
 
-/// A page of attempts, oldest first.
+/// A page of attempts, oldest first (or newest first, as asked).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AttemptPage {
     pub data: Vec<Attempt>,
@@ -120,6 +123,14 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
     if !(1..=MAX_LIMIT).contains(&limit) {
         errors.push(FieldError::new("limit", format!("1 to {MAX_LIMIT}")));
     }
+    let newest_first = match query.order.as_deref() {
+        None | Some("oldest") => false,
+        Some("newest") => true,
+        Some(_) => {
+            errors.push(FieldError::new("order", "oldest or newest"));
+            false
+        }
+    };
     if !errors.is_empty() {
         return Err(ApiError::Invalid(errors));
     }
@@ -129,11 +140,12 @@ fn attempt_query(query: AttemptsQuery, scope: &Scope) -> Result<AttemptQuery, Ap
         outcome: query.outcome,
         after,
         limit,
+        newest_first,
     })
 }
 
-/// A subscription's attempts, oldest first, a page at a time: every settled delivery with
-/// its status, latency, error and the tier a retry waits in. Also for a subscription deleted
+/// A subscription's attempts, oldest first (`order=newest`: newest first), a page at a time:
+/// every settled delivery with its status, latency, error and the tier a retry waits in. Also for a subscription deleted
 /// since, while history keeps its attempts.
 #[utoipa::path(
     get, path = "/v1/subscriptions/{id}/attempts", tag = "history",

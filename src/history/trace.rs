@@ -216,22 +216,30 @@ pub struct AttemptQuery {
     pub outcome: Option<String>,
     pub after: Option<Cursor>,
     pub limit: u32,
+    /// Newest first (the portal's lists); else oldest first. The cursor follows the order.
+    pub newest_first: bool,
 }
 
-/// One page of a subscription's attempts, oldest first, and the cursor of the next page.
+/// One page of a subscription's attempts, oldest first (or newest, as asked), and the cursor
+/// of the next page.
 pub async fn attempts_of(
     pool: &PgPool,
     subscription: &str,
     query: &AttemptQuery,
 ) -> Result<(Vec<Attempt>, Option<Cursor>), sqlx::Error> {
     let limit = i64::from(query.limit.max(1));
+    let (past, order) = if query.newest_first {
+        ("<", "DESC")
+    } else {
+        (">", "ASC")
+    };
     let rows = sqlx::query(&format!(
         "SELECT {} FROM history_attempts WHERE subscription = $1 \
          AND ($2::text IS NULL OR tenant = $2) \
          AND ($3::int8 IS NULL OR at >= to_timestamp($3::float8 / 1000000)) \
          AND ($4::text IS NULL OR outcome = $4) \
-         AND ($5::int8 IS NULL OR (at, stream_offset) > (to_timestamp($5::float8 / 1000000), $6)) \
-         ORDER BY at, stream_offset LIMIT $7",
+         AND ($5::int8 IS NULL OR (at, stream_offset) {past} (to_timestamp($5::float8 / 1000000), $6)) \
+         ORDER BY at {order}, stream_offset {order} LIMIT $7",
         attempt_columns()
     ))
     .bind(subscription)

@@ -23,6 +23,8 @@ pub struct Site {
     pub base: String,
     pub store: PgStore,
     pub client: reqwest::Client,
+    /// What the API seals secrets with (a worker opens them with it).
+    pub keyring: Arc<Keyring>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
     _db: TestDb,
@@ -41,9 +43,10 @@ impl Site {
         let db = TestDb::create().await;
         let store = db.store().await;
         let key = generate_key();
+        let keyring = Arc::new(Keyring::from_base64(&[&key]).unwrap());
         let setup = ApiSetup {
             pool: store.pool().clone(),
-            keyring: Arc::new(Keyring::from_base64(&[&key]).unwrap()),
+            keyring: Arc::clone(&keyring),
             tokens: Tokens::from_plain(&[
                 (ADMIN, None),
                 (ACME, Some("acme")),
@@ -78,6 +81,7 @@ impl Site {
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .unwrap(),
+            keyring,
             stop: Some(stop),
             served: Some(served),
             _db: db,
