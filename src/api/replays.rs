@@ -61,6 +61,9 @@ pub struct CreateReplay {
     /// Only these event types: an exact type or a wildcard like `order.*`.
     #[serde(rename = "type")]
     pub event_type: Option<String>,
+    /// Only the event of this id; `from` and `to` still bound what is read of the archive.
+    #[schema(example = "ord_1234_paid")]
+    pub event: Option<String>,
     /// Skip events whose every delivery succeeded, by the attempt log.
     #[serde(default)]
     pub only_undelivered: bool,
@@ -86,6 +89,9 @@ pub struct ReplayJob {
     pub subscription: Option<String>,
     #[serde(rename = "type")]
     pub event_type: Option<String>,
+    /// Only this event, when the replay named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     pub only_undelivered: bool,
     /// The pace it publishes at.
     pub rate: Option<String>,
@@ -304,6 +310,11 @@ fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayO
     {
         errors.push(FieldError::new("subscription", e.to_string()));
     }
+    if let Some(e) = &req.event
+        && let Err(err) = check_id(e)
+    {
+        errors.push(FieldError::new("event", err.to_string()));
+    }
     let event_type = match &req.event_type {
         None => None,
         Some(t) => EventFilter::parse(t)
@@ -342,6 +353,7 @@ fn options(req: &CreateReplay, scope: &Scope, limits: &Limits) -> Result<ReplayO
             tenant,
             subscription: req.subscription.clone(),
             event_type,
+            event: req.event.clone(),
         },
         only_undelivered: req.only_undelivered,
         index_max: Some(limits.replay_index_max),
@@ -436,6 +448,7 @@ pub async fn create(
         tenant: options.filter.tenant.clone(),
         subscription: req.subscription.clone(),
         event_type: req.event_type.clone(),
+        event: req.event.clone(),
         only_undelivered: req.only_undelivered,
         rate: req
             .rate
@@ -610,6 +623,7 @@ mod tests {
             tenant: started_by.map(str::to_owned),
             subscription: None,
             event_type: None,
+            event: None,
             only_undelivered: false,
             rate: None,
             dry_run: true,

@@ -287,6 +287,9 @@ pub struct ReplayArgs {
     /// Only these event types: an exact type or a wildcard like order.*
     #[arg(long = "type", value_name = "TYPE", value_parser = parse_event_filter)]
     pub event_type: Option<crate::subscriptions::EventFilter>,
+    /// Only the event of this id (its producer's message_id); --from/--to still bound the read.
+    #[arg(long, value_name = "ID", value_parser = parse_event_id)]
+    pub event: Option<String>,
     /// Skip events whose every delivery succeeded, by the attempt log's stream.
     #[arg(long)]
     pub only_undelivered: bool,
@@ -310,6 +313,13 @@ pub enum ArgError {
     EventFilter(crate::subscriptions::FilterError),
     #[error("{0:?}: use 1 to 64 letters, digits, '_' or '-'")]
     KeyWord(String),
+    #[error("{0}")]
+    EventId(crate::contract::envelope::InvalidEnvelope),
+}
+
+fn parse_event_id(s: &str) -> Result<String, ArgError> {
+    crate::contract::envelope::check_id(s).map_err(ArgError::EventId)?;
+    Ok(s.to_owned())
 }
 
 fn parse_event_filter(s: &str) -> Result<crate::subscriptions::EventFilter, ArgError> {

@@ -22,6 +22,7 @@ pub(super) async fn run(args: ReplayArgs, config: &Config) -> anyhow::Result<Exi
             tenant: args.tenant,
             subscription: args.subscription,
             event_type: args.event_type,
+            event: args.event,
         },
         only_undelivered: args.only_undelivered,
         index_max: None,

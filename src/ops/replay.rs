@@ -38,6 +38,8 @@ pub struct ReplayFilter {
     pub tenant: Option<String>,
     pub subscription: Option<String>,
     pub event_type: Option<EventFilter>,
+    /// Only the event of this id (its producer's `message_id`).
+    pub event: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -177,7 +179,9 @@ pub fn decide(
     let Some(id) = properties.message_id().as_ref().map(ShortString::as_str) else {
         return Decision::Skip;
     };
-    if filter.tenant.as_deref().is_some_and(|t| t != routing_key) {
+    if filter.tenant.as_deref().is_some_and(|t| t != routing_key)
+        || filter.event.as_deref().is_some_and(|e| e != id)
+    {
         return Decision::Skip;
     }
     if let Some(types) = &filter.event_type {
@@ -419,6 +423,24 @@ mod tests {
             replay: None,
             at: String::new(),
         }
+    }
+
+    #[test]
+    fn the_filter_selects_one_event_by_its_id() {
+        let one = ReplayFilter {
+            event: Some("evt_2".into()),
+            ..Default::default()
+        };
+        let other = archived("evt_1", "acme", None);
+        assert!(matches!(
+            decide("acme", &other, &one, None, "rpl_1"),
+            Decision::Skip
+        ));
+        let it = archived("evt_2", "acme", None);
+        assert!(matches!(
+            decide("acme", &it, &one, None, "rpl_1"),
+            Decision::Replay { .. }
+        ));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::web::page::{PageError, Site, done, layout};
 use crate::web::session::{Form, Visitor};
 use crate::web::{WebState, call};
 
-fn to_page(e: ApiError) -> PageError {
+pub(super) fn to_page(e: ApiError) -> PageError {
     PageError::from_api(Site::Portal, e)
 }
 
@@ -28,7 +28,7 @@ fn to_page(e: ApiError) -> PageError {
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct Bare {}
 
-fn spend(state: &WebState, visitor: &Visitor, spend: Spend) -> Result<(), PageError> {
+pub(super) fn spend(state: &WebState, visitor: &Visitor, spend: Spend) -> Result<(), PageError> {
     quota::take(
         &state.api,
         visitor.tenant.as_deref().unwrap_or_default(),

@@ -6,13 +6,19 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
+use axum::http::StatusCode;
+use serde_json::json;
+
 use crate::api::auth::Scope;
+use crate::api::quota::Spend;
 use crate::api::replays::ReplayJob;
 
+use super::actions::{spend, to_page};
 use super::attempts::table;
-use crate::web::WebState;
-use crate::web::page::{Flash, PageError, Site, layout};
-use crate::web::session::Visitor;
+use crate::web::page::{Flash, PageError, Site, done, layout};
+use crate::web::session::{Form, Visitor};
+use crate::web::signin::Nothing;
+use crate::web::{WebState, call};
 
 /// `GET /portal/events/{id}`: what history holds of an event (or a delivery): its
 /// acceptances, every attempt, each delivery's latest outcome.
@@ -49,6 +55,13 @@ pub async fn story(
         }
         h2 { "Attempts" }
         (table(&story.attempts))
+        @if let (Some(first), false) = (story.accepted.first(), visitor.read_only) {
+            form method="post" action=(format!("/portal/events/{}/replay", first.id)) {
+                (visitor.csrf_field())
+                button.secondary type="submit" { "Replay this event" }
+                span.muted { " publishes it again with its original id: its endpoints receive it once more." }
+            }
+        }
         h2 { "Outcome" }
         @if story.outcomes.is_empty() {
             p.muted { "No delivery recorded yet." }
@@ -58,6 +71,58 @@ pub async fn story(
     };
     let title = format!("Event {}", story.id);
     Ok(layout(Site::Portal, Some(&visitor), &title, body).into_response())
+}
+
+/// How far around an event's acceptance its one-event replay reads the archive: the archive's
+/// timestamps are the broker's, which may differ a little from history's.
+const AROUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `POST /portal/events/{id}/replay`: that one event published again, by a replay reading the
+/// archive around when history says it was accepted.
+pub async fn replay_event(
+    State(state): State<WebState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    form: Form<Nothing>,
+) -> Result<Response, PageError> {
+    spend(&state, &form.visitor, Spend::Write)?;
+    let axum::Json(story) = crate::api::history::event(
+        State(state.api.clone()),
+        Extension(scope.clone()),
+        Path(id.clone()),
+    )
+    .await
+    .map_err(to_page)?;
+    let at = story
+        .accepted
+        .iter()
+        .find(|a| a.id == id)
+        .and_then(|a| humantime::parse_rfc3339_weak(a.at.trim_end_matches('Z')).ok())
+        .ok_or_else(|| {
+            PageError::new(
+                Site::Portal,
+                StatusCode::CONFLICT,
+                "History has not recorded when this event was accepted, so it cannot be replayed \
+                 alone yet; try again in a moment, or replay a window from its endpoint's page.",
+            )
+        })?;
+    let request = json!({
+        "from": humantime::format_rfc3339_seconds(at - AROUND).to_string(),
+        "to": humantime::format_rfc3339_seconds(at + AROUND).to_string(),
+        "event": id,
+    });
+    let response = crate::api::replays::create(
+        State(state.api.clone()),
+        Extension(scope),
+        call::body(&request),
+    )
+    .await
+    .map_err(to_page)?;
+    let job: ReplayJob = call::read(response).await.map_err(to_page)?;
+    Ok(done(
+        &format!("/portal/replays/{}", job.id),
+        "Replay of the event started.",
+    ))
 }
 
 /// A replay job's figures; while it runs, the element asks for itself again every 2 seconds
@@ -102,6 +167,7 @@ pub async fn replay(
         (flash.render())
         p {
             "Events accepted from " code { (job.from) } " to " code { (job.to.as_deref().unwrap_or("when it started")) }
+            @if let Some(e) = &job.event { " with the id " a href=(format!("/portal/events/{e}")) { code { (e) } } }
             @if let Some(s) = &job.subscription { " for " a href=(format!("/portal/endpoints/{s}")) { code { (s) } } }
             @if job.only_undelivered { ", only those not delivered" }
             ", published again at " (job.rate.as_deref().unwrap_or("the default pace")) " with their original ids."

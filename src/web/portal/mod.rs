@@ -47,6 +47,7 @@ pub fn routes() -> Router<WebState> {
         .route("/portal/endpoints/{id}/replay", post(actions::replay))
         .route("/portal/attempts", get(attempts::page))
         .route("/portal/events/{id}", get(events::story))
+        .route("/portal/events/{id}/replay", post(events::replay_event))
         .route("/portal/replays/{id}", get(events::replay))
         .route(
             "/portal/replays/{id}/progress",
