@@ -492,3 +492,55 @@ async fn subscriptions_are_searched_by_id_or_url() {
     assert!(page.contains("No subscriptions match"), "{page}");
     site.stop().await;
 }
+
+#[tokio::test]
+async fn endpoints_paused_for_failing_are_in_trouble_and_render_as_text() {
+    // No broker: the overview says so, and still shows what the store knows.
+    let site = Site::start(None).await;
+    let create = async |url: &str| {
+        let answer = site
+            .client
+            .post(format!("{}/v1/subscriptions", site.base))
+            .bearer_auth(ACME)
+            .json(&json!({"url": url}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        answer.json::<serde_json::Value>().await.unwrap()["subscription"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let failing = create("https://down.acme.example/in").await;
+    let fine = create("https://up.acme.example/in").await;
+    let cookie = sign_in(&site).await;
+    let (status, page) = get(&site, "/ui/", &cookie).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("Cannot read the broker"), "{page}");
+    let trouble = &page[page.find(r#"id="trouble""#).expect("the section")..];
+    assert!(
+        !trouble.contains(&failing) && !trouble.contains(&fine),
+        "{trouble}"
+    );
+
+    let changed = hookrelay::store::postgres::disable(
+        &site.store,
+        std::slice::from_ref(&failing),
+        "failing for 10m: <script>alert(1)</script>",
+    )
+    .await
+    .unwrap();
+    assert_eq!(changed.len(), 1);
+    let (_, page) = get(&site, "/ui/", &cookie).await;
+    let trouble = &page[page.find(r#"id="trouble""#).unwrap()..];
+    assert!(
+        trouble.contains(&failing) && !trouble.contains(&fine),
+        "{trouble}"
+    );
+    assert!(
+        trouble.contains("failing for 10m: &lt;script&gt;") && !trouble.contains("<script>"),
+        "{trouble}"
+    );
+    site.stop().await;
+}
