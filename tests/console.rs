@@ -542,5 +542,52 @@ async fn endpoints_paused_for_failing_are_in_trouble_and_render_as_text() {
         trouble.contains("failing for 10m: &lt;script&gt;") && !trouble.contains("<script>"),
         "{trouble}"
     );
+    assert!(!trouble.contains("Cannot read"), "{trouble}");
+
+    // Attempts as `hookrelay history` writes them: sub_down failing, sub_up fine.
+    let pool = site.store.pool();
+    let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
+    sqlx::query(&hookrelay::history::rows::create_partition(
+        "history_attempts",
+        today,
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_attempts (envelope, tenant, subscription, attempt, status, error, \
+         outcome, lane, at, stream_offset) VALUES \
+         ('e1', 'acme', 'sub_down', 1, 503, NULL, 'retried', 'l', now() - interval '9 s', 0), \
+         ('e1', 'acme', 'sub_down', 2, 503, NULL, 'retried', 'l', now() - interval '8 s', 1), \
+         ('e1', 'acme', 'sub_down', 3, 500, '<b>boom</b>', 'exhausted', 'l', now() - interval '7 s', 2), \
+         ('e2', 'acme', 'sub_down', 1, 204, NULL, 'delivered', 'l', now() - interval '6 s', 3), \
+         ('e3', 'acme', 'sub_up', 1, 204, NULL, 'delivered', 'l', now() - interval '6 s', 4), \
+         ('e4', 'acme', 'sub_old', 1, 503, NULL, 'exhausted', 'l', now() - interval '2 h', 5)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let (_, page) = get(&site, "/ui/", &cookie).await;
+    let trouble = &page[page.find(r#"id="trouble""#).unwrap()..];
+    assert!(!trouble.contains("Cannot read"), "{trouble}");
+    let row = &trouble[trouble.find("sub_down").expect("failing")..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains(r#"<td class="num">3</td><td class="num">1</td>"#),
+        "3 failed, 1 delivered: {row}"
+    );
+    assert!(row.contains("500 &lt;b&gt;boom&lt;/b&gt;"), "{row}");
+    assert!(
+        !trouble.contains("sub_up") && !trouble.contains("sub_old"),
+        "{trouble}"
+    );
+    // What went dead lately, by reason (the old one too: the window is a day).
+    let (status, page) = get(&site, "/ui/dead", &cookie).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!page.contains("Cannot read history"), "{page}");
+    assert!(
+        page.contains(r#"<code>exhausted</code></td><td class="num">2</td>"#),
+        "{page}"
+    );
     site.stop().await;
 }
