@@ -591,3 +591,42 @@ async fn endpoints_paused_for_failing_are_in_trouble_and_render_as_text() {
     );
     site.stop().await;
 }
+
+#[tokio::test]
+async fn quarantines_announced_on_the_events_exchange_are_listed_until_recovered() {
+    let t = ladder("console-quarantine").await;
+    let site = Site::start(Some(broker(&t))).await;
+    let cookie = sign_in(&site).await;
+    // Following once the list no longer says it may be incomplete.
+    wait_page(&site, "/ui/", &cookie, |p| !p.contains("may be incomplete")).await;
+    let announce = async |key: &str, endpoint: &str| {
+        let body = json!({
+            "event": key, "tenant": null, "subscription": null, "envelope": null,
+            "endpoint": endpoint, "reason": "breaker",
+            "detail": "circuit breaker open for 30s <img src=x>", "at": "2026-12-07T02:00:00Z"
+        });
+        t.channel
+            .basic_publish(
+                t.ladder.events_exchange().as_str().into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                &serde_json::to_vec(&body).unwrap(),
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    };
+    announce("endpoint.quarantined", "down.example:443#ab12").await;
+    announce("endpoint.quarantined", "flaky.example:443#cd34").await;
+    let page = wait_page(&site, "/ui/", &cookie, |p| {
+        p.contains("down.example:443#ab12") && p.contains("flaky.example:443#cd34")
+    })
+    .await;
+    assert!(page.contains("open for 30s &lt;img src=x&gt;"), "{page}");
+    announce("endpoint.recovered", "flaky.example:443#cd34").await;
+    let page = wait_page(&site, "/ui/", &cookie, |p| !p.contains("flaky.example")).await;
+    assert!(page.contains("down.example:443#ab12"), "{page}");
+    site.stop().await;
+}

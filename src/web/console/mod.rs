@@ -5,12 +5,14 @@
 //! - [`ladder`]: the overview (`/ui/`): the workers and every queue of the ladder, refreshed
 //!   live, and the tiers with their hold and release buttons.
 //! - [`trouble`]: the endpoints in trouble, shown on the overview.
+//! - [`quarantine`]: the endpoints quarantined now, followed from the events exchange.
 //! - [`dead`]: the dead-letter sink and its redrive.
 //! - [`subscriptions`]: subscriptions across tenants, searched and paged.
 //! - [`replays`]: the API process's replay jobs, and cancelling one.
 
 pub mod dead;
 pub mod ladder;
+pub mod quarantine;
 pub mod replays;
 pub mod subscriptions;
 pub mod trouble;

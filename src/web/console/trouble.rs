@@ -1,8 +1,9 @@
-//! The endpoints in trouble, as the API process can know them: the subscriptions hookrelay
-//! paused for an endpoint failing too long (the store's `disabled_reason`), and the
-//! subscriptions whose attempts failed over the last 15 minutes (the history database). The
-//! workers' breakers live in their memory; their quarantines show here through the failures
-//! that opened them.
+//! The endpoints in trouble, as the API process can know them: those the workers announced
+//! quarantined (their breakers stayed open; [`super::quarantine`] follows the announcements),
+//! the subscriptions hookrelay paused for an endpoint failing too long (the store's
+//! `disabled_reason`), and the subscriptions whose attempts failed over the last 15 minutes
+//! (the history database). Breakers open for less than `endpoints.quarantine_after` live only
+//! in the workers' memory: they show here through the failures that opened them.
 
 use std::time::Duration;
 
@@ -22,8 +23,26 @@ pub async fn section(state: &WebState) -> Markup {
         Some(pool) => Some(crate::history::health::failing(pool, WINDOW, MOST).await),
         None => None,
     };
+    let (quarantined, partial) = state.quarantines.now();
     html! {
         h2 #trouble { "Endpoints in trouble" }
+        h3 { "Quarantined (announced by the workers)" }
+        @if let Some(why) = &partial { p.muted { "The list may be incomplete: " (why) "." } }
+        @if quarantined.is_empty() { p.muted { "None." } }
+        @else {
+            table.quarantined {
+                thead { tr { th { "Endpoint" } th { "Why" } th { "Since" } } }
+                tbody {
+                    @for q in &quarantined {
+                        tr {
+                            td.mono { (q.endpoint) }
+                            td { (q.detail.as_deref().unwrap_or("")) }
+                            td { (q.at) }
+                        }
+                    }
+                }
+            }
+        }
         h3 { "Paused by hookrelay (failing too long)" }
         @match &disabled {
             Err(e) => p.flash.error role="alert" { "Cannot read the store: " (e) },
