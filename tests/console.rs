@@ -102,6 +102,13 @@ fn tier_row<'p>(page: &'p str, name: &str) -> &'p str {
     &rest[..rest.find("</tr>").unwrap()]
 }
 
+/// `path` once it shows tier `name`'s row (the management API may fail a request now and
+/// then on a busy machine; the page then says so instead of the table).
+async fn tiers_page(site: &Site, path: &str, cookie: &str, name: &str) -> String {
+    let row = format!(r#"data-tier="{name}""#);
+    wait_page(site, path, cookie, |p| p.contains(&row)).await
+}
+
 /// The figure named `name` on a page.
 fn figure(page: &str, name: &str) -> Option<i64> {
     let at = page.find(&format!(r#"data-figure="{name}">"#))? + name.len() + 15;
@@ -208,7 +215,7 @@ async fn a_tier_is_held_and_released_through_the_forms() {
             .unwrap()
             .held
     };
-    let (_, page) = get(&site, "/ui/", &cookie).await;
+    let page = tiers_page(&site, "/ui/", &cookie, &name).await;
     assert!(
         tier_row(&page, &name).contains(&format!(r#"action="/ui/tiers/{name}/hold""#)),
         "{page}"
@@ -226,7 +233,7 @@ async fn a_tier_is_held_and_released_through_the_forms() {
     let to = held.headers()[LOCATION].to_str().unwrap().to_owned();
     assert!(to.starts_with("/ui/?done=Held"), "{to}");
     assert!(held_on_broker().await);
-    let (_, page) = get(&site, &to, &cookie).await;
+    let page = tiers_page(&site, &to, &cookie, &name).await;
     assert!(page.contains(&format!("Held {name}")), "{page}");
     let row = tier_row(&page, &name);
     assert!(
@@ -244,7 +251,7 @@ async fn a_tier_is_held_and_released_through_the_forms() {
     .await;
     assert_eq!(released.status(), StatusCode::SEE_OTHER);
     assert!(!held_on_broker().await);
-    let (_, page) = get(&site, "/ui/", &cookie).await;
+    let page = tiers_page(&site, "/ui/", &cookie, &name).await;
     let row = tier_row(&page, &name);
     assert!(
         row.contains(r#"data-held="false""#)
