@@ -1167,6 +1167,7 @@ fn broker(t: &TestLadder) -> BrokerSetup {
         ladder: t.ladder.clone(),
         max_event_bytes: t.config.limits.max_body_bytes,
         resume_wait: Duration::from_millis(100),
+        management: None,
     }
 }
 

@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
 use crate::config::SecretUrl;
 use crate::contract::envelope::NewEvent;
@@ -74,6 +75,9 @@ pub struct BrokerSetup {
     pub max_event_bytes: usize,
     /// `api.resume_wait`.
     pub resume_wait: Duration,
+    /// The management API (`management.url`): the console reads the ladder's queues and holds
+    /// tiers through it. `None`: the console's broker pages say it is not configured.
+    pub management: Option<Management>,
 }
 
 /// Everything the API is built from.
@@ -194,7 +198,18 @@ impl Deref for ApiState {
 }
 
 impl ApiState {
-    async fn publisher(&self) -> Result<(Arc<Publisher>, &BrokerSetup), ApiError> {
+    /// The broker's setup, when the API has one (the console's broker pages use it).
+    pub fn broker(&self) -> Option<&BrokerSetup> {
+        self.broker.as_ref()
+    }
+
+    /// The history database, when the API has one.
+    pub fn history_pool(&self) -> Option<&PgPool> {
+        self.history.as_ref()
+    }
+
+    /// The API's confirming publisher, connected at its first use.
+    pub async fn publisher(&self) -> Result<(Arc<Publisher>, &BrokerSetup), ApiError> {
         let Some(broker) = &self.broker else {
             return Err(ApiError::Unavailable(
                 "this API runs without a broker connection".into(),

@@ -605,6 +605,22 @@ pub async fn cancel(
         .ok_or(ApiError::Absent("replay"))
 }
 
+/// The jobs `scope` may see, running ones first, newest first within each (for the console;
+/// at most [`KEPT`] ended ones are kept).
+pub fn list(state: &ApiState, scope: &Scope) -> Vec<ReplayJob> {
+    let jobs = state.replays.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen: Vec<ReplayJob> = jobs
+        .jobs
+        .values()
+        .filter(|job| job.seen_by(scope))
+        .map(Job::current)
+        .collect();
+    seen.sort_by(|a, b| {
+        (b.state == "running", &b.started_at).cmp(&(a.state == "running", &a.started_at))
+    });
+    seen
+}
+
 /// The jobs' table, shared by the handlers and the jobs' supervisors.
 pub type SharedJobs = Mutex<Jobs>;
 

@@ -295,6 +295,7 @@ async fn list_page(
             enabled: query.enabled,
             paused: query.paused,
             after: after.as_deref(),
+            contains: None,
             // One more than asked: whether there is a next page.
             limit: limit + 1,
         },

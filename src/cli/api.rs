@@ -69,6 +69,14 @@ pub(super) async fn run(args: ApiArgs, config: Config) -> anyhow::Result<ExitCod
             ladder,
             max_event_bytes: config.limits.max_body_bytes,
             resume_wait: config.api.resume_wait,
+            // Only a malformed URL fails here; an unreachable API is reported by the pages.
+            management: match super::common::management(&config) {
+                Ok(api) => Some(api),
+                Err(e) => {
+                    tracing::warn!(error = %e, "The console shows no broker figures");
+                    None
+                }
+            },
         }),
         history: Some(history),
         limits: crate::api::quota::Limits::from_config(&config.api),

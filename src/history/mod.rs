@@ -7,7 +7,9 @@
 //! - [`trace`]: the queries `hookrelay trace` and the API's history routes answer with.
 //! - [`scan`]: the same story read from the streams over a window, without the database.
 //! - [`progress`]: where history is in each stream, for `hookrelay status`.
+//! - [`health`]: the endpoints failing now and the recent dead-letterings, for the console.
 
+pub mod health;
 pub mod materialize;
 pub mod progress;
 pub mod rows;

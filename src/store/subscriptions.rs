@@ -443,6 +443,9 @@ pub struct PageFilter<'a> {
     pub paused: Option<bool>,
     /// Those after this id.
     pub after: Option<&'a str>,
+    /// Those whose id or URL holds this text, any case (the console's search). Not indexed:
+    /// the scan walks the primary key in order and stops at `limit` matches.
+    pub contains: Option<&'a str>,
     /// The most rows.
     pub limit: u32,
 }
@@ -455,14 +458,31 @@ pub async fn page(
     let rows = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM subscriptions WHERE ($1::text IS NULL OR tenant = $1) \
          AND ($2::bool IS NULL OR enabled = $2) AND ($3::bool IS NULL OR paused = $3) \
-         AND ($4::text IS NULL OR id > $4) ORDER BY id LIMIT $5"
+         AND ($4::text IS NULL OR id > $4) \
+         AND ($6::text IS NULL OR strpos(lower(id), lower($6)) > 0 \
+              OR strpos(lower(url), lower($6)) > 0) \
+         ORDER BY id LIMIT $5"
     ))
     .bind(filter.tenant)
     .bind(filter.enabled)
     .bind(filter.paused)
     .bind(filter.after)
     .bind(i64::from(filter.limit))
+    .bind(filter.contains)
     .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(SubscriptionRow::of).collect()
+}
+
+/// Subscriptions hookrelay paused for an endpoint failing too long (or an operator disabled
+/// with a reason), the latest changed first: the console's endpoints in trouble.
+pub async fn disabled(pool: &PgPool, limit: u32) -> Result<Vec<SubscriptionRow>, QueryError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM subscriptions WHERE disabled_reason IS NOT NULL \
+         ORDER BY updated_at DESC LIMIT $1"
+    ))
+    .bind(i64::from(limit))
+    .fetch_all(pool)
     .await?;
     rows.iter().map(SubscriptionRow::of).collect()
 }

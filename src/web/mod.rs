@@ -45,6 +45,8 @@ pub struct WebShared {
     pub session_ttl: Duration,
     /// `api.public_url` is `https://`: cookies are `Secure`.
     pub secure_cookies: bool,
+    /// The endpoints quarantined now, followed from the events exchange for the console.
+    pub quarantines: console::quarantine::Watch,
 }
 
 impl Deref for WebState {
@@ -63,7 +65,12 @@ pub fn app(setup: ApiSetup) -> (Router, ApiState) {
 /// The pages' routes over the API's state.
 pub fn router(api: ApiState) -> Router {
     let pages = api.pages.clone();
+    let quarantines = api
+        .broker()
+        .map(console::quarantine::Watch::start)
+        .unwrap_or_default();
     let state = WebState(Arc::new(WebShared {
+        quarantines,
         session_ttl: pages.session_ttl,
         secure_cookies: pages.public_url.starts_with("https://"),
         api,
