@@ -1,6 +1,6 @@
 # The two commands README starts with. Both bring up a local RabbitMQ first if none answers;
-# the tests also a PostgreSQL.
-.PHONY: demo test broker database check
+# the tests also a PostgreSQL, and Debian's Chromium with its ChromeDriver for the browser tests.
+.PHONY: demo test broker database browser check
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
@@ -8,7 +8,7 @@ demo: broker
 
 # Format, lint, every test against the real broker, then the fault suite (which starts broker
 # nodes of its own on other ports and never touches the shared one).
-test: broker database check
+test: broker database browser check
 	cargo nextest run --workspace --all-targets --no-fail-fast -E 'not binary(faults)'
 	cargo test --doc --workspace --quiet
 	cargo nextest run --test faults --no-fail-fast --no-capture
@@ -18,6 +18,9 @@ broker:
 
 database:
 	postgres/up
+
+browser:
+	browser/up
 
 check:
 	cargo fmt --all -- --check

@@ -8,9 +8,11 @@
 //! - [`node`]: RabbitMQ nodes of a test's own, for the fault suite.
 //! - [`pg`]: PostgreSQL databases and servers of a test's own, for the store.
 //! - [`site`]: the API with its pages over a database of the test's own.
+//! - [`browser`]: a headless Chromium of the test's own, driven through its ChromeDriver.
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod egress;
 pub mod hostile;
 pub mod node;
