@@ -620,6 +620,7 @@ fn broker(t: &TestLadder) -> BrokerSetup {
         ladder: t.ladder.clone(),
         max_event_bytes: t.config.limits.max_body_bytes,
         resume_wait: Duration::from_millis(100),
+        management: None,
     }
 }
 
@@ -676,8 +677,20 @@ async fn a_test_event_sent_from_the_portal_arrives_and_a_replay_shows_its_job() 
             .wait_until(WAIT, |r| r.delivered_count() == 1)
             .await
     );
+    // A second event in the same minute, for the one-event replay below to leave out.
+    let (status, _, _) = post(&site, &format!("/portal/endpoints/{id}/test"), &acme, &[]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 2)
+            .await
+    );
     worker.stop().await;
-    let record = receiver.records().pop().unwrap();
+    let record = receiver
+        .records()
+        .into_iter()
+        .find(|r| r.id == envelope)
+        .unwrap();
     assert_eq!(record.id, envelope);
     let mut headers = reqwest::header::HeaderMap::new();
     for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
@@ -711,5 +724,77 @@ async fn a_test_event_sent_from_the_portal_arrives_and_a_replay_shows_its_job() 
     let (status, progress) = get(&site, &format!("{path}/progress"), &acme).await;
     assert_eq!(status, StatusCode::OK);
     assert!(progress.contains(r#"id="progress""#) && !progress.contains("<html"));
+
+    // One replay at a time per tenant (api.replays_per_tenant): the window's is cancelled.
+    let window = path.trim_start_matches("/portal/replays/");
+    let cancelled = site
+        .client
+        .post(format!("{}/v1/replays/{window}/cancel", site.base))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert!(cancelled.status().is_success() || cancelled.status() == StatusCode::CONFLICT);
+
+    // One event, from its story: history says when it was accepted; the replay reads the
+    // archive around then and publishes that event alone, not its neighbour.
+    let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
+    sqlx::query(&hookrelay::history::rows::create_partition(
+        "history_events",
+        today,
+    ))
+    .execute(site.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_events (id, tenant, event_type, subscription, accepted_at, \
+         stream_offset) VALUES ($1, 'acme', 'hookrelay.test', $2, now(), 0)",
+    )
+    .bind(&envelope)
+    .bind(&id)
+    .execute(site.store.pool())
+    .await
+    .unwrap();
+    let (_, story) = get(&site, &format!("/portal/events/{envelope}"), &acme).await;
+    assert!(story.contains("Replay this event"), "{story}");
+    let (status, location, body) = post(
+        &site,
+        &format!("/portal/events/{envelope}/replay"),
+        &acme,
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let replay = location
+        .trim_start_matches("/portal/replays/")
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut job = Value::Null;
+    for _ in 0..100 {
+        job = api(&site, ACME, &format!("/v1/replays/{replay}")).await.1;
+        if job["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(job["state"], "finished", "{job}");
+    assert_eq!(job["event"], envelope.as_str(), "{job}");
+    assert!(
+        job["read"].as_u64().unwrap() >= 2,
+        "both events were read: {job}"
+    );
+    assert_eq!(job["matched"], 1, "only the one event: {job}");
+    assert_eq!(job["published"], 1, "{job}");
+    // Another tenant's story, and so its replay, is not there.
+    let (status, _, _) = post(
+        &site,
+        &format!("/portal/events/{envelope}/replay"),
+        &globex,
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     site.stop().await;
 }
