@@ -81,10 +81,15 @@ async fn ten_thousand_events_are_delivered_once_each() {
             }
         })
         .buffer_unordered(200)
-        .filter(|r| std::future::ready(r.is_err()))
-        .count()
+        .filter_map(|r| std::future::ready(r.err()))
+        .collect::<Vec<_>>()
         .await;
-    assert_eq!(failures, 0);
+    assert!(
+        failures.is_empty(),
+        "{} publishes failed, the first: {:?}",
+        failures.len(),
+        failures.first()
+    );
     assert!(
         receiver
             .wait_until(Duration::from_secs(120), |r| r.delivered_count() == N)

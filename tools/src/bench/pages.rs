@@ -3,6 +3,9 @@
 //! the bench's own (migrated, dropped after); then `hookrelay api`'s app in the bench process, an
 //! operator signed in to the console and a tenant's portal session opened, and each page fetched
 //! `--page-requests` times over loopback, timed from request to the last byte of the answer.
+//! The API runs without a broker here: `/ui/` and `/ui/dead` time what they read from the
+//! database (endpoints in trouble, dead letters by reason over a day of attempts); their broker
+//! figures are the management API's own time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -69,9 +72,17 @@ impl PagesReport {
 
 /// The pages timed; `{sub}` is a subscription of [`TENANT`] with its share of the attempts.
 const PAGES: &[&str] = &[
+    "/ui/",
     "/ui/subscriptions",
     "/ui/subscriptions?tenant=t7",
+    "/ui/subscriptions?q=t7/9907",
+    "/ui/subscriptions?after=sub_5000",
+    "/ui/dead",
     "/portal/",
+    "/portal/endpoints/{sub}",
+    "/portal/attempts?endpoint={sub}",
+    "/portal/attempts?endpoint={sub}&outcome=delivered",
+    "/portal/event-types",
     "/v1/subscriptions/{sub}/attempts?limit=50",
 ];
 
