@@ -304,3 +304,91 @@ async fn screenshots() {
     browser.close().await;
     site.stop().await;
 }
+
+/// A tenant adds an endpoint through the form, copies its secret from the one answer that shows
+/// it, rotates it (the new secret shown once too), and neither secret is on the endpoint's page
+/// afterwards.
+#[tokio::test]
+async fn a_tenant_creates_an_endpoint_and_rotates_its_secret_each_shown_once() {
+    let site = Site::start(None).await;
+    let url = link(&site, ACME, json!({})).await;
+    let browser = Browser::start().await;
+    open_portal(&browser, &url).await;
+
+    browser.click("a[href='/portal/endpoints/new']").await;
+    browser.wait_for_path("/portal/endpoints/new").await;
+    browser
+        .fill("#url", "https://hooks.acme.example/from-the-browser")
+        .await;
+    browser.click("button[type=submit]:not(.secondary)").await;
+    let created = browser.wait_for_text("Copy it now").await;
+    let first = browser.text_of("code.secret").await;
+    assert!(first.starts_with("whsec_"), "{created}");
+
+    browser.click("p.actions a").await;
+    let detail = browser.wait_for_text("Rotate the secret").await;
+    assert!(detail.contains("from-the-browser"), "{detail}");
+    assert!(
+        !detail.contains(&first),
+        "the secret is shown again: {detail}"
+    );
+
+    browser.click("a[href$='/rotate']").await;
+    browser.wait_for_text("Rotate").await;
+    browser.click("button[type=submit]:not(.secondary)").await;
+    browser.wait_for_text("Rotated.").await;
+    let second = browser.text_of("code.secret").await;
+    assert!(second.starts_with("whsec_") && second != first, "{second}");
+
+    browser.click("a[href='/portal/']").await;
+    let list = browser.wait_for_text("from-the-browser").await;
+    assert!(!list.contains(&first) && !list.contains(&second), "{list}");
+    browser.close().await;
+    site.stop().await;
+}
+
+/// The operator holds a tier and releases it from the console with the keyboard alone, and the
+/// broker holds it in between.
+#[tokio::test]
+async fn the_operator_holds_and_releases_a_tier_by_keyboard() {
+    let t = common::TestLadder::apply("browser-hold", &["1h"], &["1h"]).await;
+    let broker = hookrelay::api::BrokerSetup {
+        amqp_url: t.config.amqp.url.clone(),
+        confirm_timeout: t.config.amqp.confirm_timeout,
+        ladder: t.ladder.clone(),
+        max_event_bytes: t.config.limits.max_body_bytes,
+        resume_wait: Duration::from_millis(100),
+        management: Some(common::management(&t.config)),
+    };
+    let site = Site::start(Some(broker)).await;
+    let api = common::management(&t.config);
+    let tier = t.ladder.tier(t.ladder.tier_at(0).unwrap()).name.clone();
+    let held = async || {
+        hookrelay::ops::tier::status(&api, &t.ladder)
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.tier == tier && s.held)
+    };
+    let browser = Browser::start().await;
+    browser.open(&format!("{}/ui/login", site.base)).await;
+    browser.tab_to("#token", 12).await;
+    browser.type_keys(ADMIN).await;
+    browser.press(Key::Enter).await;
+    browser.wait_for_path("/ui/").await;
+    browser.wait_for_text(&format!("Hold {tier}")).await;
+
+    let hold = format!(r#"form[action="/ui/tiers/{tier}/hold"] button"#);
+    browser.tab_to(&hold, 80).await;
+    browser.press(Key::Enter).await;
+    browser.wait_for_text(&format!("Held {tier}")).await;
+    assert!(held().await, "the broker does not hold {tier}");
+
+    let release = format!(r#"form[action="/ui/tiers/{tier}/release"] button"#);
+    browser.tab_to(&release, 80).await;
+    browser.press(Key::Enter).await;
+    browser.wait_for_text(&format!("Released {tier}")).await;
+    assert!(!held().await, "the broker still holds {tier}");
+    browser.close().await;
+    site.stop().await;
+}
