@@ -786,11 +786,12 @@ async fn a_storm_of_changes_leaves_the_worker_only_what_is_in_force() {
         "endpoint_limits",
         "endpoint_rates",
     ];
-    // Exactly what the version in force uses, once a sweep has looked (an unswept gauge is 0).
+    // What the version in force uses, once a sweep has looked (an unswept gauge is 0, so the
+    // three secrets say it did). Its one endpoint has a health entry only once it was tried:
+    // under load the last deliveries may all have gone out under an earlier version's URL.
     let settled = wait_until(WAIT, async || {
         entries("secret_texts") == 3
-            && entries("endpoint_health") == 1
-            && caches[2..].iter().all(|c| entries(c) <= 1)
+            && caches[1..].iter().all(|c| entries(c) <= 1)
             && entries("host_limits") <= 1
     })
     .await;
