@@ -287,16 +287,23 @@ pub async fn replay(
     if let Some(to) = filled(&form.value.to) {
         request["to"] = json!(to);
     }
+    start_replay(&state, scope, &request, "Replay started.").await
+}
+
+/// Starts the replay `request` asks for with the visitor's scope; its job's page.
+pub(super) async fn start_replay(
+    state: &WebState,
+    scope: Scope,
+    request: &serde_json::Value,
+    message: &str,
+) -> Result<Response, PageError> {
     let response = crate::api::replays::create(
         State(state.api.clone()),
         Extension(scope),
-        call::body(&request),
+        call::body(request),
     )
     .await
     .map_err(to_page)?;
     let job: ReplayJob = call::read(response).await.map_err(to_page)?;
-    Ok(done(
-        &format!("/portal/replays/{}", job.id),
-        "Replay started.",
-    ))
+    Ok(done(&format!("/portal/replays/{}", job.id), message))
 }

@@ -13,12 +13,12 @@ use crate::api::auth::Scope;
 use crate::api::quota::Spend;
 use crate::api::replays::ReplayJob;
 
-use super::actions::{spend, to_page};
+use super::actions::{spend, start_replay, to_page};
 use super::attempts::table;
-use crate::web::page::{Flash, PageError, Site, done, layout};
+use crate::web::WebState;
+use crate::web::page::{Flash, PageError, Site, layout};
 use crate::web::session::{Form, Visitor};
 use crate::web::signin::Nothing;
-use crate::web::{WebState, call};
 
 /// `GET /portal/events/{id}`: what history holds of an event (or a delivery): its
 /// acceptances, every attempt, each delivery's latest outcome.
@@ -111,18 +111,7 @@ pub async fn replay_event(
         "to": humantime::format_rfc3339_seconds(at + AROUND).to_string(),
         "event": id,
     });
-    let response = crate::api::replays::create(
-        State(state.api.clone()),
-        Extension(scope),
-        call::body(&request),
-    )
-    .await
-    .map_err(to_page)?;
-    let job: ReplayJob = call::read(response).await.map_err(to_page)?;
-    Ok(done(
-        &format!("/portal/replays/{}", job.id),
-        "Replay of the event started.",
-    ))
+    start_replay(&state, scope, &request, "Replay of the event started.").await
 }
 
 /// A replay job's figures; while it runs, the element asks for itself again every 2 seconds
