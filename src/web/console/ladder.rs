@@ -241,15 +241,17 @@ fn find_tier(ladder: &Ladder, name: &str) -> Result<TierId, PageError> {
         .map_err(|e| PageError::new(Site::Console, StatusCode::NOT_FOUND, e.to_string()))
 }
 
-/// `POST /ui/tiers/{tier}/hold`: what `hookrelay tier hold` does, waiting to see it applied.
-pub async fn hold(
-    State(state): State<WebState>,
-    Path(tier): Path<String>,
-    _form: Form<NoFields>,
-) -> Result<Response, PageError> {
-    let (setup, api) = broker(&state)?;
-    let ladder = &setup.ladder;
-    let i = find_tier(ladder, &tier)?;
+/// The API's publisher, and a channel on its connection for one tier operation (closed by the
+/// caller when done).
+async fn channel(
+    state: &WebState,
+) -> Result<
+    (
+        std::sync::Arc<crate::broker::publish::Publisher>,
+        lapin::Channel,
+    ),
+    PageError,
+> {
     let (publisher, _) = state
         .api
         .publisher()
@@ -263,6 +265,19 @@ pub async fn hold(
         .create_channel()
         .await
         .map_err(|e| failed("The broker", e))?;
+    Ok((publisher, channel))
+}
+
+/// `POST /ui/tiers/{tier}/hold`: what `hookrelay tier hold` does, waiting to see it applied.
+pub async fn hold(
+    State(state): State<WebState>,
+    Path(tier): Path<String>,
+    _form: Form<NoFields>,
+) -> Result<Response, PageError> {
+    let (setup, api) = broker(&state)?;
+    let ladder = &setup.ladder;
+    let i = find_tier(ladder, &tier)?;
+    let (_, channel) = channel(&state).await?;
     let held = crate::ops::tier::hold(api, &channel, ladder, i).await;
     let _ = channel.close(200, "done".into()).await;
     held.map_err(|e| failed("The hold failed", e))?;
@@ -294,19 +309,7 @@ pub async fn release(
     let (setup, api) = broker(&state)?;
     let ladder = &setup.ladder;
     let i = find_tier(ladder, &tier)?;
-    let (publisher, _) = state
-        .api
-        .publisher()
-        .await
-        .map_err(|e| PageError::from_api(Site::Console, e))?;
-    let conn = publisher
-        .connection()
-        .await
-        .map_err(|e| failed("The broker", e))?;
-    let channel = conn
-        .create_channel()
-        .await
-        .map_err(|e| failed("The broker", e))?;
+    let (publisher, channel) = channel(&state).await?;
     let options = crate::ops::mover::MoveOptions::default();
     let released =
         crate::ops::tier::release(api, &channel, &publisher, ladder, i, &options, false).await;
