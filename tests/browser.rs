@@ -255,7 +255,8 @@ async fn signing_out_ends_the_portal_session() {
 #[tokio::test]
 #[ignore = "writes docs/images/; run on purpose"]
 async fn screenshots() {
-    let site = Site::start(None).await;
+    let d = Delivering::start("browser-shots").await;
+    let site = &d.site;
     for (url, description, types) in [
         (
             "https://hooks.acme.example/orders",
@@ -277,32 +278,38 @@ async fn screenshots() {
         if !types.is_null() {
             body["event_types"] = types;
         }
-        create(&site, ACME, body).await;
+        create(site, ACME, body).await;
     }
     for url in [
         "https://hooks.globex.example/in",
         "https://crm.globex.example/events",
     ] {
-        create(&site, GLOBEX, json!({"url": url})).await;
+        create(site, GLOBEX, json!({"url": url})).await;
     }
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/images");
     let browser = Browser::start().await;
 
-    open_portal(&browser, &link(&site, ACME, json!({})).await).await;
+    open_portal(&browser, &link(site, ACME, json!({})).await).await;
     assert_eq!(browser.count("main tbody tr").await, 3);
     browser.screenshot(&images.join("portal.png")).await;
 
-    browser.open(&format!("{}/ui/login", site.base)).await;
-    browser.fill("#token", ADMIN).await;
-    browser.click("main form button[type=submit]").await;
-    browser.wait_for_path("/ui/").await;
-    browser
-        .open(&format!("{}/ui/subscriptions", site.base))
-        .await;
-    browser.wait_for_text("hooks.globex.example").await;
+    // The ladder with a backlog: events waiting in acme's lane (no worker runs).
+    for n in 0..25 {
+        let mut event = common::event(&format!("evt_shot_{n}"), "acme", "");
+        event.subscription = None;
+        d.t.publish(&event).await;
+    }
+    sign_in(&browser, site).await;
+    let lane = d.t.ladder.first_lane();
+    wait_for_figure(
+        &browser,
+        &format!(r#"tr[data-queue="{lane}"] td[data-depth]"#),
+        25,
+    )
+    .await;
     browser.screenshot(&images.join("console.png")).await;
     browser.close().await;
-    site.stop().await;
+    d.stop().await;
 }
 
 /// A tenant adds an endpoint through the form, copies its secret from the one answer that shows
@@ -391,4 +398,315 @@ async fn the_operator_holds_and_releases_a_tier_by_keyboard() {
     assert!(!held().await, "the broker still holds {tier}");
     browser.close().await;
     site.stop().await;
+}
+
+/// What the portal runs on for a test with deliveries: a broker (with its management API) and a
+/// history that materializes the attempt log into the site's database, as `hookrelay history`
+/// does beside the workers.
+struct Delivering {
+    t: common::TestLadder,
+    site: Site,
+    history: tokio::task::JoinHandle<Result<(), hookrelay::history::materialize::HistoryError>>,
+    stop_history: tokio_util::sync::CancellationToken,
+}
+
+impl Delivering {
+    async fn start(name: &str) -> Self {
+        use hookrelay::history::materialize::{self, HistoryMetrics, HistorySetup};
+        let t = common::TestLadder::apply(name, &["300ms"], &["300ms"]).await;
+        let broker = hookrelay::api::BrokerSetup {
+            amqp_url: t.config.amqp.url.clone(),
+            confirm_timeout: t.config.amqp.confirm_timeout,
+            ladder: t.ladder.clone(),
+            max_event_bytes: t.config.limits.max_body_bytes,
+            resume_wait: Duration::from_millis(100),
+            management: Some(common::management(&t.config)),
+        };
+        let site = Site::start_with(
+            Some(broker),
+            hookrelay::api::PagesSetup::default(),
+            common::egress::allowing(&["127.0.0.0/8"]),
+        )
+        .await;
+        let mut config = t.config.history.clone();
+        config.flush = Duration::from_millis(50);
+        let stop_history = tokio_util::sync::CancellationToken::new();
+        let history = tokio::spawn(materialize::run(
+            HistorySetup {
+                pool: site.store.pool().clone(),
+                amqp_url: t.config.amqp.url.clone(),
+                ladder: t.ladder.clone(),
+                config,
+                metrics: HistoryMetrics::new(),
+            },
+            stop_history.clone(),
+        ));
+        Self {
+            t,
+            site,
+            history,
+            stop_history,
+        }
+    }
+
+    /// A worker delivering the store's subscriptions as they are now, with the site's keyring.
+    async fn worker(&self) -> common::RunningWorker {
+        let (first, _) = self.site.store.load_all().await.unwrap();
+        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
+            self.t.config.clone(),
+            self.t.ladder.clone(),
+            hookrelay::subscriptions::LiveSubscriptions::followed(first),
+        );
+        setup.secrets = hookrelay::subscriptions::SecretStore::new(Duration::from_millis(100))
+            .with_keyring(std::sync::Arc::clone(&self.site.keyring));
+        common::RunningWorker::launch(&self.t, setup).await
+    }
+
+    async fn stop(self) {
+        self.stop_history.cancel();
+        let _ = self.history.await;
+        self.site.stop().await;
+    }
+}
+
+/// How long an attempt takes to show: the worker's delivery, the attempt log, history's flush,
+/// the page's next poll.
+const ARRIVAL: Duration = Duration::from_secs(30);
+
+/// A tenant sends a test event from its endpoint's page and watches the attempt arrive in the
+/// latest attempts (refreshed in place), opens the event's story from it, replays the event,
+/// and watches the replay end; the receiver gets the event twice with one id.
+#[tokio::test]
+async fn a_tenant_sends_a_test_event_watches_it_arrive_and_replays_it() {
+    use hookrelay_tools::receiver::{Receiver, Reply};
+    let d = Delivering::start("browser-test-event").await;
+    let receiver = Receiver::start(&[], |_| Reply::Status(204)).await.unwrap();
+    let id = create(&d.site, ACME, json!({"url": receiver.url("/hook")})).await;
+    let worker = d.worker().await;
+    let browser = Browser::start().await;
+    open_portal(&browser, &link(&d.site, ACME, json!({})).await).await;
+
+    browser
+        .click(&format!("a[href='/portal/endpoints/{id}']"))
+        .await;
+    browser
+        .wait_for_path(&format!("/portal/endpoints/{id}"))
+        .await;
+    browser.wait_for_text("No attempts recorded.").await;
+    browser
+        .click(&format!(
+            r#"form[action="/portal/endpoints/{id}/test"] button"#
+        ))
+        .await;
+    let flashed = browser.wait_for_text("Test event evt_test_").await;
+    let envelope = flashed
+        .split("Test event ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    // The page is not reloaded: its latest attempts refresh themselves until the attempt is in.
+    let latest = browser
+        .wait_for_text_in("#latest", &envelope, ARRIVAL)
+        .await;
+    assert!(latest.contains("delivered"), "{latest}");
+    assert_eq!(receiver.records_for(&envelope).len(), 1);
+
+    browser
+        .click(&format!("#latest a[href='/portal/events/{envelope}']"))
+        .await;
+    browser
+        .wait_for_path(&format!("/portal/events/{envelope}"))
+        .await;
+    browser.wait_for_text("Replay this event").await;
+    browser
+        .click(&format!(
+            r#"form[action="/portal/events/{envelope}/replay"] button"#
+        ))
+        .await;
+    browser
+        .wait_for_text_in("#progress", "finished", ARRIVAL)
+        .await;
+    assert!(browser.path().await.starts_with("/portal/replays/rpl_"));
+    let progress = browser.text_of("#progress").await;
+    let published = progress
+        .split("Published again")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next());
+    assert_eq!(published, Some("1"), "{progress}");
+    assert!(
+        receiver
+            .wait_until(ARRIVAL, |r| r.records_for(&envelope).len() == 2)
+            .await,
+        "the replayed event did not arrive"
+    );
+    // One id across both: the receiver's deduplication key.
+    assert!(
+        receiver
+            .records_for(&envelope)
+            .iter()
+            .all(|r| r.idempotency_key == envelope)
+    );
+    browser.close().await;
+    worker.stop().await;
+    d.stop().await;
+}
+
+/// Signs the operator in to the console (the form, filled).
+async fn sign_in(browser: &Browser, site: &Site) {
+    browser.open(&format!("{}/ui/login", site.base)).await;
+    browser.fill("#token", ADMIN).await;
+    browser.click("main form button[type=submit]").await;
+    browser.wait_for_path("/ui/").await;
+}
+
+/// The number the element `css` shows, once it shows `want` (the pages refresh in place).
+async fn wait_for_figure(browser: &Browser, css: &str, want: u32) {
+    let started = std::time::Instant::now();
+    loop {
+        let now = match browser.try_find(css).await {
+            Some(element) => element.text().await.unwrap_or_default(),
+            None => String::new(),
+        };
+        if now.trim() == want.to_string() {
+            return;
+        }
+        assert!(
+            started.elapsed() < ARRIVAL,
+            "{css} shows {now:?}, not {want}, after {ARRIVAL:?}:\n{}",
+            browser.text().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An event spends its attempts on a failing endpoint and is dead-lettered; the operator sees
+/// it in the sink's depth, redrives it from the console, sees the sink empty and the tenant's
+/// lane hold it, and, once a worker runs again, the lane drain: every figure moving in place.
+#[tokio::test]
+async fn the_operator_redrives_a_dead_letter_and_sees_the_depths_move() {
+    use std::sync::atomic::Ordering;
+    let d = Delivering::start("browser-redrive").await;
+    let healthy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let receiver = {
+        let healthy = std::sync::Arc::clone(&healthy);
+        hookrelay_tools::receiver::Receiver::start(&[], move |_| {
+            hookrelay_tools::receiver::Reply::Status(if healthy.load(Ordering::SeqCst) {
+                204
+            } else {
+                503
+            })
+        })
+        .await
+        .unwrap()
+    };
+    let id = create(&d.site, ACME, json!({"url": receiver.url("/hook")})).await;
+    let worker = d.worker().await;
+    d.t.publish(&common::event("evt_redriven", "acme", &id))
+        .await;
+    assert!(
+        d.t.wait_dead(1, ARRIVAL).await,
+        "the event was not dead-lettered"
+    );
+    worker.stop().await;
+    healthy.store(true, Ordering::SeqCst);
+
+    let browser = Browser::start().await;
+    sign_in(&browser, &d.site).await;
+    browser.open(&format!("{}/ui/dead", d.site.base)).await;
+    wait_for_figure(&browser, "[data-figure=dead]", 1).await;
+    browser.click("#reason option[value=exhausted]").await;
+    browser.fill("#limit", "10").await;
+    browser
+        .click(r#"form[action="/ui/dead/redrive"] button"#)
+        .await;
+    let moved = browser.wait_for_text("moved 1 to").await;
+    assert!(moved.contains("Examined 1 dead message(s)"), "{moved}");
+    wait_for_figure(&browser, "[data-figure=dead]", 0).await;
+
+    let lane = d.t.ladder.first_lane();
+    browser.open(&format!("{}/ui/", d.site.base)).await;
+    let depth = format!(r#"tr[data-queue="{lane}"] td[data-depth]"#);
+    wait_for_figure(&browser, &depth, 1).await;
+    let worker = d.worker().await;
+    wait_for_figure(&browser, &depth, 0).await;
+    assert!(
+        receiver
+            .wait_until(ARRIVAL, |r| r.delivered_count() == 1)
+            .await
+    );
+    assert_eq!(receiver.records_for("evt_redriven").len(), 3);
+    browser.close().await;
+    worker.stop().await;
+    d.stop().await;
+}
+
+/// Every link, button and field of every page, the portal's and the console's, is reached by
+/// the Tab key alone (and Enter acts on what has the focus: the sign-in and hold tests above).
+#[tokio::test]
+async fn the_keyboard_alone_reaches_every_action_of_every_page() {
+    let d = Delivering::start("browser-keyboard").await;
+    let site = &d.site;
+    let id = create(
+        site,
+        ACME,
+        json!({"url": "http://127.0.0.1:9/in", "event_types": ["order.paid"]}),
+    )
+    .await;
+    // An event's story, as history records it, for its page.
+    let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
+    sqlx::query(&hookrelay::history::rows::create_partition(
+        "history_events",
+        today,
+    ))
+    .execute(site.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_events (id, tenant, event_type, subscription, accepted_at, \
+         stream_offset) VALUES ('evt_keys', 'acme', 'order.paid', $1, now(), 0)",
+    )
+    .bind(&id)
+    .execute(site.store.pool())
+    .await
+    .unwrap();
+    let browser = Browser::start().await;
+    open_portal(&browser, &link(site, ACME, json!({})).await).await;
+    let portal = [
+        "/portal/".to_owned(),
+        "/portal/endpoints/new".to_owned(),
+        format!("/portal/endpoints/{id}"),
+        format!("/portal/endpoints/{id}/edit"),
+        format!("/portal/endpoints/{id}/rotate"),
+        format!("/portal/endpoints/{id}/delete"),
+        "/portal/attempts".to_owned(),
+        format!("/portal/attempts?endpoint={id}"),
+        "/portal/events/evt_keys".to_owned(),
+        "/portal/event-types".to_owned(),
+    ];
+    let mut unreached = Vec::new();
+    for path in &portal {
+        for html in browser
+            .unreached_by_tab(&format!("{}{path}", site.base), 200)
+            .await
+        {
+            unreached.push(format!("{path}: {html}"));
+        }
+    }
+    sign_in(&browser, site).await;
+    for path in ["/ui/", "/ui/dead", "/ui/subscriptions", "/ui/replays"] {
+        for html in browser
+            .unreached_by_tab(&format!("{}{path}", site.base), 200)
+            .await
+        {
+            unreached.push(format!("{path}: {html}"));
+        }
+    }
+    assert!(
+        unreached.is_empty(),
+        "not reached by Tab:\n{}",
+        unreached.join("\n")
+    );
+    browser.close().await;
+    d.stop().await;
 }

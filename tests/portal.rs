@@ -798,3 +798,82 @@ async fn a_test_event_sent_from_the_portal_arrives_and_a_replay_shows_its_job() 
     assert_eq!(status, StatusCode::NOT_FOUND);
     site.stop().await;
 }
+
+/// The endpoint's page says what the workers announced of it (quarantined, from the events
+/// exchange) and, while it is paused, how many events wait for it in the broker.
+#[tokio::test]
+async fn the_endpoint_page_shows_its_quarantine_and_its_paused_backlog() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    let t = TestLadder::apply("portal-health", &["1h"], &["1h"]).await;
+    let mut setup = broker(&t);
+    setup.management = Some(common::management(&t.config));
+    let site = Site::start(Some(setup)).await;
+    let url = "https://down.acme.example/in?key=abc";
+    let id = create_by_api(&site, ACME, json!({ "url": url })).await;
+    let acme = session(&site, ACME, json!({})).await;
+    let page = format!("/portal/endpoints/{id}");
+    let label =
+        hookrelay::delivery::endpoint::EndpointKey::of(&reqwest::Url::parse(url).unwrap()).label();
+    let publish = async |exchange: &str, key: &str, body: Vec<u8>| {
+        t.channel
+            .basic_publish(
+                exchange.into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    };
+    let shows = async |needle: &str| {
+        for _ in 0..60 {
+            let (status, body) = get(&site, &page, &acme).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            if body.contains(needle) {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        panic!("{page} never showed {needle:?}");
+    };
+    // Not quarantined, and following (the list is complete from here on).
+    shows("not quarantined</dd>").await;
+    let announcement = json!({
+        "event": "endpoint.quarantined", "tenant": null, "subscription": null, "envelope": null,
+        "endpoint": label, "reason": "breaker",
+        "detail": "circuit breaker open for 30s", "at": "2026-12-07T02:00:00Z"
+    });
+    publish(
+        &t.ladder.events_exchange(),
+        "endpoint.quarantined",
+        serde_json::to_vec(&announcement).unwrap(),
+    )
+    .await;
+    let body = shows("quarantined</span> since").await;
+    assert!(body.contains("circuit breaker open for 30s"), "{body}");
+    assert!(!body.contains("Waiting while paused"), "not paused: {body}");
+
+    let (status, _, _) = post(&site, &format!("{page}/pause"), &acme, &[]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // What a worker does with the endpoint's deliveries while it is paused: parks them.
+    t.ladder
+        .declare_paused_queue(&t.channel, &id)
+        .await
+        .unwrap();
+    for n in 0..3 {
+        publish(
+            "",
+            &t.ladder.paused_queue(&id),
+            format!(r#"{{"n":{n}}}"#).into_bytes(),
+        )
+        .await;
+    }
+    // The management API's figures trail the queue by its statistics interval.
+    let body = shows("3 event(s), delivered in order on resume").await;
+    assert!(body.contains("Waiting while paused"), "{body}");
+    site.stop().await;
+}

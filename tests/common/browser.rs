@@ -14,7 +14,8 @@
 //! [`Browser::open`], [`Browser::find`] / [`Browser::try_find`] / [`Browser::count`],
 //! [`Browser::text`], [`Browser::fill`], [`Browser::click`]; the keyboard alone with
 //! [`Browser::press`], [`Browser::type_keys`] and [`Browser::tab_to`];
-//! [`Browser::wait_for_path`], [`Browser::wait_for_text`], [`Browser::alert`],
+//! [`Browser::wait_for_path`], [`Browser::wait_for_text`], [`Browser::wait_for_text_in`],
+//! [`Browser::alert`], [`Browser::unreached_by_tab`],
 //! [`Browser::screenshot`]. [`Browser::client`] is the fantoccini client for anything else.
 
 use std::io::{BufRead, BufReader};
@@ -330,6 +331,81 @@ impl Browser {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Waits up to `patience` until the text of the element `css` selects holds `needle`, and
+    /// returns that text (for what arrives later than [`PATIENCE`]: an attempt recorded by
+    /// history, a replay that ends).
+    pub async fn wait_for_text_in(&self, css: &str, needle: &str, patience: Duration) -> String {
+        let started = Instant::now();
+        loop {
+            let text = match self.client.find(Locator::Css(css)).await {
+                Ok(element) => element.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if text.contains(needle) {
+                return text;
+            }
+            if started.elapsed() > patience {
+                panic!(
+                    "{needle:?} not in {css} on {} after {patience:?}:\n{}",
+                    self.url().await,
+                    self.text().await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Opens `url` and presses Tab at most `most` times from the top of the page: the
+    /// interactive elements (links, buttons, fields) the focus never reached, each as its HTML.
+    /// A page the keyboard serves whole answers none. Elements are told apart by what they are
+    /// (tag, target, form, name, text), so a region the page refreshes in place counts as the
+    /// same elements.
+    pub async fn unreached_by_tab(&self, url: &str, most: usize) -> Vec<String> {
+        const KEY: &str = "const key = (el) => [el.tagName, el.getAttribute('href') || '', \
+            el.form ? (el.form.getAttribute('action') || '') : '', el.getAttribute('name') || '', \
+            el.getAttribute('value') || '', el.id || '', el.textContent.trim()].join('|');";
+        self.open(url).await;
+        let all = self
+            .client
+            .execute(
+                &format!(
+                    "{KEY} const seen = {{}}; \
+                     document.querySelectorAll('a[href], button, input, select, textarea, summary, [tabindex]') \
+                     .forEach((el) => {{ const native = el.matches('a[href], button, input, select, textarea, summary'); \
+                     if ((native || el.tabIndex >= 0) && !el.disabled && el.type !== 'hidden' \
+                     && el.getClientRects().length > 0) {{ seen[key(el)] = el.outerHTML; }} }}); \
+                     return seen;"
+                ),
+                vec![],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("listing what {url} offers: {e}"));
+        let serde_json::Value::Object(mut missing) = all else {
+            panic!("not a list of elements: {all}");
+        };
+        for _ in 0..most {
+            if missing.is_empty() {
+                break;
+            }
+            self.press(Key::Tab).await;
+            let focused = self
+                .client
+                .execute(
+                    &format!("{KEY} const el = document.activeElement; return el ? key(el) : '';"),
+                    vec![],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("reading the focus on {url}: {e}"));
+            if let Some(key) = focused.as_str() {
+                missing.remove(key);
+            }
+        }
+        missing
+            .into_iter()
+            .map(|(_, html)| html.as_str().unwrap_or_default().to_owned())
+            .collect()
     }
 
     /// The text of the JS dialog (alert, confirm, prompt) open now, if one is.

@@ -67,6 +67,13 @@ impl Watch {
         (known.endpoints.values().cloned().collect(), trouble)
     }
 
+    /// Whether the endpoint labelled `label` (`host:port#hash`) is quarantined now, and why the
+    /// answer may be incomplete.
+    pub fn of(&self, label: &str) -> (Option<Quarantined>, Option<String>) {
+        let (all, trouble) = self.now();
+        (all.into_iter().find(|q| q.endpoint == label), trouble)
+    }
+
     fn set(&self, change: impl FnOnce(&mut Known)) {
         change(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
     }

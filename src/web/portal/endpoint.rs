@@ -82,7 +82,11 @@ async fn health(state: &WebState, scope: &Scope, id: &str) -> Result<Health, Str
     })
 }
 
-fn health_card(view: &SubscriptionView, health: &Result<Health, String>) -> Markup {
+fn health_card(
+    view: &SubscriptionView,
+    health: &Result<Health, String>,
+    workers: Markup,
+) -> Markup {
     html! {
         div.card {
             h2 { "Health" }
@@ -114,7 +118,58 @@ fn health_card(view: &SubscriptionView, health: &Result<Health, String>) -> Mark
                     }
                 },
             }
-            p.muted { "Not shown here: the circuit breaker, quarantine and recovery ramp live in the workers' memory, and the paused backlog in the broker." }
+            (workers)
+        }
+    }
+}
+
+/// What the workers announced of the endpoint (quarantine) and what the broker holds for it
+/// (the paused backlog), each where this API process can know it.
+async fn workers_say(state: &WebState, view: &SubscriptionView) -> Markup {
+    let (quarantined, partial) = match reqwest::Url::parse(&view.url) {
+        Ok(url) => state
+            .quarantines
+            .of(&crate::delivery::endpoint::EndpointKey::of(&url).label()),
+        Err(_) => (None, None),
+    };
+    let backlog = match state.api.broker() {
+        Some(setup) if view.paused => match &setup.management {
+            Some(api) => Some(
+                api.queue(&setup.ladder.paused_queue(&view.id))
+                    .await
+                    .map(|q| q.map_or(0, |q| q.messages_ready))
+                    .map_err(|e| e.to_string()),
+            ),
+            None => None,
+        },
+        _ => None,
+    };
+    html! {
+        h3 { "What the workers and the broker say" }
+        dl.health {
+            dt { "Quarantine" }
+            dd {
+                @match &quarantined {
+                    Some(q) => {
+                        span.badge.bad { "quarantined" } " since " code { (q.at) }
+                        @if let Some(why) = &q.detail { ": " (why) }
+                    },
+                    None => "not quarantined",
+                }
+                @if let Some(why) = &partial { " " span.muted { "(may be incomplete: " (why) ")" } }
+            }
+            @if view.paused {
+                dt { "Waiting while paused" }
+                dd { @match &backlog {
+                    Some(Ok(n)) => { (n) " event(s), delivered in order on resume" },
+                    Some(Err(why)) => span.muted { "cannot read the broker: " (why) },
+                    None => span.muted { "unknown here (no management API configured)" },
+                } }
+            }
+        }
+        p.muted {
+            "A breaker open for less than the quarantine threshold, and a recovery ramp, live in \
+             the workers' memory: they show here as failures in a row."
         }
     }
 }
@@ -171,6 +226,7 @@ pub async fn show(
 ) -> Result<Response, PageError> {
     let view = read(&state, scope.clone(), &id).await?;
     let health = health(&state, &scope, &id).await;
+    let workers = workers_say(&state, &view).await;
     let latest = attempts::latest_fragment(&state, scope, &id)
         .await
         .map_err(|e| PageError::from_api(Site::Portal, e))?;
@@ -199,7 +255,7 @@ pub async fn show(
                 } } }
             }
         }
-        (health_card(&view, &health))
+        (health_card(&view, &health, workers))
         @if !visitor.read_only { (actions(&visitor, &view)) }
         h2 { "Latest attempts" }
         p.muted { "Newest first; refreshes itself every 2 seconds (reload the page without scripts). "
