@@ -417,12 +417,7 @@ async fn a_held_tier_parks_what_expires_and_release_delivers_each_once() {
     let ladder = ladder_file(&t, &dir);
     let ladder = ladder.to_str().unwrap();
     let s = secret();
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
-        1 => Reply::Status(503),
-        _ => Reply::Status(200),
-    })
-    .await
-    .unwrap();
+    let receiver = common::failing_first_attempts(&s).await;
     let (code, out, err) = hookrelay(&["tier", "hold", "retry-1s", "--ladder", ladder], &[]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("Held"), "{out}");
