@@ -1,6 +1,7 @@
 # The two commands README starts with. Both bring up a local RabbitMQ first if none answers;
-# the tests also a PostgreSQL, and Debian's Chromium with its ChromeDriver for the browser tests.
-.PHONY: demo test broker database browser check
+# the tests also a PostgreSQL, Debian's Chromium with its ChromeDriver for the browser tests, and
+# promtool for the alert rules.
+.PHONY: demo test broker database browser monitoring check
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
@@ -8,7 +9,7 @@ demo: broker
 
 # Format, lint, every test against the real broker, then the fault suite (which starts broker
 # nodes of its own on other ports and never touches the shared one).
-test: broker database browser check
+test: broker database browser monitoring check
 	cargo nextest run --workspace --all-targets --no-fail-fast -E 'not binary(faults)'
 	cargo test --doc --workspace --quiet
 	cargo nextest run --test faults --no-fail-fast --no-capture
@@ -21,6 +22,9 @@ database:
 
 browser:
 	browser/up
+
+monitoring:
+	monitoring/up
 
 check:
 	cargo fmt --all -- --check

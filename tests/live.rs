@@ -70,12 +70,7 @@ async fn wait_reload(w: &RunningWorker, result: &str) -> bool {
 async fn changes_under_a_backlog_apply_at_the_next_attempt() {
     let t = TestLadder::apply("changes", &["1s"], &["1s", "1s"]).await;
     let s = secret();
-    let first = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
-        1 => Reply::Status(503),
-        _ => Reply::Status(200),
-    })
-    .await
-    .unwrap();
+    let first = common::failing_first_attempts(&s).await;
     let second = common::ok_receiver(&s).await;
     let a = first.url("/");
     let secrets = s.file_ref();

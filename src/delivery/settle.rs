@@ -532,13 +532,21 @@ impl Settler {
                 .await;
                 let mut failed = Vec::new();
                 let mut permanent = false;
+                let mut confirmed = 0;
                 for (item, result) in pending.into_iter().zip(results) {
-                    if let Err(e) = result {
-                        permanent |= !e.is_transient();
-                        last = LastTry::Failed(e);
-                        failed.push(item);
+                    match result {
+                        Ok(()) => confirmed += 1,
+                        Err(e) => {
+                            permanent |= !e.is_transient();
+                            last = LastTry::Failed(e);
+                            failed.push(item);
+                        }
                     }
                 }
+                self.metrics
+                    .republishes
+                    .with_label_values(&[target])
+                    .inc_by(confirmed);
                 pending = failed;
                 if pending.is_empty() {
                     return Ok(());

@@ -60,7 +60,8 @@ pub fn endpoint_keys(subscriptions: &Subscriptions) -> HashSet<EndpointKey> {
 }
 
 /// Forgets what `live` and `keys` do not use, and shows what is left in
-/// `hookrelay_worker_cache_entries`.
+/// `hookrelay_worker_cache_entries` (and the open breakers among it in
+/// `hookrelay_endpoints_open`).
 pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<EndpointKey>) {
     dispatcher.endpoints.retain_live(keys);
     let is_live = |id: &str| live.get(id).is_some();
@@ -84,4 +85,6 @@ pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<Endpo
             .with_label_values(&[cache])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
+    let open = &dispatcher.settler.metrics.endpoints_open;
+    open.set(i64::try_from(e.open).unwrap_or(i64::MAX));
 }

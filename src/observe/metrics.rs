@@ -53,6 +53,9 @@ pub struct Metrics {
     /// again within the lease; the original goes back to its lane only when the lease is nearly
     /// spent.
     pub republish_failures: IntCounterVec,
+    /// Republishes the broker confirmed, by the same targets: beside the failures, the share of
+    /// tries that were confirmed.
+    pub republishes: IntCounterVec,
     /// Broker sessions re-established after a drop.
     pub reconnects: IntCounter,
     /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
@@ -79,6 +82,9 @@ pub struct Metrics {
     /// Endpoints whose concurrency is ramping up after their breaker closed. A count, not a
     /// series per endpoint, so its cardinality is one.
     pub endpoints_recovering: IntGauge,
+    /// Endpoints whose breaker is open or probing, as the last sweep found them: the breakers
+    /// open before any of them lasts long enough to be quarantined.
+    pub endpoints_open: IntGauge,
     /// Live workers consuming the ladder, as the last management poll counted them: each
     /// worker's share of the fleet-wide endpoint limits is 1/this.
     pub fleet_workers: IntGauge,
@@ -127,13 +133,14 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 31] = [
+    let collectors: [&dyn Collector; 33] = [
         &m.cache_entries,
         &m.subscription_store_up,
         &m.subscription_store_synced,
         &m.subscription_store_changes,
         &m.fleet_workers,
         &m.endpoints_recovering,
+        &m.endpoints_open,
         &m.endpoints_quarantined,
         &m.endpoint_quarantined,
         &m.outcomes,
@@ -154,6 +161,7 @@ pub fn metric_names() -> Vec<String> {
         &m.consuming,
         &m.publisher_blocked,
         &m.republish_failures,
+        &m.republishes,
         &m.reconnects,
         &m.subscription_reloads,
         &m.notices_dropped,
@@ -310,6 +318,12 @@ impl Metrics {
                 "Republish tries the broker did not confirm (tried again within the lease)",
                 &["target"],
             ),
+            republishes: counters(
+                &r,
+                "hookrelay_republishes_total",
+                "Republishes the broker confirmed, by target (a tier, the sink, fan-out, the attempt log)",
+                &["target"],
+            ),
             reconnects: register(
                 &r,
                 IntCounter::new(
@@ -395,6 +409,14 @@ impl Metrics {
                 IntGauge::new(
                     "hookrelay_endpoints_recovering",
                     "Endpoints whose concurrency is ramping up after their breaker closed",
+                )
+                .expect("valid metric"),
+            ),
+            endpoints_open: register(
+                &r,
+                IntGauge::new(
+                    "hookrelay_endpoints_open",
+                    "Endpoints whose breaker is open or probing, as of the last sweep",
                 )
                 .expect("valid metric"),
             ),

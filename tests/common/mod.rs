@@ -700,6 +700,20 @@ pub fn message_ids(messages: &[BasicGetMessage]) -> Vec<String> {
         .collect()
 }
 
+/// A receiver that answers 503 to each envelope's first attempt and 200 to the next, so each
+/// delivery takes one retry.
+pub async fn failing_first_attempts(secret: &Secret) -> Receiver {
+    use hookrelay_tools::receiver::Reply;
+    Receiver::start(std::slice::from_ref(&secret.whsec), |req| {
+        match req.attempt {
+            1 => Reply::Status(503),
+            _ => Reply::Status(200),
+        }
+    })
+    .await
+    .unwrap()
+}
+
 /// A receiver that fails every request until the returned switch is set, then answers 200:
 /// 400 (rejected) for an id containing `reject_marker`, 500 for any other.
 pub async fn failing_until_healthy(

@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::{self, RunningWorker, TestLadder, event, secret, subscription, wait_until};
-use hookrelay_tools::receiver::{Receiver, Reply};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -138,12 +137,7 @@ async fn a_tier_release_killed_mid_pass_loses_nothing() {
     assert_eq!(code, Some(0), "{err}");
 
     let s = secret();
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
-        1 => Reply::Status(503),
-        _ => Reply::Status(200),
-    })
-    .await
-    .unwrap();
+    let receiver = common::failing_first_attempts(&s).await;
     let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     t.publish_all((0..M).map(|i| event(&format!("evt_{i:04}"), "acme", "sub_a")))
         .await;

@@ -210,6 +210,8 @@ fn forget_idle<K>(map: &Mutex<HashMap<K, Arc<Semaphore>>>) {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EndpointEntries {
     pub health: usize,
+    /// Of those, the endpoints whose breaker is open or probing.
+    pub open: usize,
     pub limits: usize,
     pub host_limits: usize,
     pub lane_limits: usize,
@@ -322,8 +324,15 @@ impl Endpoints {
     /// How many entries each of its maps holds now.
     pub fn entries(&self) -> EndpointEntries {
         let inner = &self.0;
+        // Counted under the health lock alone: it is released before the next is taken.
+        let (health, open) = {
+            let health = inner.lock_health();
+            let open = health.values().filter(|h| h.breaker.open_since.is_some());
+            (health.len(), open.count())
+        };
         EndpointEntries {
-            health: inner.lock_health().len(),
+            health,
+            open,
             limits: inner.limits.lock().unwrap_or_else(|p| p.into_inner()).len(),
             host_limits: inner
                 .host_limits
@@ -745,6 +754,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert_eq!(
+            endpoints.entries().open,
+            1,
+            "hookrelay_endpoints_open counts it"
+        );
         // A 4xx is no evidence against the endpoint; neither is a success.
         let other = reqwest::Url::parse("https://hooks.example/b").unwrap();
         endpoints
@@ -756,6 +770,10 @@ mod tests {
             });
         let key = EndpointKey::of(&other);
         assert_eq!(endpoints.0.lock_health()[&key].failed_try_ms, None);
+        assert_eq!(
+            (endpoints.entries().health, endpoints.entries().open),
+            (2, 1)
+        );
     }
 
     #[test]
