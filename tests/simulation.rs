@@ -466,7 +466,7 @@ impl Sim {
                 return;
             }
         };
-        let sub = match route(&envelope, lane, &self.current, &self.ladder) {
+        let sub = match route(&envelope, &msg.body, lane, &self.current, &self.ladder) {
             Route::Settle(outcome) => return self.settle(w, &msg, &envelope, outcome, None),
             Route::Attempt(sub) => sub,
         };

@@ -64,6 +64,10 @@ pub struct CreateSubscription {
     pub oauth2: Option<OAuth2Input>,
     /// A client certificate presented to the endpoint (mutual TLS); the url must be https://.
     pub tls: Option<TlsInput>,
+    /// A payload filter: which events of its types it is sent, by what their payload holds
+    /// (docs/subscriptions.md). Absent or null: every event.
+    #[schema(value_type = Option<Object>, example = json!({"data.amount": {"$gt": 100}, "data.country": {"$in": ["DE", "FR"]}}))]
+    pub filter: Option<serde_json::Value>,
 }
 
 /// A signature scheme of Standard Webhooks.
@@ -203,6 +207,10 @@ pub struct UpdateSubscription {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsInput>)]
     pub tls: Option<Option<TlsInput>>,
+    /// Replaces the payload filter; `null` removes it (every event).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
+    pub filter: Option<Option<serde_json::Value>>,
 }
 
 /// A field that is present, `null` or not: `Some(None)` for `null`, `None` when left out.
@@ -252,6 +260,10 @@ pub struct SubscriptionView {
     /// and how it authenticates to its endpoint, without a secret value.
     #[serde(flatten)]
     pub request: StoredRequest,
+    /// The payload filter, as written; absent: every event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub filter: Option<serde_json::Value>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -279,6 +291,7 @@ impl SubscriptionView {
                 })
                 .collect(),
             request: row.request,
+            filter: row.payload_filter,
             created_at: rfc3339(row.created_ms),
             updated_at: rfc3339(row.updated_ms),
         }

@@ -191,7 +191,7 @@ impl Dispatcher {
     /// Routes a valid envelope and makes the HTTP attempt when the route calls for one.
     async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Attempted {
         let subscriptions = self.subscriptions.current();
-        let sub = match route(envelope, lane.kind, &subscriptions, &self.ladder) {
+        let sub = match route(envelope, body, lane.kind, &subscriptions, &self.ladder) {
             Route::Settle(Outcome::Parked { subscription }) => {
                 return self.park(&subscriptions, subscription).await;
             }

@@ -16,7 +16,7 @@ use crate::contract::headers::{
 };
 use crate::contract::ladder::{Ladder, TierId};
 use crate::delivery::lane::LaneKind;
-use crate::subscriptions::{Subscription, Subscriptions};
+use crate::subscriptions::{Payload, Subscription, Subscriptions};
 
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +180,11 @@ pub enum Outcome {
     },
     /// An event without a subscription: publish one delivery per subscription (each with its
     /// derived id), then acknowledge.
-    FanOut { subscriptions: Vec<String> },
+    FanOut {
+        subscriptions: Vec<String>,
+        /// Matching subscriptions whose payload filter excludes the event: recorded, not sent.
+        filtered: Vec<String>,
+    },
     /// The subscription is paused: republish the delivery as it is (same id, same attempt
     /// count) into the subscription's parking queue, then acknowledge.
     Parked { subscription: String },
@@ -229,6 +233,7 @@ pub enum Route {
 /// subscriptions as they are now and the ladder's budget.
 pub fn route(
     envelope: &Envelope,
+    body: &[u8],
     lane: LaneKind,
     subscriptions: &Subscriptions,
     ladder: &Ladder,
@@ -237,7 +242,7 @@ pub fn route(
         return Route::Settle(Outcome::invalid(forged.to_string(), envelope.attempts_made));
     }
     let Some(sub_id) = &envelope.subscription else {
-        return Route::Settle(fan_out(envelope, lane, subscriptions));
+        return Route::Settle(fan_out(envelope, body, lane, subscriptions));
     };
     let made = envelope.attempts_made;
     let sub = match subscriptions.get(sub_id) {
@@ -279,6 +284,15 @@ pub fn route(
             detail: format!(
                 "subscription {:?} does not receive event type {:?}",
                 sub.id, envelope.event_type
+            ),
+        });
+    }
+    if !Payload::new(body).passes(sub.payload_filter.as_ref()) {
+        return Route::Settle(Outcome::Cancelled {
+            reason: CancelReason::Filtered,
+            detail: format!(
+                "the payload filter of subscription {:?} excludes it",
+                sub.id
             ),
         });
     }
@@ -350,19 +364,20 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), Forged> {
 
 /// An event without a subscription, fresh from a first-attempt lane, becomes one delivery per
 /// matching subscription; anywhere else it is invalid.
-fn fan_out(envelope: &Envelope, lane: LaneKind, subscriptions: &Subscriptions) -> Outcome {
+fn fan_out(
+    envelope: &Envelope,
+    body: &[u8],
+    lane: LaneKind,
+    subscriptions: &Subscriptions,
+) -> Outcome {
     if lane != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some() {
         return Outcome::invalid(
             InvalidEnvelope::MissingSubscription.to_string(),
             envelope.attempts_made,
         );
     }
-    let targets: Vec<String> = subscriptions
-        .matching(&envelope.tenant, &envelope.event_type)
-        .iter()
-        .map(|s| s.id.clone())
-        .collect();
-    if targets.is_empty() {
+    let matching = subscriptions.matching(&envelope.tenant, &envelope.event_type);
+    if matching.is_empty() {
         return Outcome::Cancelled {
             reason: CancelReason::Filtered,
             detail: format!(
@@ -371,8 +386,14 @@ fn fan_out(envelope: &Envelope, lane: LaneKind, subscriptions: &Subscriptions) -
             ),
         };
     }
+    // The payload is read only when a matching subscription filters on it.
+    let payload = Payload::new(body);
+    let (targets, excluded): (Vec<_>, Vec<_>) = matching
+        .iter()
+        .partition(|s| payload.passes(s.payload_filter.as_ref()));
     Outcome::FanOut {
-        subscriptions: targets,
+        subscriptions: targets.into_iter().map(|s| s.id.clone()).collect(),
+        filtered: excluded.into_iter().map(|s| s.id.clone()).collect(),
     }
 }
 
@@ -1015,7 +1036,13 @@ mod tests {
         #[test]
         fn a_known_subscription_of_the_tenant_is_attempted() {
             let all = subs(vec![sub("s1", "acme")]);
-            match route(&envelope(Some("s1")), LaneKind::Retry, &all, &ladder()) {
+            match route(
+                &envelope(Some("s1")),
+                b"{}",
+                LaneKind::Retry,
+                &all,
+                &ladder(),
+            ) {
                 Route::Attempt(s) => assert_eq!(s.id, "s1"),
                 other => panic!("{other:?}"),
             }
@@ -1026,14 +1053,14 @@ mod tests {
             let none = subs(vec![]);
             let first = envelope(Some("gone"));
             assert!(matches!(
-                settled(route(&first, LaneKind::First, &none, &ladder())),
+                settled(route(&first, b"{}", LaneKind::First, &none, &ladder())),
                 Outcome::Dead { reason: DeadReason::Invalid, ref error, attempts_made: 0, .. }
                     if error == "unknown subscription \"gone\""
             ));
             let mut retried = envelope(Some("gone"));
             retried.attempts_made = 2;
             assert!(matches!(
-                settled(route(&retried, LaneKind::Retry, &none, &ladder())),
+                settled(route(&retried, b"{}", LaneKind::Retry, &none, &ladder())),
                 Outcome::Cancelled {
                     reason: CancelReason::Deleted,
                     ..
@@ -1044,7 +1071,7 @@ mod tests {
             fanned.event_id = Some("evt_0".into());
             fanned.id = crate::contract::envelope::derived_id("evt_0", "gone");
             assert!(matches!(
-                settled(route(&fanned, LaneKind::First, &none, &ladder())),
+                settled(route(&fanned, b"{}", LaneKind::First, &none, &ladder())),
                 Outcome::Cancelled {
                     reason: CancelReason::Deleted,
                     ..
@@ -1068,7 +1095,7 @@ mod tests {
             forged.event_id = Some("evt_0".into());
             for lane in [LaneKind::First, LaneKind::Retry] {
                 assert!(is_invalid_with(
-                    route(&forged, lane, &none, &ladder()),
+                    route(&forged, b"{}", lane, &none, &ladder()),
                     "header x-hookrelay-event-id"
                 ));
             }
@@ -1076,7 +1103,7 @@ mod tests {
             let mut to_known = envelope(Some("s1"));
             to_known.event_id = Some("evt_0".into());
             assert!(is_invalid_with(
-                route(&to_known, LaneKind::First, &all, &ladder()),
+                route(&to_known, b"{}", LaneKind::First, &all, &ladder()),
                 "header x-hookrelay-event-id"
             ));
             // Derived for another subscription.
@@ -1084,7 +1111,7 @@ mod tests {
             other.event_id = Some("evt_0".into());
             other.id = crate::contract::envelope::derived_id("evt_0", "s1");
             assert!(is_invalid_with(
-                route(&other, LaneKind::First, &none, &ladder()),
+                route(&other, b"{}", LaneKind::First, &none, &ladder()),
                 "header x-hookrelay-event-id"
             ));
         }
@@ -1106,7 +1133,7 @@ mod tests {
                     forge(&mut e);
                     // Not "deleted", not an attempt with a forged count: invalid.
                     assert!(is_invalid_with(
-                        route(&e, LaneKind::First, subs, &ladder()),
+                        route(&e, b"{}", LaneKind::First, subs, &ladder()),
                         "never on a first attempt"
                     ));
                 }
@@ -1116,7 +1143,7 @@ mod tests {
             retried.attempts_made = 3;
             retried.due_ms = Some(1);
             assert!(matches!(
-                route(&retried, LaneKind::Retry, &all, &ladder()),
+                route(&retried, b"{}", LaneKind::Retry, &all, &ladder()),
                 Route::Attempt(_)
             ));
         }
@@ -1125,7 +1152,7 @@ mod tests {
         fn another_tenants_subscription_is_invalid() {
             let all = subs(vec![sub("s1", "other")]);
             assert!(matches!(
-                settled(route(&envelope(Some("s1")), LaneKind::First, &all, &ladder())),
+                settled(route(&envelope(Some("s1")), b"{}", LaneKind::First, &all, &ladder())),
                 Outcome::Dead { reason: DeadReason::Invalid, ref error, .. }
                     if error.contains("belongs to tenant \"other\", not \"acme\"")
             ));
@@ -1138,6 +1165,7 @@ mod tests {
             assert!(matches!(
                 settled(route(
                     &envelope(Some("s1")),
+                    b"{}",
                     LaneKind::First,
                     &subs(vec![disabled]),
                     &ladder()
@@ -1154,6 +1182,7 @@ mod tests {
             assert!(matches!(
                 settled(route(
                     &envelope(Some("s1")),
+                    b"{}",
                     LaneKind::First,
                     &subs(vec![filtered]),
                     &ladder()
@@ -1182,6 +1211,7 @@ mod tests {
             assert_eq!(
                 settled(route(
                     &envelope(Some("s1")),
+                    b"{}",
                     LaneKind::First,
                     &all,
                     &ladder()
@@ -1189,18 +1219,19 @@ mod tests {
                 parked
             );
             assert_eq!(
-                settled(route(&retried, LaneKind::Retry, &all, &ladder())),
+                settled(route(&retried, b"{}", LaneKind::Retry, &all, &ladder())),
                 parked
             );
             // Forgeries are still invalid; disabled still cancels.
             assert!(is_invalid_with(
-                route(&retried, LaneKind::First, &all, &ladder()),
+                route(&retried, b"{}", LaneKind::First, &all, &ladder()),
                 "never on a first attempt"
             ));
             paused.enabled = false;
             assert!(matches!(
                 settled(route(
                     &envelope(Some("s1")),
+                    b"{}",
                     LaneKind::First,
                     &subs(vec![paused]),
                     &ladder()
@@ -1218,7 +1249,7 @@ mod tests {
             let mut spent = envelope(Some("s1"));
             spent.attempts_made = ladder().max_attempts();
             assert!(matches!(
-                settled(route(&spent, LaneKind::Retry, &all, &ladder())),
+                settled(route(&spent, b"{}", LaneKind::Retry, &all, &ladder())),
                 Outcome::Dead {
                     reason: DeadReason::Exhausted,
                     status: None,
@@ -1228,8 +1259,59 @@ mod tests {
             ));
             spent.attempts_made -= 1;
             assert!(matches!(
-                route(&spent, LaneKind::Retry, &all, &ladder()),
+                route(&spent, b"{}", LaneKind::Retry, &all, &ladder()),
                 Route::Attempt(_)
+            ));
+        }
+
+        #[test]
+        fn a_payload_filter_leaves_the_event_out_of_a_fan_out_and_cancels_a_delivery() {
+            let mut big = sub("big", "acme");
+            big.payload_filter = Some(
+                crate::subscriptions::PayloadFilter::compile(
+                    &serde_json::json!({"amount": {"$gt": 100}}),
+                )
+                .unwrap(),
+            );
+            let all = subs(vec![sub("every", "acme"), big]);
+            let fan_out = |body: &[u8]| {
+                settled(route(
+                    &envelope(None),
+                    body,
+                    LaneKind::First,
+                    &all,
+                    &ladder(),
+                ))
+            };
+            assert_eq!(
+                fan_out(br#"{"amount": 150}"#),
+                Outcome::FanOut {
+                    subscriptions: vec!["big".into(), "every".into()],
+                    filtered: vec![],
+                }
+            );
+            for small in [&br#"{"amount": 50}"#[..], b"{}", b"not json"] {
+                assert_eq!(
+                    fan_out(small),
+                    Outcome::FanOut {
+                        subscriptions: vec!["every".into()],
+                        filtered: vec!["big".into()],
+                    }
+                );
+            }
+            assert!(matches!(
+                route(
+                    &envelope(Some("big")),
+                    br#"{"amount": 101}"#,
+                    LaneKind::First,
+                    &all,
+                    &ladder()
+                ),
+                Route::Attempt(_)
+            ));
+            assert!(matches!(
+                settled(route(&envelope(Some("big")), br#"{"amount": 1}"#, LaneKind::Retry, &all, &ladder())),
+                Outcome::Cancelled { reason: CancelReason::Filtered, detail } if detail.contains("payload filter")
             ));
         }
 
@@ -1241,14 +1323,21 @@ mod tests {
                 sub("x", "other"),
             ]);
             assert_eq!(
-                settled(route(&envelope(None), LaneKind::First, &all, &ladder())),
+                settled(route(
+                    &envelope(None),
+                    b"{}",
+                    LaneKind::First,
+                    &all,
+                    &ladder()
+                )),
                 Outcome::FanOut {
-                    subscriptions: vec!["s1".into(), "s2".into()]
+                    subscriptions: vec!["s1".into(), "s2".into()],
+                    filtered: vec![],
                 }
             );
             let invalid = |e: &Envelope, lane| {
                 matches!(
-                    settled(route(e, lane, &all, &ladder())),
+                    settled(route(e, b"{}", lane, &all, &ladder())),
                     Outcome::Dead {
                         reason: DeadReason::Invalid,
                         ..
@@ -1266,7 +1355,7 @@ mod tests {
             nobody.event_type = "user.created".into();
             nobody.tenant = "lonely".into();
             assert!(matches!(
-                settled(route(&nobody, LaneKind::First, &all, &ladder())),
+                settled(route(&nobody, b"{}", LaneKind::First, &all, &ladder())),
                 Outcome::Cancelled {
                     reason: CancelReason::Filtered,
                     ..

@@ -22,7 +22,7 @@ use crate::contract::headers::{self, DeadLetter};
 use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::Attempted;
 use crate::delivery::lane::Lane;
-use crate::delivery::route::{AttemptResult, DeadReason, Outcome};
+use crate::delivery::route::{AttemptResult, CancelReason, DeadReason, Outcome};
 use crate::observe::events::{self, AttemptRecord, Notices, OperationalEvent};
 use crate::observe::metrics::Metrics;
 use crate::units::{now_ms, now_rfc3339};
@@ -176,7 +176,7 @@ pub fn replacement(
                 }],
             }
         }
-        Outcome::FanOut { subscriptions } => {
+        Outcome::FanOut { subscriptions, .. } => {
             let envelope = envelope.ok_or(Unsettleable("fan-out without envelope"))?;
             Replacement::Publish {
                 target: "ingress".into(),
@@ -330,6 +330,38 @@ impl Settler {
             self.notices
                 .attempt(&self.record(lane, properties, envelope, &attempted));
         }
+        if let (Outcome::FanOut { filtered, .. }, Some(envelope)) = (outcome, envelope) {
+            self.record_filtered(lane, envelope, filtered);
+        }
+    }
+
+    /// The subscriptions a fan-out left out by their payload filters, in the attempt log as
+    /// cancelled deliveries of the event (attempt 0: no request made), beside its fan-out.
+    fn record_filtered(&self, lane: &Lane, envelope: &Envelope, filtered: &[String]) {
+        let key = events::routing_key("cancelled", Some(&envelope.tenant));
+        if filtered.is_empty() || !self.notices.attempt_wanted(&key) {
+            return;
+        }
+        for sub in filtered {
+            self.notices.attempt(&AttemptRecord {
+                envelope: Some(envelope::derived_id(envelope.id.as_str(), sub).to_string()),
+                event: Some(envelope.id.to_string()),
+                tenant: Some(envelope.tenant.clone()),
+                subscription: Some(sub.clone()),
+                attempt: 0,
+                status: None,
+                error: Some(format!(
+                    "the payload filter of subscription {sub:?} excludes it"
+                )),
+                latency_ms: None,
+                outcome: "cancelled".into(),
+                tier: None,
+                lane: lane.queue.clone(),
+                redrives: 0,
+                replay: None,
+                at: now_rfc3339(),
+            });
+        }
     }
 
     /// Logs and counts a settled delivery, once what replaces it is stored.
@@ -351,9 +383,16 @@ impl Settler {
             Outcome::Parked { subscription } => {
                 debug!(envelope = %id, subscription = %subscription, "Parked: the subscription is paused");
             }
-            Outcome::FanOut { subscriptions } => {
+            Outcome::FanOut {
+                subscriptions,
+                filtered,
+            } => {
                 let event = envelope.map_or(id, |e| e.id.as_str());
-                info!(event = %event, deliveries = subscriptions.len(), "Fanned out");
+                info!(event = %event, deliveries = subscriptions.len(), filtered = filtered.len(), "Fanned out");
+                self.metrics
+                    .cancellations
+                    .with_label_values(&[CancelReason::Filtered.as_str()])
+                    .inc_by(filtered.len() as u64);
             }
             Outcome::Retry {
                 tier,
@@ -764,6 +803,7 @@ mod tests {
         let (properties, envelope) = delivered();
         let fan_out = Outcome::FanOut {
             subscriptions: vec!["sub_a".into(), "sub_b".into()],
+            filtered: vec!["sub_c".into()],
         };
         let (target, messages) = published(
             replacement(&ladder(), &fan_out, &properties, Some(&envelope), None, 5).unwrap(),
@@ -815,6 +855,7 @@ mod tests {
         assert!(build(&retry, None).is_err());
         let fan_out = Outcome::FanOut {
             subscriptions: vec!["s".into()],
+            filtered: vec![],
         };
         assert!(build(&fan_out, None).is_err());
     }

@@ -17,8 +17,8 @@ use sqlx::{Postgres, Row, Transaction};
 use crate::config::ReferenceError;
 use crate::contract::envelope::{check_id, check_tenant};
 use crate::subscriptions::{
-    SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions, parse::parse_event_types,
-    parse::parse_url,
+    PayloadFilter, SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions,
+    parse::parse_event_types, parse::parse_url,
 };
 use crate::units::Rate;
 
@@ -81,7 +81,7 @@ pub struct PgStore {
 }
 
 const SUBSCRIPTION_COLUMNS: &str =
-    "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, request";
+    "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, request, payload_filter";
 /// A secret's row with its subscription's tenant: a sealed value opens only for the tenant,
 /// subscription and purpose it was sealed for.
 const SECRET_COLUMNS: &str = "x.subscription_id, x.purpose, x.reference, x.sealed, \
@@ -263,10 +263,11 @@ impl PgStore {
         })?;
         sqlx::query(
             "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
-             max_concurrent, rate, request) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             max_concurrent, rate, request, payload_filter) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (id) DO UPDATE SET tenant = $2, url = $3, event_types = $4, \
              enabled = $5, paused = $6, max_concurrent = $7, rate = $8, request = $9, \
-             updated_at = now()",
+             payload_filter = $10, updated_at = now()",
         )
         .bind(&sub.id)
         .bind(&sub.tenant)
@@ -277,6 +278,11 @@ impl PgStore {
         .bind(max_concurrent)
         .bind(sub.rate.map(|r| r.to_string()))
         .bind(request)
+        .bind(
+            sub.payload_filter
+                .as_ref()
+                .map(|f| sqlx::types::Json(f.as_json())),
+        )
         .execute(&mut **tx)
         .await?;
         // The other purposes' references, written whole each time: they are few.
@@ -482,6 +488,13 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
     }
     let request: sqlx::types::Json<StoredRequest> =
         row.try_get("request").map_err(field("request"))?;
+    let payload_filter: Option<serde_json::Value> = row
+        .try_get("payload_filter")
+        .map_err(field("payload_filter"))?;
+    let payload_filter = payload_filter
+        .map(|f| PayloadFilter::compile(&f))
+        .transpose()
+        .map_err(|e| RowError::invalid("payload_filter", e))?;
     let mut by_purpose = HashMap::new();
     for (purpose, spec) in other {
         let spec = spec.map_err(|e| RowError::Secret {
@@ -508,6 +521,7 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
         basic_auth: parts.basic_auth,
         oauth2: parts.oauth2,
         tls: parts.tls,
+        payload_filter,
     })
 }
 

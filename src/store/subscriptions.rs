@@ -16,7 +16,7 @@ use super::request::StoredRequest;
 use super::{QueryError, column};
 
 const COLUMNS: &str = "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, \
-     description, disabled_reason, request, \
+     description, disabled_reason, request, payload_filter, \
      (extract(epoch from created_at) * 1000)::int8 AS created_ms, \
      (extract(epoch from updated_at) * 1000)::int8 AS updated_ms";
 
@@ -34,6 +34,8 @@ pub struct SubscriptionRow {
     pub description: String,
     pub disabled_reason: Option<String>,
     pub request: StoredRequest,
+    /// The payload filter as written; `None`: every event.
+    pub payload_filter: Option<serde_json::Value>,
     /// Milliseconds since the epoch.
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -43,6 +45,8 @@ impl SubscriptionRow {
     fn of(row: &PgRow) -> Result<Self, QueryError> {
         let max_concurrent: Option<i32> = column(row, "max_concurrent")?;
         let request: sqlx::types::Json<StoredRequest> = column(row, "request")?;
+        let payload_filter: Option<sqlx::types::Json<serde_json::Value>> =
+            column(row, "payload_filter")?;
         Ok(Self {
             id: column(row, "id")?,
             tenant: column(row, "tenant")?,
@@ -55,6 +59,7 @@ impl SubscriptionRow {
             description: column(row, "description")?,
             disabled_reason: column(row, "disabled_reason")?,
             request: request.0,
+            payload_filter: payload_filter.map(|f| f.0),
             created_ms: column(row, "created_ms")?,
             updated_ms: column(row, "updated_ms")?,
         })
@@ -82,6 +87,7 @@ pub struct SubscriptionWrite<'a> {
     pub rate: Option<String>,
     pub description: &'a str,
     pub request: &'a StoredRequest,
+    pub payload_filter: Option<&'a serde_json::Value>,
     /// Purposes whose stored secrets go (`header:` for every header's).
     pub replaced: &'a [String],
 }
@@ -325,8 +331,8 @@ pub async fn insert(
 ) -> Result<Option<Vec<i64>>, QueryError> {
     let inserted = sqlx::query(
         "INSERT INTO subscriptions (id, tenant, url, event_types, enabled, paused, \
-         max_concurrent, rate, description, request) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
+         max_concurrent, rate, description, request, payload_filter) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
     )
     .bind(sub.id)
     .bind(sub.tenant)
@@ -338,6 +344,7 @@ pub async fn insert(
     .bind(&sub.rate)
     .bind(sub.description)
     .bind(sqlx::types::Json(sub.request))
+    .bind(sub.payload_filter.map(sqlx::types::Json))
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -362,7 +369,7 @@ pub async fn save(
         "UPDATE subscriptions SET url = $2, event_types = $3, enabled = $4, paused = $5, \
          max_concurrent = $6, rate = $7, description = $8, disabled_reason = CASE WHEN $4 \
          THEN NULL ELSE COALESCE(disabled_reason, 'disabled through the API') END, \
-         request = $9, updated_at = now() WHERE id = $1",
+         request = $9, payload_filter = $10, updated_at = now() WHERE id = $1",
     )
     .bind(sub.id)
     .bind(sub.url)
@@ -373,6 +380,7 @@ pub async fn save(
     .bind(&sub.rate)
     .bind(sub.description)
     .bind(sqlx::types::Json(sub.request))
+    .bind(sub.payload_filter.map(sqlx::types::Json))
     .execute(&mut *conn)
     .await?;
     Ok(())

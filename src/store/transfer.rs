@@ -97,6 +97,9 @@ struct EntryOut {
     oauth2: Option<BTreeMap<&'static str, String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tls: Option<BTreeMap<&'static str, String>>,
+    /// TOML has no null: a filter comparing with `null` cannot be exported (an error says so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filter: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -245,6 +248,7 @@ pub async fn export(
             basic_auth,
             oauth2,
             tls,
+            filter: sub.payload_filter.as_ref().map(|f| f.as_json().clone()),
         });
     }
     Ok(toml::to_string(&FileOut { subscription: out })?)

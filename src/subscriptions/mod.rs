@@ -8,12 +8,14 @@
 //! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`headers`]: a subscription's own request headers, and the reserved names.
 //! - [`auth`]: how it authenticates to its endpoint: basic auth, OAuth2, a client certificate.
+//! - [`payload`]: payload filters: which events it is sent, by what their payload holds.
 //! - [`live`]: the version in force, reloaded as the file changes.
 
 pub mod auth;
 pub mod headers;
 pub mod live;
 pub mod parse;
+pub mod payload;
 pub mod seal;
 pub mod secrets;
 pub mod subscription;
@@ -22,5 +24,6 @@ pub use auth::{BasicAuth, ClientAuthMethod, ClientTls, OAuth2};
 pub use headers::{ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
 pub use parse::{SubscriptionError, SubscriptionErrors};
+pub use payload::{Payload, PayloadFilter, PayloadFilterError};
 pub use secrets::{SealedSecret, SecretError, SecretRef, SecretSpec, SecretStore};
 pub use subscription::{EventFilter, FilterError, Subscription, Subscriptions};

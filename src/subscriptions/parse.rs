@@ -61,6 +61,9 @@ struct Entry {
     oauth2: Option<Spanned<OAuth2Entry>>,
     #[serde(default)]
     tls: Option<Spanned<TlsEntry>>,
+    /// A payload filter (docs/subscriptions.md), e.g. `{ "data.amount" = { "$gt" = 100 } }`.
+    #[serde(default)]
+    filter: Option<Spanned<serde_json::Value>>,
 }
 
 /// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
@@ -392,6 +395,15 @@ fn read_entry(
             }
         });
     let tls = read_tls(&entry, url.as_ref(), problems);
+    let payload_filter = entry.filter.as_ref().and_then(|f| {
+        match super::payload::PayloadFilter::compile(f.get_ref()) {
+            Ok(filter) => Some(filter),
+            Err(e) => {
+                problems.at(f.span().start, "filter", e.to_string());
+                None
+            }
+        }
+    });
     Some(Subscription {
         id: id.clone(),
         tenant: entry.tenant.into_inner(),
@@ -406,6 +418,7 @@ fn read_entry(
         basic_auth,
         oauth2,
         tls,
+        payload_filter,
     })
 }
 
@@ -875,6 +888,42 @@ secrets = ["env:X"]
                       secrets = [\"env:X\"] }]\n";
         let err = Subscriptions::with_paused("s.toml", inline, "a", true).unwrap_err();
         assert!(err.to_string().contains("by hand"), "{err}");
+    }
+
+    #[test]
+    fn a_payload_filter_is_read_from_the_file_and_a_bad_one_named_with_its_line() {
+        let text = r#"
+[[subscription]]
+id = "big"
+tenant = "acme"
+url = "https://x.example"
+secrets = ["env:S"]
+filter = { "data.amount" = { "$gt" = 100 }, "$not" = { "data.test" = true } }
+
+[[subscription]]
+id = "bad"
+tenant = "acme"
+url = "https://x.example"
+secrets = ["env:S"]
+filter = { "data.amount" = { "$between" = [1, 2] } }
+"#;
+        let errors = Subscriptions::parse("s.toml", text).unwrap_err().0;
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 1, "{shown:#?}");
+        assert!(
+            shown[0].starts_with("s.toml:14: filter: at data.amount.$between: unknown operator"),
+            "{}",
+            shown[0]
+        );
+        let good = text
+            .split("\n\n[[subscription]]\nid = \"bad\"")
+            .next()
+            .unwrap();
+        let subs = Subscriptions::parse("s.toml", good).unwrap();
+        let big = subs.get("big").unwrap();
+        let filter = big.payload_filter.as_ref().unwrap();
+        assert!(filter.matches(&serde_json::json!({"data": {"amount": 101}})));
+        assert!(!filter.matches(&serde_json::json!({"data": {"amount": 101, "test": true}})));
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct Subscription {
     pub oauth2: Option<OAuth2>,
     /// A client certificate presented to the endpoint (mutual TLS).
     pub tls: Option<ClientTls>,
+    /// Which events of its types it is sent, by their payload; `None`: all.
+    pub payload_filter: Option<PayloadFilter>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -103,6 +105,10 @@ impl std::fmt::Debug for Subscription {
             .field("basic_auth", &self.basic_auth.as_ref().map(|b| &b.username))
             .field("oauth2", &self.oauth2)
             .field("tls", &self.tls)
+            .field(
+                "payload_filter",
+                &self.payload_filter.as_ref().map(|f| f.as_json()),
+            )
             .finish()
     }
 }
@@ -123,6 +129,7 @@ impl Subscription {
             headers: Vec::new(),
             basic_auth: None,
             oauth2: None,
+            payload_filter: None,
             tls: None,
         }
     }

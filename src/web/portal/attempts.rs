@@ -26,8 +26,8 @@ const OUTCOMES: [&str; 10] = [
     "gone",
     "egress_denied",
     "horizon_expired",
-    "deleted",
-    "filtered",
+    "cancelled",
+    "parked",
 ];
 
 /// How many of the latest attempts an endpoint's page shows.

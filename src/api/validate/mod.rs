@@ -10,27 +10,24 @@ use tracing::debug;
 
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
 use crate::delivery::egress::{EgressDenied, EgressPolicy, GuardedResolver, Lookup, ResolveError};
-use crate::subscriptions::EventFilter;
 use crate::subscriptions::parse::{
-    TOKEN_URL_CREDENTIALS_INSTEAD, URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url,
-    refuse_credentials,
+    URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url, refuse_credentials,
 };
+use crate::subscriptions::{EventFilter, PayloadFilter};
 use crate::units::Rate;
 
 use super::auth::Scope;
 use super::model::{
-    BasicAuthInput, CreateSubscription, EventType, HeaderInput, OAuth2Input, RotateSecret,
-    SignatureScheme, TlsInput, UpdateSubscription,
+    CreateSubscription, EventType, RotateSecret, SignatureScheme, UpdateSubscription,
 };
 use super::problem::{ApiError, FieldError};
-use crate::store::request::{
-    self as stored, StoredBasicAuth, StoredHeader, StoredOAuth2, StoredRequest, StoredTls,
-};
+use crate::store::request::{self as stored, StoredRequest};
 use crate::store::subscriptions::{SubscriptionRow, SubscriptionWrite};
-use crate::subscriptions::auth::{check_username, conflicts};
-use crate::subscriptions::headers::{check_header_name, check_header_value};
-use crate::subscriptions::{OAuth2, SecretRef};
-use std::collections::BTreeMap;
+
+mod request;
+
+pub use request::MAX_SECRET_LEN;
+use request::{basic_auth, headers, oauth2, request_conflicts, tls};
 
 pub const MAX_URL_LEN: usize = 2048;
 pub const MAX_DESCRIPTION_LEN: usize = 1024;
@@ -85,6 +82,7 @@ pub struct Checked {
     pub description: String,
     /// Headers and endpoint authentication, without secret values.
     pub request: StoredRequest,
+    pub payload_filter: Option<PayloadFilter>,
     /// Secrets this request gives, by purpose, to seal and store.
     pub new_secrets: Vec<(String, Plain)>,
     /// Purposes whose stored secrets go (`header:` for every header's).
@@ -126,6 +124,12 @@ impl Checked {
             .map(|r| r.parse::<Rate>())
             .transpose()
             .map_err(|e| bad(format!("rate: {e}")))?;
+        let payload_filter = row
+            .payload_filter
+            .as_ref()
+            .map(PayloadFilter::compile)
+            .transpose()
+            .map_err(|e| bad(format!("filter: {e}")))?;
         Ok(Checked {
             tenant: row.tenant,
             url,
@@ -136,6 +140,7 @@ impl Checked {
             rate,
             description: row.description,
             request: row.request,
+            payload_filter,
             new_secrets: Vec::new(),
             replaced: Vec::new(),
             id,
@@ -155,6 +160,7 @@ impl Checked {
             rate: self.rate.map(|r| r.to_string()),
             description: &self.description,
             request: &self.request,
+            payload_filter: self.payload_filter.as_ref().map(PayloadFilter::as_json),
             replaced: &self.replaced,
         }
     }
@@ -187,6 +193,16 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
         Ok(u) => Some(u),
         Err(e) => {
             problems.add("url", e.to_string());
+            None
+        }
+    }
+}
+
+fn payload_filter(raw: &serde_json::Value, problems: &mut Problems) -> Option<PayloadFilter> {
+    match PayloadFilter::compile(raw) {
+        Ok(filter) => Some(filter),
+        Err(e) => {
+            problems.add("filter", e.to_string());
             None
         }
     }
@@ -235,181 +251,6 @@ fn description(raw: &str, problems: &mut Problems) {
             "description",
             format!("longer than {MAX_DESCRIPTION_LEN} characters"),
         );
-    }
-}
-
-/// The largest secret or PEM a request may give.
-pub const MAX_SECRET_LEN: usize = 16 * 1024;
-
-fn secret_text(field: &str, value: &str, problems: &mut Problems) -> bool {
-    if value.is_empty() {
-        problems.add(field, "is empty");
-        false
-    } else if value.len() > MAX_SECRET_LEN {
-        problems.add(field, format!("longer than {MAX_SECRET_LEN} bytes"));
-        false
-    } else {
-        true
-    }
-}
-
-/// Headers: the stored settings, and the secret values by purpose.
-fn headers(
-    raw: &BTreeMap<String, HeaderInput>,
-    problems: &mut Problems,
-    out: &mut (StoredRequest, Vec<(String, Plain)>),
-) {
-    for (name, value) in raw {
-        let field = format!("headers.{name}");
-        let lower = match check_header_name(name) {
-            Ok(lower) => lower,
-            Err(why) => {
-                problems.add(&field, why.to_string());
-                continue;
-            }
-        };
-        if out.0.headers.contains_key(&lower) {
-            problems.add(&field, "given twice (names are case-insensitive)");
-            continue;
-        }
-        let header = match value {
-            HeaderInput::Value(v) => {
-                if let Err(why) = check_header_value(name, v) {
-                    problems.add(&field, why.to_string());
-                    continue;
-                }
-                StoredHeader {
-                    value: Some(v.clone()),
-                    secret: false,
-                }
-            }
-            HeaderInput::Secret(s) => {
-                if !secret_text(&format!("{field}.secret"), &s.secret, problems) {
-                    continue;
-                }
-                if check_header_value(name, &s.secret).is_err() {
-                    problems.add(
-                        &format!("{field}.secret"),
-                        "not a header value (visible ASCII and spaces)",
-                    );
-                    continue;
-                }
-                out.1
-                    .push((stored::header_purpose(&lower), Plain(s.secret.clone())));
-                StoredHeader {
-                    value: None,
-                    secret: true,
-                }
-            }
-        };
-        out.0.headers.insert(lower, header);
-    }
-}
-
-fn basic_auth(
-    raw: &BasicAuthInput,
-    problems: &mut Problems,
-    out: &mut (StoredRequest, Vec<(String, Plain)>),
-) {
-    let mut ok = true;
-    if let Err(why) = check_username(&raw.username) {
-        problems.add("basic_auth.username", why.to_string());
-        ok = false;
-    }
-    ok &= secret_text("basic_auth.password", &raw.password, problems);
-    if ok {
-        out.0.basic_auth = Some(StoredBasicAuth {
-            username: raw.username.clone(),
-        });
-        out.1
-            .push((stored::BASIC_PASSWORD.into(), Plain(raw.password.clone())));
-    }
-}
-
-fn oauth2(
-    raw: &OAuth2Input,
-    problems: &mut Problems,
-    out: &mut (StoredRequest, Vec<(String, Plain)>),
-) -> Option<reqwest::Url> {
-    // The reference is a placeholder: the secret is sealed once the subscription's id is known.
-    let built = OAuth2::build(
-        &raw.token_url,
-        &raw.client_id,
-        SecretRef::Env(String::new()),
-        raw.scope.as_deref(),
-        raw.audience.as_deref(),
-        raw.auth_method.as_deref(),
-    );
-    let ok = secret_text("oauth2.client_secret", &raw.client_secret, problems);
-    let built = built.and_then(|o| {
-        refuse_credentials(&o.token_url, TOKEN_URL_CREDENTIALS_INSTEAD)
-            .map(|()| o)
-            .map_err(|why| ("token_url", why.to_string()))
-    });
-    match built {
-        Err((field, why)) => {
-            problems.add(&format!("oauth2.{field}"), why);
-            None
-        }
-        Ok(_) if !ok => None,
-        Ok(o) => {
-            out.0.oauth2 = Some(StoredOAuth2 {
-                token_url: o.token_url.to_string(),
-                client_id: o.client_id.clone(),
-                scope: o.scope.clone(),
-                audience: o.audience.clone(),
-                auth_method: o.method.as_str().into(),
-            });
-            out.1.push((
-                stored::OAUTH2_CLIENT_SECRET.into(),
-                Plain(raw.client_secret.clone()),
-            ));
-            Some(o.token_url)
-        }
-    }
-}
-
-fn tls(raw: &TlsInput, problems: &mut Problems, out: &mut (StoredRequest, Vec<(String, Plain)>)) {
-    let mut ok = secret_text("tls.cert", &raw.cert, problems);
-    ok &= secret_text("tls.key", &raw.key, problems);
-    if ok && reqwest::Identity::from_pem(format!("{}\n{}\n", raw.cert, raw.key).as_bytes()).is_err()
-    {
-        problems.add(
-            "tls.key",
-            "cert and key are not a PEM certificate chain and private key (PKCS#8, PKCS#1 or SEC1)",
-        );
-        ok = false;
-    }
-    if let Some(ca) = &raw.ca
-        && (!secret_text("tls.ca", ca, problems)
-            || reqwest::Certificate::from_pem_bundle(ca.as_bytes()).map_or(true, |c| c.is_empty()))
-    {
-        problems.add("tls.ca", "not a PEM certificate");
-        ok = false;
-    }
-    if ok {
-        out.0.tls = Some(StoredTls {
-            ca: raw.ca.is_some(),
-        });
-        out.1
-            .push((stored::TLS_CERT.into(), Plain(raw.cert.clone())));
-        out.1.push((stored::TLS_KEY.into(), Plain(raw.key.clone())));
-        if let Some(ca) = &raw.ca {
-            out.1.push((stored::TLS_CA.into(), Plain(ca.clone())));
-        }
-    }
-}
-
-/// The conflicts of a subscription's headers and authentication with each other and its URL.
-fn request_conflicts(url: &reqwest::Url, request: &StoredRequest, problems: &mut Problems) {
-    for (field, why) in conflicts(
-        url,
-        request.headers.contains_key("authorization"),
-        request.basic_auth.is_some(),
-        request.oauth2.is_some(),
-        request.tls.is_some(),
-    ) {
-        problems.add(field, why);
     }
 }
 
@@ -531,6 +372,10 @@ pub async fn create(
         egress(url.as_ref(), egress_policy, &mut problems).await;
         token_egress(token_url.as_ref(), egress_policy, &mut problems).await;
     }
+    let payload_filter = req
+        .filter
+        .as_ref()
+        .and_then(|raw| payload_filter(raw, &mut problems));
     let (request, new_secrets) = request;
     let checked = url.map(|url| Checked {
         id,
@@ -543,6 +388,7 @@ pub async fn create(
         rate,
         description,
         request,
+        payload_filter,
         new_secrets,
         replaced: Vec::new(),
     });
@@ -571,6 +417,11 @@ pub async fn update(
     }
     if let Some(enabled) = req.enabled {
         current.enabled = enabled;
+    }
+    if let Some(filter) = &req.filter {
+        current.payload_filter = filter
+            .as_ref()
+            .and_then(|raw| payload_filter(raw, &mut problems));
     }
     if let Some(n) = req.max_concurrent {
         current.max_concurrent = n.and_then(|n| max_concurrent(n, &mut problems));
@@ -718,6 +569,7 @@ mod tests {
             basic_auth: None,
             oauth2: None,
             tls: None,
+            filter: None,
         }
     }
 
