@@ -650,7 +650,8 @@ async fn the_keyboard_alone_reaches_every_action_of_every_page() {
     let id = create(
         site,
         ACME,
-        json!({"url": "http://127.0.0.1:9/in", "event_types": ["order.paid"]}),
+        json!({"url": "http://127.0.0.1:9/in", "event_types": ["order.paid"],
+               "filter": {"amount": {"$gt": 1}}}),
     )
     .await;
     // An event's story, as history records it, for its page.

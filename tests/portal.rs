@@ -877,3 +877,66 @@ async fn the_endpoint_page_shows_its_quarantine_and_its_paused_backlog() {
     assert!(body.contains("Waiting while paused"), "{body}");
     site.stop().await;
 }
+
+/// The endpoint's page shows its payload filter as written (escaped), tries it against a pasted
+/// payload, and the edit form changes it, refusing a bad one with where it is wrong.
+#[tokio::test]
+async fn the_payload_filter_is_shown_tried_and_edited() {
+    let site = Site::start(None).await;
+    let filter = json!({"data.amount": {"$gt": 100}, "<script>x</script>": {"$exists": false}});
+    let id = create_by_api(
+        &site,
+        ACME,
+        json!({"url": "https://hooks.acme.example/f", "filter": filter}),
+    )
+    .await;
+    let acme = session(&site, ACME, json!({})).await;
+    let page = format!("/portal/endpoints/{id}");
+    let (_, body) = get(&site, &page, &acme).await;
+    assert!(body.contains("&lt;script&gt;x&lt;/script&gt;"), "{body}");
+    assert!(!body.contains("<script>x"), "{body}");
+    assert!(body.contains("&quot;$gt&quot;: 100"), "{body}");
+
+    let try_it = |payload: &'static str| {
+        let path = format!("{page}/filter");
+        let acme = &acme;
+        let site = &site;
+        async move { post(site, &path, acme, &[("payload", payload)]).await }
+    };
+    let (status, _, body) = try_it(r#"{"data": {"amount": 150}}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("lets this payload through"), "{body}");
+    let (status, _, body) = try_it(r#"{"data": {"amount": 5}}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("leaves this payload out"), "{body}");
+    let (status, _, body) = try_it("{not json").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body.contains("Not JSON"), "{body}");
+
+    let edit = format!("{page}/edit");
+    let (_, form) = get(&site, &edit, &acme).await;
+    assert!(form.contains("&quot;data.amount&quot;"), "{form}");
+    let fields =
+        |filter: &'static str| vec![("url", "https://hooks.acme.example/f"), ("filter", filter)];
+    let (status, _, body) = post(&site, &edit, &acme, &fields(r#"{"a": {"$near": 1}}"#)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body.contains("at a.$near: unknown operator"), "{body}");
+    let (status, _, body) = post(&site, &edit, &acme, &fields("{oops")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body.contains("not JSON"), "{body}");
+    let (status, _, _) = post(&site, &edit, &acme, &fields(r#"{"kind": "refund"}"#)).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        only_endpoint(&site, ACME).await["filter"],
+        json!({"kind": "refund"})
+    );
+    let (status, _, _) = post(&site, &edit, &acme, &fields("")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(only_endpoint(&site, ACME).await.get("filter"), None);
+    let (_, body) = get(&site, &page, &acme).await;
+    assert!(
+        body.contains("None: every event of its types is sent"),
+        "{body}"
+    );
+    site.stop().await;
+}

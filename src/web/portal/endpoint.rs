@@ -255,6 +255,7 @@ pub async fn show(
                 } } }
             }
         }
+        (super::filter::card(&visitor, &view, None))
         (health_card(&view, &health, workers))
         @if !visitor.read_only { (actions(&visitor, &view)) }
         h2 { "Latest attempts" }
@@ -281,6 +282,9 @@ pub struct EditEndpoint {
     rate: String,
     #[serde(default)]
     max_concurrent: String,
+    /// JSON; empty: none.
+    #[serde(default)]
+    filter: String,
 }
 
 fn edit_form(visitor: &Visitor, id: &str, sent: &EditEndpoint) -> Markup {
@@ -297,6 +301,9 @@ fn edit_form(visitor: &Visitor, id: &str, sent: &EditEndpoint) -> Markup {
             input #rate type="text" name="rate" value=(sent.rate) placeholder="50/s; empty: the workers' default";
             label for="max_concurrent" { "Max concurrent" }
             input #max_concurrent type="number" min="1" name="max_concurrent" value=(sent.max_concurrent) placeholder="empty: the workers' default";
+            label for="filter" { "Payload filter (JSON; empty: every event)" }
+            textarea #filter name="filter" placeholder=r#"{"data.amount": {"$gt": 100}}"# { (sent.filter) }
+            p.muted { "Paths into the payload with $eq, $neq, $in, $nin, $gt, $gte, $lt, $lte, $exists, combined with $and, $or, $not." }
             p.actions { button type="submit" { "Save" } a href=(format!("/portal/endpoints/{id}")) { "Cancel" } }
         }
     }
@@ -318,6 +325,11 @@ pub async fn edit_page(
         max_concurrent: view
             .max_concurrent
             .map(|n| n.to_string())
+            .unwrap_or_default(),
+        filter: view
+            .filter
+            .as_ref()
+            .and_then(|f| serde_json::to_string_pretty(f).ok())
             .unwrap_or_default(),
     };
     let body = html! {
@@ -361,12 +373,21 @@ pub async fn update(
         Ok(n) => n,
         Err(why) => return Ok(refused(StatusCode::UNPROCESSABLE_ENTITY, why, &value)),
     };
+    let filter = match filled(&value.filter).map(serde_json::from_str::<serde_json::Value>) {
+        None => serde_json::Value::Null,
+        Some(Ok(f)) => f,
+        Some(Err(e)) => {
+            let why = format!("payload filter: not JSON: {e}");
+            return Ok(refused(StatusCode::UNPROCESSABLE_ENTITY, why, &value));
+        }
+    };
     let change = json!({
         "url": value.url.trim(),
         "description": value.description,
         "event_types": event_types_of(&value.event_types),
         "rate": filled(&value.rate),
         "max_concurrent": max_concurrent,
+        "filter": filter,
     });
     match crate::api::subscriptions::update(
         State(state.api.clone()),

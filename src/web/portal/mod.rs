@@ -4,6 +4,7 @@
 //!
 //! - [`endpoints`]: the list of endpoints, and creating one.
 //! - [`endpoint`]: one endpoint's page (settings, health, latest attempts) and its edit.
+//! - [`filter`]: its payload filter, and trying it against a payload.
 //! - [`actions`]: pause, resume, delete, rotate the secret, send a test event, replay.
 //! - [`attempts`]: an endpoint's attempts, newest first, filtered.
 //! - [`events`]: one event's story, and a replay's progress.
@@ -15,6 +16,7 @@ pub mod endpoint;
 pub mod endpoints;
 pub mod event_types;
 pub mod events;
+pub mod filter;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -33,6 +35,7 @@ pub fn routes() -> Router<WebState> {
             get(endpoint::edit_page).post(endpoint::update),
         )
         .route("/portal/endpoints/{id}/latest", get(attempts::latest))
+        .route("/portal/endpoints/{id}/filter", post(filter::try_payload))
         .route("/portal/endpoints/{id}/pause", post(actions::pause))
         .route("/portal/endpoints/{id}/resume", post(actions::resume))
         .route(
