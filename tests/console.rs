@@ -497,6 +497,25 @@ async fn subscriptions_are_searched_by_id_or_url() {
     assert!(page.contains(&globex) && !page.contains(&acme), "{page}");
     let (_, page) = get(&site, "/ui/subscriptions?q=nowhere", &cookie).await;
     assert!(page.contains("No subscriptions match"), "{page}");
+    // What each receives: its types and its payload filter, as text.
+    let answer = site
+        .client
+        .post(format!("{}/v1/subscriptions", site.base))
+        .bearer_auth(ACME)
+        .json(
+            &json!({"url": "https://hooks.acme.example/big", "event_types": ["order.*"],
+                      "filter": {"amount": {"$gt": 100}, "<b>": 1}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let (_, page) = get(&site, "/ui/subscriptions?q=acme.example/big", &cookie).await;
+    assert!(page.contains("<code>order.*</code>"), "{page}");
+    assert!(
+        page.contains(r#"<code class="filter">{&quot;&lt;b&gt;&quot;:1,&quot;amount&quot;:{&quot;$gt&quot;:100}}</code>"#),
+        "{page}"
+    );
     site.stop().await;
 }
 

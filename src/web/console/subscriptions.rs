@@ -95,13 +95,22 @@ pub async fn list(
         @if rows.is_empty() { p.muted { "No subscriptions match." } }
         @else {
             table {
-                thead { tr { th { "Subscription" } th { "Tenant" } th { "URL" } th { "State" } } }
+                thead { tr { th { "Subscription" } th { "Tenant" } th { "URL" } th { "Receives" } th { "State" } } }
                 tbody {
                     @for sub in &rows {
                         tr {
                             td { code { (sub.id) } }
                             td { code { (sub.tenant) } }
                             td.mono { (sub.url) }
+                            td {
+                                @match &sub.event_types {
+                                    Some(types) => { @for t in types { code { (t) } " " } },
+                                    None => span.muted { "every type" },
+                                }
+                                @if let Some(filter) = &sub.payload_filter {
+                                    br; span.muted { "where " } code.filter { (crate::units::shorten(&filter.to_string(), 120)) }
+                                }
+                            }
                             td {
                                 @if !sub.enabled { span.badge.bad { "disabled" } }
                                 @else if sub.paused { span.badge.warn { "paused" } }
