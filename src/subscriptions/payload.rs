@@ -95,6 +95,10 @@ impl PayloadFilter {
                 format!("{bytes} bytes; a filter is at most {MAX_BYTES}"),
             ));
         }
+        // PostgreSQL's jsonb cannot hold U+0000, and no payload hookrelay stores can either.
+        if holds_nul(written) {
+            return Err(refuse("", "a filter may not hold the character U+0000"));
+        }
         let mut budget = Budget { tests: 0 };
         let root = filter(written, "", 0, &mut budget)?;
         Ok(Self {
@@ -111,6 +115,17 @@ impl PayloadFilter {
     /// Whether `payload` passes.
     pub fn matches(&self, payload: &Value) -> bool {
         self.root.holds(payload)
+    }
+}
+
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(members) => members
+            .iter()
+            .any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
     }
 }
 
@@ -503,6 +518,15 @@ mod tests {
                 .problem
                 .contains("bytes")
         );
+        for nul in [json!({"a\u{0}b": 1}), json!({"a": {"$in": ["x", "\u{0}"]}})] {
+            assert!(
+                PayloadFilter::compile(&nul)
+                    .unwrap_err()
+                    .problem
+                    .contains("U+0000"),
+                "{nul}"
+            );
+        }
         let mut path = serde_json::Map::new();
         path.insert(vec!["a"; MAX_SEGMENTS + 1].join("."), json!(1));
         assert!(PayloadFilter::compile(&Value::Object(path)).is_err());
