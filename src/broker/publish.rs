@@ -597,7 +597,16 @@ impl Publisher {
         max_body: usize,
     ) -> Result<String, PublishError> {
         event.validate(max_body)?;
-        self.publish(ingress, &event.tenant, &event.body, event.properties())
+        // The current span's context (the caller's publish span, when traces are on) starts
+        // the event's trace.
+        let properties = {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            crate::contract::trace_context::with_context_if_absent(
+                event.properties(),
+                &tracing::Span::current().context(),
+            )
+        };
+        self.publish(ingress, &event.tenant, &event.body, properties)
             .await?;
         Ok(event.id.clone())
     }

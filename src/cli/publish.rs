@@ -4,6 +4,7 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use tracing::Instrument as _;
 
 use super::args::PublishArgs;
 use super::common::load_ladder;
@@ -40,6 +41,7 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
     event
         .validate(config.limits.max_body_bytes)
         .context("not published")?;
+    let span = crate::observe::traces::publish_span(&ladder.ingress(), &event.id);
     let published = async {
         let publisher = Publisher::connect(
             &config.amqp.url,
@@ -53,6 +55,7 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
         publisher.close().await;
         id
     }
+    .instrument(span)
     .await;
     let id = published.map_err(|e| {
         let context = if e.is_transient() {

@@ -93,8 +93,10 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
-/// rewrite.
-const SMALL_HEADERS: [&str; 18] = [
+/// rewrite, and `traceparent`, which a worker adds to an event that came without one (so a copy
+/// of an event whose own headers fill their share still fits).
+const SMALL_HEADERS: [&str; 19] = [
+    crate::contract::trace_context::TRACEPARENT,
     SUBSCRIPTION_HEADER,
     SHARD_HEADER,
     DEFERRALS_HEADER,

@@ -508,6 +508,8 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
         basic_auth: parts.basic_auth,
         oauth2: parts.oauth2,
         tls: parts.tls,
+        // Not kept by the store yet: subscriptions from the file may ask for it.
+        trace_context: false,
     })
 }
 

@@ -61,6 +61,8 @@ struct Entry {
     oauth2: Option<Spanned<OAuth2Entry>>,
     #[serde(default)]
     tls: Option<Spanned<TlsEntry>>,
+    #[serde(default)]
+    trace_context: bool,
 }
 
 /// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
@@ -406,6 +408,7 @@ fn read_entry(
         basic_auth,
         oauth2,
         tls,
+        trace_context: entry.trace_context,
     })
 }
 

@@ -85,6 +85,10 @@ pub struct Subscription {
     pub oauth2: Option<OAuth2>,
     /// A client certificate presented to the endpoint (mutual TLS).
     pub tls: Option<ClientTls>,
+    /// Send the attempt's W3C `traceparent`/`tracestate`, so a receiver that traces sees the
+    /// delivery in its own trace (docs/tracing.md). Off unless asked: it tells the receiver
+    /// the producer's trace id.
+    pub trace_context: bool,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -103,6 +107,7 @@ impl std::fmt::Debug for Subscription {
             .field("basic_auth", &self.basic_auth.as_ref().map(|b| &b.username))
             .field("oauth2", &self.oauth2)
             .field("tls", &self.tls)
+            .field("trace_context", &self.trace_context)
             .finish()
     }
 }
@@ -124,6 +129,7 @@ impl Subscription {
             basic_auth: None,
             oauth2: None,
             tls: None,
+            trace_context: false,
         }
     }
 
