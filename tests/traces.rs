@@ -99,6 +99,43 @@ fn install(traces: &Traces) -> tracing::subscriber::DefaultGuard {
     tracing::subscriber::set_default(subscriber)
 }
 
+/// Log lines written into memory.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn parsed(&self) -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// As [`install`], with the worker's JSON log lines (debug and up) written to `lines`.
+fn install_with_json_logs(traces: &Traces, lines: &Lines) -> tracing::subscriber::DefaultGuard {
+    use tracing_subscriber::Layer as _;
+    let writer = lines.clone();
+    let json = tracing_subscriber::fmt::layer()
+        .json()
+        .with_writer(move || writer.clone())
+        .with_filter(tracing_subscriber::EnvFilter::new("hookrelay=debug"));
+    let subscriber = tracing_subscriber::registry()
+        .with(json)
+        .with(traces.layer());
+    tracing::subscriber::set_default(subscriber)
+}
+
 /// Sends what is queued. Off the runtime's thread: the collector answers on it.
 async fn shut(traces: Traces) {
     tokio::task::spawn_blocking(move || traces.shutdown(Duration::from_secs(5)))
@@ -265,7 +302,8 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
     let collector = Collector::start().await;
     let t = TestLadder::apply("traces-root", &["300ms"], &["300ms", "300ms"]).await;
     let traces = traced(&t.config, &format!("http://{}", collector.addr));
-    let _guard = install(&traces);
+    let lines = Lines::default();
+    let _guard = install_with_json_logs(&traces, &lines);
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
         1 => Reply::Status(500),
@@ -305,6 +343,17 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
         "the first attempt is the root"
     );
     assert_eq!(process[1].parent_span_id, process[0].span_id);
+    // The JSON log line of each attempt carries the ids of the span it was written in.
+    let attempt_lines: Vec<serde_json::Value> = lines
+        .parsed()
+        .into_iter()
+        .filter(|l| l["fields"]["message"] == "Attempt made")
+        .collect();
+    assert_eq!(attempt_lines.len(), 2, "{:?}", lines.parsed());
+    for (line, span) in attempt_lines.iter().zip(&process) {
+        assert_eq!(line["span"]["trace_id"], hex(&span.trace_id), "{line}");
+        assert_eq!(line["span"]["span_id"], hex(&span.span_id), "{line}");
+    }
     // Not opted in: no trace context reached the receiver.
     assert!(
         receiver
@@ -383,4 +432,90 @@ async fn a_collector_that_never_answers_costs_deliveries_nothing() {
     tokio::task::spawn_blocking(move || drop(traces))
         .await
         .unwrap();
+}
+
+/// An OTLP/gRPC collector keeping every span it is sent.
+#[derive(Clone, Default)]
+struct GrpcCollector {
+    spans: Arc<Mutex<Vec<Span>>>,
+    /// Each batch's resource attributes.
+    resources: Arc<Mutex<Vec<HashMap<String, String>>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for GrpcCollector
+{
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut kept = self.spans.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            if let Some(r) = &resource.resource {
+                let as_span = Span {
+                    attributes: r.attributes.clone(),
+                    ..Default::default()
+                };
+                self.resources.lock().unwrap().push(attrs(&as_span));
+            }
+            for scope in resource.scope_spans {
+                kept.extend(scope.spans);
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tokio::test]
+async fn spans_travel_over_grpc_too_with_the_configured_resource() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    let collector = GrpcCollector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(collector.clone()))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    let t = TestLadder::apply("traces-grpc", &["300ms"], &["300ms"]).await;
+    let mut c = t.config.traces.clone();
+    c.endpoint = format!("http://{addr}");
+    c.protocol = OtlpProtocol::Grpc;
+    c.export_interval = Duration::from_millis(50);
+    c.service_name = "relay-eu".into();
+    c.resource_attributes = "deployment.environment=test,team=a%20b".into();
+    let traces = Traces::start(&c).unwrap().unwrap();
+    let _guard = install(&traces);
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    let worker = RunningWorker::start(
+        &t,
+        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
+    )
+    .await;
+    let e = event("evt_grpc", "acme", "sub_a");
+    t.publisher()
+        .await
+        .publish(&t.ladder.ingress(), "acme", &e.body, with_traceparent(&e))
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    worker.stop().await;
+    shut(traces).await;
+    let spans = collector.spans.lock().unwrap().clone();
+    let resources = collector.resources.lock().unwrap().clone();
+    assert!(!resources.is_empty());
+    for r in &resources {
+        assert_eq!(r["service.name"], "relay-eu");
+        assert_eq!(r["deployment.environment"], "test");
+        assert_eq!(r["team"], "a b");
+    }
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.contains(&"POST"), "{names:?}");
+    assert!(spans.iter().all(|s| hex(&s.trace_id) == PRODUCER_TRACE));
 }

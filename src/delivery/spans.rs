@@ -138,7 +138,7 @@ fn record_ids(span: &Span) {
 /// copy settle makes of it (tier, deferral, parking, dead sink, fan-out) then carries it, and
 /// every later attempt joins this trace.
 pub(crate) fn carried(properties: &BasicProperties, span: &Span) -> Option<BasicProperties> {
-    if trace_context::carries_context(properties) {
+    if span.is_disabled() || trace_context::carries_context(properties) {
         return None;
     }
     let cx = span.context();

@@ -9,27 +9,57 @@ use tracing_subscriber::{EnvFilter, Layer as _};
 use crate::config::{Config, LogFormat};
 use crate::observe::traces::{Traces, TracesError};
 
+/// Leaves the delivery spans out of the log lines.
+const HIDE_TRACE_SPANS: &str = "hookrelay::trace=off";
+
 /// Installs the subscriber; the traces to shut down at exit, when on.
 pub fn install(config: &Config) -> Result<Option<Traces>, TracesError> {
     // lapin logs every message the broker returns, body and all, at WARN: a webhook's payload
     // has no place in a log line. hookrelay counts and reports returns itself.
     const QUIET: &str = "lapin::returned_messages=error";
-    let filter = EnvFilter::try_from_default_env()
+    let mut filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(config.log.level.as_str()))
         .unwrap_or_else(|_| EnvFilter::new("info"))
         .add_directive(QUIET.parse().unwrap_or_default());
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    // JSON lines carry the fields of the span they were written in: inside a delivery's span,
-    // its `trace_id` and `span_id`.
-    let lines = match config.log.format {
-        LogFormat::Json => lines.json().with_filter(filter).boxed(),
-        LogFormat::Text => lines.with_filter(filter).boxed(),
-    };
     let traces = Traces::start(&config.traces)?;
+    let json = config.log.format == LogFormat::Json;
+    if !shows_trace_spans(json, traces.is_some()) {
+        filter = filter.add_directive(HIDE_TRACE_SPANS.parse().unwrap_or_default());
+    }
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = if json {
+        lines.json().with_filter(filter).boxed()
+    } else {
+        lines.with_filter(filter).boxed()
+    };
     let spans = traces.as_ref().map(|t| t.layer());
     tracing_subscriber::registry()
         .with(lines)
         .with(spans)
         .init();
     Ok(traces)
+}
+
+/// Whether log lines carry the delivery spans' fields: JSON lines do while traces are on, for
+/// their `trace_id` and `span_id` (`.span.trace_id`). Otherwise the spans would only lengthen
+/// each line, and with traces off cost every delivery their fields for nothing.
+fn shows_trace_spans(json: bool, traces_on: bool) -> bool {
+    json && traces_on
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_lines_with_traces_on_carry_the_delivery_spans() {
+        assert!(shows_trace_spans(true, true));
+        assert!(!shows_trace_spans(true, false));
+        assert!(!shows_trace_spans(false, true));
+        assert!(!shows_trace_spans(false, false));
+        assert_eq!(
+            HIDE_TRACE_SPANS.split('=').next(),
+            Some(crate::observe::traces::SPAN_TARGET)
+        );
+    }
 }
