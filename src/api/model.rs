@@ -64,6 +64,9 @@ pub struct CreateSubscription {
     pub oauth2: Option<OAuth2Input>,
     /// A client certificate presented to the endpoint (mutual TLS); the url must be https://.
     pub tls: Option<TlsInput>,
+    /// Send each attempt's W3C `traceparent` to the endpoint, so a receiver that traces sees
+    /// the delivery in its own trace. Off by default.
+    pub trace_context: Option<bool>,
 }
 
 /// A signature scheme of Standard Webhooks.
@@ -203,6 +206,8 @@ pub struct UpdateSubscription {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsInput>)]
     pub tls: Option<Option<TlsInput>>,
+    /// Whether each attempt's W3C `traceparent` is sent to the endpoint.
+    pub trace_context: Option<bool>,
 }
 
 /// A field that is present, `null` or not: `Some(None)` for `null`, `None` when left out.

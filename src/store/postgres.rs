@@ -257,6 +257,7 @@ impl PgStore {
             basic_auth: sub.basic_auth.clone(),
             oauth2: sub.oauth2.clone(),
             tls: sub.tls.clone(),
+            trace_context: sub.trace_context,
         });
         let request = serde_json::to_value(&request).map_err(|e| {
             StoreError::Interrupted(format!("the request settings of {}: {e}", sub.id))
@@ -508,8 +509,7 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
         basic_auth: parts.basic_auth,
         oauth2: parts.oauth2,
         tls: parts.tls,
-        // Not kept by the store yet: subscriptions from the file may ask for it.
-        trace_context: false,
+        trace_context: parts.trace_context,
     })
 }
 

@@ -263,6 +263,7 @@ fn all_references(sub: &Subscription) -> Vec<(String, SecretRef)> {
             basic_auth: sub.basic_auth.clone(),
             oauth2: sub.oauth2.clone(),
             tls: sub.tls.clone(),
+            trace_context: sub.trace_context,
         })
         .1,
     );
