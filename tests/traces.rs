@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use common::{Counters, RunningWorker, TestLadder, event, secret, subscription};
 use hookrelay::config::{Config, OtlpProtocol};
+use hookrelay::contract::envelope::NewEvent;
 use hookrelay::observe::traces::Traces;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::types::AMQPValue;
@@ -163,7 +164,29 @@ fn attrs(span: &Span) -> HashMap<String, String> {
         .collect()
 }
 
-fn with_traceparent(e: &hookrelay::contract::envelope::NewEvent) -> lapin::BasicProperties {
+/// Publishes `e` with `properties`, waits until `receiver` has taken it, and stops `worker`, so
+/// every span of the delivery has ended.
+async fn deliver(
+    t: &TestLadder,
+    e: &NewEvent,
+    properties: lapin::BasicProperties,
+    receiver: &Receiver,
+    worker: RunningWorker,
+) {
+    t.publisher()
+        .await
+        .publish(&t.ladder.ingress(), &e.tenant, &e.body, properties)
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    worker.stop().await;
+}
+
+fn with_traceparent(e: &NewEvent) -> lapin::BasicProperties {
     let props = e.properties();
     let mut headers = props.headers().clone().unwrap_or_default();
     headers.insert(
@@ -190,17 +213,7 @@ async fn an_event_retried_twice_is_one_trace_under_the_producers_span() {
     sub.trace_context = true;
     let worker = RunningWorker::start(&t, vec![sub]).await;
     let e = event("evt_traced", "acme", "sub_a");
-    let publisher = t.publisher().await;
-    publisher
-        .publish(&t.ladder.ingress(), "acme", &e.body, with_traceparent(&e))
-        .await
-        .unwrap();
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 1)
-            .await
-    );
-    worker.stop().await;
+    deliver(&t, &e, with_traceparent(&e), &receiver, worker).await;
     let dropped = hookrelay::observe::traces::metrics().dropped.clone();
     shut(traces).await;
 
@@ -311,24 +324,10 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
     })
     .await
     .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     // Published without a span: the event comes with no context at all.
     let e = event("evt_rootless", "acme", "sub_a");
-    t.publisher()
-        .await
-        .publish(&t.ladder.ingress(), "acme", &e.body, e.properties())
-        .await
-        .unwrap();
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 1)
-            .await
-    );
-    worker.stop().await;
+    deliver(&t, &e, e.properties(), &receiver, worker).await;
     shut(traces).await;
     let spans = collector.spans();
     let mut process: Vec<&Span> = spans
@@ -388,11 +387,7 @@ async fn a_collector_that_never_answers_costs_deliveries_nothing() {
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(200))
         .await
         .unwrap();
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     const N: usize = 300;
     let run = |from: usize| {
         let t = &t;
@@ -488,23 +483,9 @@ async fn spans_travel_over_grpc_too_with_the_configured_resource() {
     let _guard = install(&traces);
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
-    let worker = RunningWorker::start(
-        &t,
-        vec![subscription("sub_a", "acme", &receiver.url("/"), &s)],
-    )
-    .await;
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let e = event("evt_grpc", "acme", "sub_a");
-    t.publisher()
-        .await
-        .publish(&t.ladder.ingress(), "acme", &e.body, with_traceparent(&e))
-        .await
-        .unwrap();
-    assert!(
-        receiver
-            .wait_until(WAIT, |r| r.delivered_count() == 1)
-            .await
-    );
-    worker.stop().await;
+    deliver(&t, &e, with_traceparent(&e), &receiver, worker).await;
     shut(traces).await;
     let spans = collector.spans.lock().unwrap().clone();
     let resources = collector.resources.lock().unwrap().clone();

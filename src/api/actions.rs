@@ -217,11 +217,7 @@ pub async fn send_test(
         timestamp: None,
         body: serde_json::to_vec(&body).map_err(ApiError::internal)?,
     };
-    let envelope_id = {
-        use tracing::Instrument as _;
-        let span = crate::observe::traces::publish_span("ingress", &event.id);
-        state.publish(&event).instrument(span).await?
-    };
+    let envelope_id = state.publish(&event).await?;
     info!(subscription = %id, envelope = %envelope_id, "Sent test event");
     Ok((
         StatusCode::ACCEPTED,

@@ -52,6 +52,16 @@ pub fn parent_of(headers: Option<&FieldTable>) -> Option<opentelemetry::Context>
     cx.span().span_context().is_valid().then_some(cx)
 }
 
+/// The context a `traceparent` value names, if it is valid.
+pub fn parse_traceparent(value: &str) -> Option<opentelemetry::Context> {
+    let mut table = FieldTable::default();
+    table.insert(
+        TRACEPARENT.into(),
+        AMQPValue::LongString(value.trim().into()),
+    );
+    parent_of(Some(&table))
+}
+
 /// Whether the properties carry a valid trace context already.
 pub fn carries_context(properties: &BasicProperties) -> bool {
     parent_of(properties.headers().as_ref()).is_some()
@@ -123,6 +133,12 @@ mod tests {
         assert!(sc.is_sampled());
         assert!(sc.is_remote());
         assert_eq!(sc.trace_state().header(), "ven=1");
+    }
+
+    #[test]
+    fn a_traceparent_given_as_text_is_parsed() {
+        assert!(parse_traceparent(PARENT).is_some());
+        assert!(parse_traceparent("00-abc").is_none());
     }
 
     #[test]
