@@ -11,6 +11,8 @@ use crate::observe::traces::{Traces, TracesError};
 
 /// Leaves the delivery spans out of the log lines.
 const HIDE_TRACE_SPANS: &str = "hookrelay::trace=off";
+/// Keeps them in whatever the level, so a warning's line has the ids too.
+const SHOW_TRACE_SPANS: &str = "hookrelay::trace=info";
 
 /// Installs the subscriber; the traces to shut down at exit, when on.
 pub fn install(config: &Config) -> Result<Option<Traces>, TracesError> {
@@ -23,9 +25,11 @@ pub fn install(config: &Config) -> Result<Option<Traces>, TracesError> {
         .add_directive(QUIET.parse().unwrap_or_default());
     let traces = Traces::start(&config.traces)?;
     let json = config.log.format == LogFormat::Json;
-    if !shows_trace_spans(json, traces.is_some()) {
-        filter = filter.add_directive(HIDE_TRACE_SPANS.parse().unwrap_or_default());
-    }
+    let spans = match shows_trace_spans(json, traces.is_some()) {
+        true => SHOW_TRACE_SPANS,
+        false => HIDE_TRACE_SPANS,
+    };
+    filter = filter.add_directive(spans.parse().unwrap_or_default());
     let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let lines = if json {
         lines.json().with_filter(filter).boxed()
@@ -61,9 +65,16 @@ mod tests {
         assert!(!shows_trace_spans(true, false));
         assert!(!shows_trace_spans(false, true));
         assert!(!shows_trace_spans(false, false));
-        assert_eq!(
-            HIDE_TRACE_SPANS.split('=').next(),
-            Some(crate::observe::traces::SPAN_TARGET)
-        );
+        for directive in [HIDE_TRACE_SPANS, SHOW_TRACE_SPANS] {
+            assert_eq!(
+                directive.split('=').next(),
+                Some(crate::observe::traces::SPAN_TARGET)
+            );
+            assert!(
+                directive
+                    .parse::<tracing_subscriber::filter::Directive>()
+                    .is_ok()
+            );
+        }
     }
 }
