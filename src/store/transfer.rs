@@ -97,6 +97,8 @@ struct EntryOut {
     oauth2: Option<BTreeMap<&'static str, String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tls: Option<BTreeMap<&'static str, String>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    trace_context: bool,
 }
 
 #[derive(Serialize)]
@@ -245,6 +247,7 @@ pub async fn export(
             basic_auth,
             oauth2,
             tls,
+            trace_context: sub.trace_context,
         });
     }
     Ok(toml::to_string(&FileOut { subscription: out })?)
