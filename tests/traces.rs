@@ -245,6 +245,7 @@ async fn an_event_retried_twice_is_one_trace_under_the_producers_span() {
         assert_eq!(a["messaging.system"], "rabbitmq");
         assert_eq!(a["messaging.operation.type"], "process");
         assert_eq!(a["messaging.message.id"], "evt_traced");
+        assert_eq!(a["hookrelay.subscription"], "sub_a");
     }
     let process_ids: Vec<Vec<u8>> = process.iter().map(|p| p.span_id.clone()).collect();
     let mut statuses = Vec::new();

@@ -220,6 +220,7 @@ impl Dispatcher {
             Route::Settle(outcome) => return Attempted::without_attempt(outcome),
             Route::Attempt(sub) => sub,
         };
+        tracing::Span::current().record("hookrelay.subscription", sub.id.as_str());
         let endpoint = envelope::endpoint_fingerprint(&sub.url);
         if let Some(previous) = &envelope.last_endpoint
             && *previous != endpoint
