@@ -1,12 +1,11 @@
-//! The `hookrelay` binary: parse the command line, load configuration, start tracing, run the
-//! command, map errors to exit codes.
+//! The `hookrelay` binary: parse the command line, load configuration, start logs and traces,
+//! run the command, map errors to exit codes.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use hookrelay::cli::{self, Cli};
-use hookrelay::config::{Config, LogFormat, ProcessEnv};
-use tracing_subscriber::EnvFilter;
+use hookrelay::config::{Config, ProcessEnv};
 
 // Many small allocations per delivery (headers, futures, buffers) across threads: mimalloc's
 // per-thread heaps cost less than glibc's arenas here (see docs/performance.md).
@@ -22,21 +21,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // lapin logs every message the broker returns, body and all, at WARN: a webhook's payload
-    // has no place in a log line. hookrelay counts and reports returns itself.
-    const QUIET: &str = "lapin::returned_messages=error";
-    let level = config.log.level.as_str();
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"))
-        .add_directive(QUIET.parse().unwrap_or_default());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => logs.json().init(),
-        LogFormat::Text => logs.init(),
-    }
+    let traces = match hookrelay::observe::logs::install(&config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: traces: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -44,11 +35,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(cli.command, config)) {
+    let code = match runtime.block_on(cli::run(cli.command, config)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    };
+    // The last spans: sent, or given up on after a short wait.
+    if let Some(traces) = traces {
+        traces.shutdown(std::time::Duration::from_secs(5));
     }
+    code
 }

@@ -78,6 +78,7 @@ fn exported() -> Exported {
         m.subscription_reloads,
         m.endpoint_quarantined,
         m.cache_entries,
+        m.trace_spans_dropped,
     );
     let h = HistoryMetrics::new();
     touch!(h.records, h.skipped, h.batches, h.offset, h.lag, h.delay);

@@ -405,3 +405,79 @@ async fn a_return_is_attributed_to_its_message_among_many_in_flight_on_one_chann
     let routed = results.iter().filter(|(i, _)| i % 3 != 0).count() as u32;
     assert_eq!(t.depth(&dead).await, routed);
 }
+
+/// The `traceparent` header of each message on the first lane, in order.
+async fn traceparents(t: &TestLadder) -> Vec<Option<String>> {
+    t.take_all(&t.ladder.first_lane())
+        .await
+        .iter()
+        .map(|m| {
+            hookrelay::contract::headers::read_str_header(&m.delivery.properties, "traceparent")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_cli_carries_a_given_traceparent_and_starts_a_trace_when_traces_are_on() {
+    const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let t = TestLadder::apply("cli-trace", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let data = ["--data", r#"{"n":1}"#];
+    // Traces off: the given traceparent goes as it is, and none is made up.
+    let out = publish(&ladder, &[&data[..], &["--traceparent", GIVEN]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(publish(&ladder, &data).status.success());
+    assert!(
+        !publish(
+            &ladder,
+            &[&data[..], &["--traceparent", "00-nope"]].concat()
+        )
+        .status
+        .success()
+    );
+    assert_eq!(traceparents(&t).await, vec![Some(GIVEN.to_owned()), None]);
+
+    // Traces on (a collector that is not there: publishing does not wait for it).
+    let traced = |extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookrelay"));
+        cmd.arg("publish")
+            .arg("--ladder")
+            .arg(&ladder)
+            .args([
+                "--tenant",
+                "acme",
+                "--type",
+                "order.paid",
+                "--subscription",
+                "sub_a",
+            ])
+            .args(data)
+            .args(extra)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    traced(&["--traceparent", GIVEN]);
+    traced(&[]);
+    let seen = traceparents(&t).await;
+    assert_eq!(seen.len(), 2);
+    let child: Vec<&str> = seen[0].as_deref().unwrap().split('-').collect();
+    // The producer's trace, with the publish span as the parent of what follows.
+    assert_eq!(child[1], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_ne!(child[2], "00f067aa0ba902b7");
+    let started = seen[1].as_deref().expect("a trace started");
+    assert!(
+        hookrelay::contract::trace_context::parse_traceparent(started).is_some(),
+        "{started}"
+    );
+}

@@ -135,7 +135,7 @@ enabled = false
     // by a worker as the file says them.
     let with_auth = format!(
         "{text}\n[[subscription]]\nid = \"d\"\ntenant = \"acme\"\nurl = \"https://hooks.example.com/d\"\n\
-         secrets = [\"env:D\"]\nheaders = {{ \"X-Team\" = \"orders\", \"X-Key\" = {{ secret = \"env:D_KEY\" }} }}\n\
+         secrets = [\"env:D\"]\ntrace_context = true\nheaders = {{ \"X-Team\" = \"orders\", \"X-Key\" = {{ secret = \"env:D_KEY\" }} }}\n\
          tls = {{ cert = \"file:/run/d.pem\", key = \"file:/run/d.key\" }}\n\
          [subscription.oauth2]\ntoken_url = \"https://idp.example.com/token\"\nclient_id = \"d\"\n\
          client_secret = \"env:D_OAUTH\"\nscope = \"hooks\"\n"
@@ -145,6 +145,7 @@ enabled = false
     assert_eq!((report.created, report.unchanged), (1, 3));
     let (stored, _) = store.load_all().await.unwrap();
     assert_eq!(stored.get("d"), with_auth.get("d"));
+    assert!(stored.get("d").unwrap().trace_context);
     let again = transfer::import(&store, &with_auth, || {}).await.unwrap();
     assert_eq!(again.unchanged, 4, "importing it twice changes nothing");
     let exported = transfer::export(&store, &Keyring::empty(), None)

@@ -68,6 +68,9 @@ pub struct CreateSubscription {
     /// (docs/subscriptions.md). Absent or null: every event.
     #[schema(value_type = Option<Object>, example = json!({"data.amount": {"$gt": 100}, "data.country": {"$in": ["DE", "FR"]}}))]
     pub filter: Option<serde_json::Value>,
+    /// Send each attempt's W3C `traceparent` to the endpoint, so a receiver that traces sees
+    /// the delivery in its own trace. Off by default.
+    pub trace_context: Option<bool>,
 }
 
 /// A signature scheme of Standard Webhooks.
@@ -211,6 +214,8 @@ pub struct UpdateSubscription {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
     pub filter: Option<Option<serde_json::Value>>,
+    /// Whether each attempt's W3C `traceparent` is sent to the endpoint.
+    pub trace_context: Option<bool>,
 }
 
 /// A field that is present, `null` or not: `Some(None)` for `null`, `None` when left out.

@@ -596,8 +596,30 @@ impl Publisher {
         event: &NewEvent,
         max_body: usize,
     ) -> Result<String, PublishError> {
+        self.publish_event_in(ingress, event, max_body, None).await
+    }
+
+    /// As [`Publisher::publish_event`], in the trace of `parent` (a producer's `traceparent`)
+    /// when given. The current span's context (the caller's publish span, when traces are on)
+    /// goes with the event; without traces, `parent` as given.
+    pub async fn publish_event_in(
+        &self,
+        ingress: &str,
+        event: &NewEvent,
+        max_body: usize,
+        parent: Option<&opentelemetry::Context>,
+    ) -> Result<String, PublishError> {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
         event.validate(max_body)?;
-        self.publish(ingress, &event.tenant, &event.body, event.properties())
+        let current = tracing::Span::current().context();
+        let cx = match parent {
+            Some(parent) if !current.span().span_context().is_valid() => parent,
+            _ => &current,
+        };
+        let properties =
+            crate::contract::trace_context::with_context_if_absent(event.properties(), cx);
+        self.publish(ingress, &event.tenant, &event.body, properties)
             .await?;
         Ok(event.id.clone())
     }

@@ -479,6 +479,10 @@ pub struct PublishArgs {
     /// Read the JSON body from this file.
     #[arg(long)]
     pub file: Option<PathBuf>,
+    /// The W3C traceparent of the producer's span (`00-<trace id>-<span id>-<flags>`): the
+    /// event's spans join that trace. Without it, a trace starts here when traces are on.
+    #[arg(long, value_name = "TRACEPARENT")]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use tracing::Instrument as _;
 
 use super::args::PublishArgs;
 use super::common::load_ladder;
@@ -40,6 +41,19 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
     event
         .validate(config.limits.max_body_bytes)
         .context("not published")?;
+    let parent = match &args.traceparent {
+        None => None,
+        Some(value) => Some(
+            crate::contract::trace_context::parse_traceparent(value)
+                .context("--traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")?,
+        ),
+    };
+    let span = crate::observe::traces::publish_span(&ladder.ingress(), &event.id);
+    if let Some(parent) = &parent {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        // Fails only without traces, when the traceparent goes with the event as given.
+        let _ = span.set_parent(parent.clone());
+    }
     let published = async {
         let publisher = Publisher::connect(
             &config.amqp.url,
@@ -48,11 +62,17 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
         )
         .await?;
         let id = publisher
-            .publish_event(&ladder.ingress(), &event, config.limits.max_body_bytes)
+            .publish_event_in(
+                &ladder.ingress(),
+                &event,
+                config.limits.max_body_bytes,
+                parent.as_ref(),
+            )
             .await;
         publisher.close().await;
         id
     }
+    .instrument(span)
     .await;
     let id = published.map_err(|e| {
         let context = if e.is_transient() {

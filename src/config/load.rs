@@ -51,6 +51,10 @@ impl Config {
         let mut table = toml::Table::try_from(Config::default()).map_err(|e| {
             ConfigError::invalid("defaults", format!("cannot serialise defaults: {e}"))
         })?;
+        let otel = super::traces::otel_overlay(env)?;
+        if let Some(toml::Value::Table(traces)) = table.get_mut("traces") {
+            merge(traces, otel);
+        }
         let file = file
             .map(Path::to_path_buf)
             .or_else(|| env.var(CONFIG_VAR).map(PathBuf::from));

@@ -1,4 +1,5 @@
-//! Typed configuration: embedded defaults, then a TOML file, then `HOOKRELAY_*` environment
+//! Typed configuration: embedded defaults, then the standard `OTEL_*` variables (for
+//! `[traces]`), then a TOML file, then `HOOKRELAY_*` environment
 //! variables, then [`Config::validate`] for the rules that span fields.
 //!
 //! Every setting `key` of section `[section]` can be overridden by `HOOKRELAY_<SECTION>_<KEY>`;
@@ -12,11 +13,13 @@
 //! - [`reference`]: where a secret named in configuration lives.
 //! - [`url`]: URLs that may carry credentials, and how any URL is shown.
 //! - [`source`]: where subscriptions are kept, as the `subscriptions` setting says.
+//! - [`traces`]: where spans go, from `[traces]` or the standard `OTEL_*` variables.
 
 mod load;
 mod reference;
 mod sections;
 mod source;
+mod traces;
 mod url;
 mod validate;
 
@@ -28,6 +31,7 @@ pub use load::{Env, ProcessEnv};
 pub use reference::{ReferenceError, SecretSource};
 pub use sections::*;
 pub use source::Source;
+pub use traces::{OtlpProtocol, TraceSampler, TracesConfig};
 pub use url::{SecretUrl, shown_url};
 
 /// What went wrong while loading or validating configuration. Every variant names its source.

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{SecretUrl, Source};
+use super::{SecretUrl, Source, TracesConfig};
 use crate::units::Rate;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +32,7 @@ pub struct Config {
     pub endpoints: EndpointConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub traces: TracesConfig,
     pub api: ApiConfig,
     pub history: HistoryConfig,
 }
@@ -54,6 +55,7 @@ impl Default for Config {
             endpoints: EndpointConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            traces: TracesConfig::default(),
             api: ApiConfig::default(),
             history: HistoryConfig::default(),
         }

@@ -9,6 +9,7 @@ impl Config {
     /// Rules that span fields. Called by [`Config::load`]; call it again after editing a config
     /// in code.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.traces.validate()?;
         self.amqp
             .url
             .expose()

@@ -93,8 +93,10 @@ pub const MAX_SMALL_HEADER_BYTES: usize = 1024;
 
 /// Headers that are short by nature, each held to [`MAX_SMALL_HEADER_BYTES`] rather than
 /// counted in the producer's share: hookrelay's own and `x-subscription`, which copies add or
-/// rewrite.
-const SMALL_HEADERS: [&str; 18] = [
+/// rewrite, and `traceparent`, which a worker adds to an event that came without one (so a copy
+/// of an event whose own headers fill their share still fits).
+const SMALL_HEADERS: [&str; 19] = [
+    crate::contract::trace_context::TRACEPARENT,
     SUBSCRIPTION_HEADER,
     SHARD_HEADER,
     DEFERRALS_HEADER,
@@ -675,6 +677,65 @@ mod tests {
     use super::*;
     use crate::contract::envelope::Envelope;
     use crate::contract::envelope::tests::event;
+
+    #[test]
+    fn every_copy_carries_the_trace_context() {
+        use crate::contract::trace_context::{TRACEPARENT, TRACESTATE, parent_of};
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = FieldTable::default();
+        put_str(&mut h, TRACEPARENT, parent);
+        put_str(&mut h, TRACESTATE, "ven=1");
+        let original = event().properties().with_headers(h);
+        let dead = dead_properties(
+            &original,
+            &DeadLetter {
+                reason: "exhausted",
+                error: "HTTP 503",
+                status: Some(503),
+                attempts_made: 3,
+                tenant: Some("acme"),
+            },
+        );
+        let deferrals = Deferrals {
+            count: 1,
+            first_try_ms: None,
+            busy: 1,
+            waiting_since_ms: Some(1),
+        };
+        let retried = retry_properties(&original, "acme", 1, 9, "HTTP 503", None, None);
+        let copies = [
+            ("retry", retried.clone()),
+            ("deferral", with_deferrals(retried, deferrals)),
+            ("redrive", redrive_properties(&dead)),
+            ("dead", dead),
+            ("parked", parked_properties(&original, "acme", 5)),
+            (
+                "returned",
+                returned_properties(&parked_properties(&original, "acme", 5), 9),
+            ),
+            (
+                "fan-out",
+                fanout_properties(
+                    &original,
+                    &crate::contract::envelope::derived_id("evt_1", "sub_a"),
+                    "sub_a",
+                    "evt_1",
+                ),
+            ),
+            ("shard", with_shard(original.clone(), Some(2))),
+        ];
+        for (copy, props) in copies {
+            let cx = parent_of(props.headers().as_ref()).unwrap_or_else(|| panic!("{copy}"));
+            let span = opentelemetry::trace::TraceContextExt::span(&cx);
+            let sc = span.span_context();
+            assert_eq!(
+                sc.trace_id().to_string(),
+                "4bf92f3577b34da6a3ce929d0e0e4736",
+                "{copy}"
+            );
+            assert_eq!(sc.trace_state().header(), "ven=1", "{copy}");
+        }
+    }
 
     #[test]
     fn a_retry_with_its_deferrals_in_one_pass_carries_what_the_two_steps_give() {

@@ -8,9 +8,11 @@
 //! - [`retention`]: the ladder's two streams (the archive of accepted events, the attempt log)
 //!   and how long the broker keeps what they hold.
 //! - [`signing`]: the Standard Webhooks signature a receiver verifies.
+//! - [`trace_context`]: the W3C trace context an event carries, read and written.
 
 pub mod envelope;
 pub mod headers;
 pub mod ladder;
 pub mod retention;
 pub mod signing;
+pub mod trace_context;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
@@ -22,6 +22,7 @@ use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
 use crate::delivery::settle::{Settlement, Settler};
+use crate::delivery::spans;
 use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
 
@@ -117,6 +118,14 @@ impl Dispatcher {
         let gauge = lane.metrics.in_flight.clone();
         gauge.inc();
         let _in_flight = InFlight(gauge);
+        let span = spans::process(&lane, &delivery.properties);
+        self.process(lane, delivery, lease_end)
+            .instrument(span)
+            .await;
+    }
+
+    async fn process(&self, lane: Arc<Lane>, delivery: Delivery, lease_end: tokio::time::Instant) {
+        let span = tracing::Span::current();
         let Delivery {
             properties,
             routing_key,
@@ -129,6 +138,9 @@ impl Dispatcher {
         let (envelope, attempted) =
             match Envelope::from_delivery(&properties, routing_key.as_str(), &body, max_body) {
                 Ok(envelope) => {
+                    span.record("messaging.message.id", envelope.id.as_str());
+                    span.record("hookrelay.tenant", envelope.tenant.as_str());
+                    span.record("hookrelay.attempt", envelope.attempts_made + 1);
                     self.observe_head(&lane, &properties, &envelope);
                     let attempted = self.attempt(&lane, &envelope, &body).await;
                     (Some(envelope), attempted)
@@ -141,16 +153,26 @@ impl Dispatcher {
                     (None, Attempted::without_attempt(outcome))
                 }
             };
+        let tier = match &attempted.outcome {
+            Outcome::Retry { tier, .. } => Some(self.ladder.tier(*tier).name.as_str()),
+            _ => None,
+        };
+        span.record("hookrelay.outcome", attempted.outcome.kind());
+        span.record("hookrelay.tier", tier);
+        let settle_span = spans::settle(&lane, &attempted.outcome, tier);
+        // Every copy of a message that came without a trace context carries this one's.
+        let carried = spans::carried(&properties, &span);
         self.settler
             .settle(Settlement {
                 lane: &lane,
                 acker: &acker,
-                properties: &properties,
+                properties: carried.as_ref().unwrap_or(&properties),
                 body: &body,
                 envelope: envelope.as_ref(),
                 attempted,
                 lease_end,
             })
+            .instrument(settle_span)
             .await;
     }
 
@@ -198,6 +220,7 @@ impl Dispatcher {
             Route::Settle(outcome) => return Attempted::without_attempt(outcome),
             Route::Attempt(sub) => sub,
         };
+        tracing::Span::current().record("hookrelay.subscription", sub.id.as_str());
         let endpoint = envelope::endpoint_fingerprint(&sub.url);
         if let Some(previous) = &envelope.last_endpoint
             && *previous != endpoint
@@ -424,6 +447,17 @@ impl Dispatcher {
             timestamp,
             body,
         );
+        let attempt_span = spans::attempt(&sub.url, envelope.attempts_made + 1);
+        if sub.trace_context {
+            for (name, value) in spans::webhook_headers(&attempt_span) {
+                if let (Ok(name), Ok(value)) = (
+                    reqwest::header::HeaderName::from_bytes(name.as_bytes()),
+                    reqwest::header::HeaderValue::from_str(&value),
+                ) {
+                    extra.push((name, value));
+                }
+            }
+        }
         let report = self
             .http
             .send(WebhookRequest {
@@ -436,7 +470,10 @@ impl Dispatcher {
                 extra,
                 client_tls,
             })
+            .instrument(attempt_span.clone())
             .await;
+        spans::attempt_result(&attempt_span, &report.result);
+        drop(attempt_span);
         let mut report = report;
         if let (Some(token), AttemptResult::Response { status: 401, .. }) = (&token, &report.result)
         {

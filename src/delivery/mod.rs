@@ -5,6 +5,7 @@
 //!   it has consumed.
 //! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
 //! - [`route`]: the pure decision, before the attempt and after it.
+//! - [`spans`]: the delivery's trace spans: process, attempt, settle.
 //! - [`settle`]: what replaces a delivery, confirmed before the ack, and the settler that
 //!   publishes it.
 //! - [`health`]: the endpoints' health signals reported: events, gauges, failing endpoints'
@@ -31,5 +32,6 @@ pub mod parking;
 pub mod poll;
 pub mod route;
 pub mod settle;
+pub(crate) mod spans;
 pub mod sweep;
 pub mod worker;

@@ -92,6 +92,11 @@ pub struct Metrics {
     /// `endpoint_health`, `endpoint_limits`, `host_limits`, `lane_limits`, `endpoint_rates`):
     /// each follows the subscriptions and endpoints in use, not every one ever seen.
     pub cache_entries: IntGaugeVec,
+    /// Spans not exported, by reason; shared by every worker of the process, as the tracer
+    /// provider is ([`crate::observe::traces`]).
+    pub trace_spans_dropped: IntCounterVec,
+    /// Spans the collector took.
+    pub trace_spans_exported: IntCounter,
 }
 
 /// The most labelled series `hookrelay_endpoint_quarantined` holds at once.
@@ -133,7 +138,9 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 33] = [
+    let collectors: [&dyn Collector; 35] = [
+        &m.trace_spans_dropped,
+        &m.trace_spans_exported,
         &m.cache_entries,
         &m.subscription_store_up,
         &m.subscription_store_synced,
@@ -434,6 +441,8 @@ impl Metrics {
                 "Entries the worker keeps in memory, by cache; each follows the subscriptions and endpoints in use",
                 &["cache"],
             ),
+            trace_spans_dropped: register(&r, super::traces::metrics().dropped.clone()),
+            trace_spans_exported: register(&r, super::traces::metrics().exported.clone()),
             registry: r,
         }
     }

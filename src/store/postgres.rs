@@ -257,6 +257,7 @@ impl PgStore {
             basic_auth: sub.basic_auth.clone(),
             oauth2: sub.oauth2.clone(),
             tls: sub.tls.clone(),
+            trace_context: sub.trace_context,
         });
         let request = serde_json::to_value(&request).map_err(|e| {
             StoreError::Interrupted(format!("the request settings of {}: {e}", sub.id))
@@ -522,6 +523,7 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
         oauth2: parts.oauth2,
         tls: parts.tls,
         payload_filter,
+        trace_context: parts.trace_context,
     })
 }
 

@@ -40,6 +40,9 @@ pub struct StoredRequest {
     pub oauth2: Option<StoredOAuth2>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<StoredTls>,
+    /// Send the attempt's W3C `traceparent` to the endpoint (docs/tracing.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trace_context: bool,
 }
 
 /// A header: its value, or `secret: true` when the value is secret (never shown).
@@ -84,6 +87,7 @@ pub struct RequestParts {
     pub basic_auth: Option<BasicAuth>,
     pub oauth2: Option<OAuth2>,
     pub tls: Option<ClientTls>,
+    pub trace_context: bool,
 }
 
 impl StoredRequest {
@@ -94,7 +98,10 @@ impl StoredRequest {
     /// The settings of a subscription, and its secrets by purpose.
     pub fn of(parts: &RequestParts) -> (Self, Vec<(String, SecretRef)>) {
         let mut secrets = Vec::new();
-        let mut stored = Self::default();
+        let mut stored = Self {
+            trace_context: parts.trace_context,
+            ..Self::default()
+        };
         for h in &parts.headers {
             let header = match &h.value {
                 HeaderValueSpec::Static(v) => StoredHeader {
@@ -151,7 +158,10 @@ impl StoredRequest {
                 .cloned()
                 .ok_or_else(|| AssembleError::NoSecret(purpose.to_owned()))
         };
-        let mut parts = RequestParts::default();
+        let mut parts = RequestParts {
+            trace_context: self.trace_context,
+            ..RequestParts::default()
+        };
         for (name, header) in &self.headers {
             // Refused on every write since it was reserved; a row stored before keeps delivering
             // (left out, its deliveries would be cancelled as deleted), without the header.
@@ -257,6 +267,7 @@ mod tests {
                 },
             ],
             basic_auth: None,
+            trace_context: true,
             oauth2: Some(OAuth2 {
                 token_url: "https://idp.example/token".parse().unwrap(),
                 client_id: "c".into(),

@@ -100,6 +100,8 @@ struct EntryOut {
     /// TOML has no null: a filter comparing with `null` cannot be exported (an error says so).
     #[serde(skip_serializing_if = "Option::is_none")]
     filter: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    trace_context: bool,
 }
 
 #[derive(Serialize)]
@@ -249,6 +251,7 @@ pub async fn export(
             oauth2,
             tls,
             filter: sub.payload_filter.as_ref().map(|f| f.as_json().clone()),
+            trace_context: sub.trace_context,
         });
     }
     Ok(toml::to_string(&FileOut { subscription: out })?)
@@ -267,6 +270,7 @@ fn all_references(sub: &Subscription) -> Vec<(String, SecretRef)> {
             basic_auth: sub.basic_auth.clone(),
             oauth2: sub.oauth2.clone(),
             tls: sub.tls.clone(),
+            trace_context: sub.trace_context,
         })
         .1,
     );

@@ -64,6 +64,8 @@ struct Entry {
     /// A payload filter (docs/subscriptions.md), e.g. `{ "data.amount" = { "$gt" = 100 } }`.
     #[serde(default)]
     filter: Option<Spanned<serde_json::Value>>,
+    #[serde(default)]
+    trace_context: bool,
 }
 
 /// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
@@ -419,6 +421,7 @@ fn read_entry(
         oauth2,
         tls,
         payload_filter,
+        trace_context: entry.trace_context,
     })
 }
 

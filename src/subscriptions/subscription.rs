@@ -87,6 +87,10 @@ pub struct Subscription {
     pub tls: Option<ClientTls>,
     /// Which events of its types it is sent, by their payload; `None`: all.
     pub payload_filter: Option<PayloadFilter>,
+    /// Send the attempt's W3C `traceparent`/`tracestate`, so a receiver that traces sees the
+    /// delivery in its own trace (docs/tracing.md). Off unless asked: it tells the receiver
+    /// the producer's trace id.
+    pub trace_context: bool,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -109,6 +113,7 @@ impl std::fmt::Debug for Subscription {
                 "payload_filter",
                 &self.payload_filter.as_ref().map(|f| f.as_json()),
             )
+            .field("trace_context", &self.trace_context)
             .finish()
     }
 }
@@ -131,6 +136,7 @@ impl Subscription {
             oauth2: None,
             payload_filter: None,
             tls: None,
+            trace_context: false,
         }
     }
 

@@ -351,6 +351,7 @@ pub async fn create(
     let description = req.description.unwrap_or_default();
     self::description(&description, &mut problems);
     let mut request = (StoredRequest::default(), Vec::new());
+    request.0.trace_context = req.trace_context.unwrap_or(false);
     if let Some(raw) = &req.headers {
         headers(raw, &mut problems, &mut request);
     }
@@ -422,6 +423,9 @@ pub async fn update(
         current.payload_filter = filter
             .as_ref()
             .and_then(|raw| payload_filter(raw, &mut problems));
+    }
+    if let Some(trace_context) = req.trace_context {
+        current.request.trace_context = trace_context;
     }
     if let Some(n) = req.max_concurrent {
         current.max_concurrent = n.and_then(|n| max_concurrent(n, &mut problems));
@@ -570,7 +574,21 @@ mod tests {
             oauth2: None,
             tls: None,
             filter: None,
+            trace_context: None,
         }
+    }
+
+    #[tokio::test]
+    async fn trace_context_is_off_unless_asked() {
+        let url = "https://93.184.216.34/hook";
+        let plain = create(request(url), &Scope::Admin, &egress())
+            .await
+            .unwrap();
+        assert!(!plain.request.trace_context);
+        let mut asked = request(url);
+        asked.trace_context = Some(true);
+        let on = create(asked, &Scope::Admin, &egress()).await.unwrap();
+        assert!(on.request.trace_context);
     }
 
     #[tokio::test]
