@@ -57,6 +57,10 @@ pub struct Metrics {
     pub reconnects: IntCounter,
     /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
     pub subscription_reloads: IntCounterVec,
+    /// Events whose payload their type's schema refused, by mode (`enforce`: dead-lettered,
+    /// `warn`: delivered) and event type: the type's name when the catalog lists it (a bounded
+    /// set), else `unlisted`, so a producer's made-up types add no series.
+    pub schema_invalid: IntCounterVec,
     /// 1 while the subscription store answers (always 1 for a file); 0 while the worker
     /// delivers on its last snapshot of a PostgreSQL store that does not answer.
     pub subscription_store_up: IntGauge,
@@ -127,7 +131,7 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 31] = [
+    let collectors: [&dyn Collector; 32] = [
         &m.cache_entries,
         &m.subscription_store_up,
         &m.subscription_store_synced,
@@ -156,6 +160,7 @@ pub fn metric_names() -> Vec<String> {
         &m.republish_failures,
         &m.reconnects,
         &m.subscription_reloads,
+        &m.schema_invalid,
         &m.notices_dropped,
         &m.notices_failed,
         &m.notices_unroutable,
@@ -323,6 +328,12 @@ impl Metrics {
                 "hookrelay_subscription_reloads_total",
                 "Changed subscriptions files looked at, by result (applied, refused)",
                 &["result"],
+            ),
+            schema_invalid: counters(
+                &r,
+                "hookrelay_schema_invalid_total",
+                "Events their type's schema refused, by event type (listed ones; else unlisted) and mode (enforce, warn)",
+                &["event_type", "mode"],
             ),
             subscription_store_up: {
                 let g = register(
