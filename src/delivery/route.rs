@@ -1046,7 +1046,7 @@ mod tests {
                     example: serde_json::json!({"amount": 1}),
                 }],
             };
-            let (catalog, _) = Catalog::compile(&[order.clone()], ValidationMode::Off);
+            let (catalog, _) = Catalog::compile(std::slice::from_ref(&order), ValidationMode::Off);
             let bad = br#"{"total":1}"#;
             for fresh in [envelope(None), envelope(Some("s1"))] {
                 assert_eq!(

@@ -13,7 +13,8 @@ use prometheus::{
 pub struct Metrics {
     pub registry: Registry,
     /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, `exhausted`,
-    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `fanned_out`, `parked`).
+    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `schema_invalid`,
+    /// `fanned_out`, `parked`).
     pub outcomes: IntCounterVec,
     /// Retries by the tier they were sent to.
     pub retries: IntCounterVec,

@@ -17,7 +17,7 @@ use crate::web::page::{PageError, Site, layout};
 use crate::web::session::Visitor;
 
 /// Outcomes offered in the filter (the API takes any; these are the common ones).
-const OUTCOMES: [&str; 10] = [
+const OUTCOMES: [&str; 11] = [
     "delivered",
     "retried",
     "rejected",
@@ -26,6 +26,7 @@ const OUTCOMES: [&str; 10] = [
     "gone",
     "egress_denied",
     "horizon_expired",
+    "schema_invalid",
     "deleted",
     "filtered",
 ];
