@@ -3098,6 +3098,14 @@ async fn the_catalog_is_written_by_admins_read_by_tenants_and_refuses_hostile_sc
     )
     .await
     .refused("name", "");
+    api.call(
+        Method::PUT,
+        "/v1/event-types/order.nul",
+        ADMIN,
+        Some(json!({"description": "a\u{0}b", "schema": {}, "example": null})),
+    )
+    .await
+    .refused("description", "control characters");
     assert_eq!(api.db.count("event_types").await, 1);
     assert_eq!(api.db.count("event_type_versions").await, 2);
 

@@ -31,10 +31,8 @@ pub struct SchemaVersionView {
     /// 1 for the first; each new schema or example is the next.
     pub version: u32,
     /// A JSON Schema, draft 2020-12.
-    #[schema(value_type = Object)]
     pub schema: serde_json::Value,
     /// A payload the schema accepts.
-    #[schema(value_type = Object)]
     pub example: serde_json::Value,
 }
 
@@ -77,10 +75,8 @@ pub struct PutEventType {
     pub deprecated: bool,
     /// A JSON Schema, draft 2020-12: at most 64 KiB, 32 levels deep, 1,000 values an `enum`;
     /// `$ref` only within itself (`#...`).
-    #[schema(value_type = Object)]
     pub schema: serde_json::Value,
     /// A payload the schema must accept.
-    #[schema(value_type = Object)]
     pub example: serde_json::Value,
 }
 
@@ -123,7 +119,7 @@ fn refused(e: CatalogError) -> ApiError {
     let field = match &e {
         CatalogError::Name(_) => "name",
         CatalogError::Mode(_) => "mode",
-        CatalogError::Description => "description",
+        CatalogError::Description | CatalogError::DescriptionControl => "description",
         CatalogError::Versions | CatalogError::NoVersion => "versions",
         CatalogError::Schema(_) => "schema",
         CatalogError::Example { .. } => "example",

@@ -112,6 +112,8 @@ pub enum CatalogError {
     Mode(String),
     #[error("description: longer than {MAX_DESCRIPTION_CHARS} characters")]
     Description,
+    #[error("description: control characters are not allowed")]
+    DescriptionControl,
     #[error("versions: a type keeps at most {MAX_VERSIONS}")]
     Versions,
     #[error("versions: a type has at least one (a schema and its example)")]
@@ -136,6 +138,13 @@ pub fn check_version(
 ) -> Result<(), CatalogError> {
     if description.chars().count() > MAX_DESCRIPTION_CHARS {
         return Err(CatalogError::Description);
+    }
+    // PostgreSQL text holds no NUL; other control characters have no place in a label either.
+    if description
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(CatalogError::DescriptionControl);
     }
     let validator = schema::compile(schema)?;
     if let Some(violation) = Violation::first(&validator, example) {
