@@ -38,9 +38,8 @@ pub enum Verdict {
     /// Not validated: its mode is `off`.
     Unchecked,
     Valid,
-    /// Refused by its schema. `listed`: its type is in the catalog (so its name is a bounded
-    /// label); an unlisted type is refused only when the default mode says so, and an unlisted
-    /// type has no schema, so that can only be a payload that is not JSON.
+    /// Refused by its schema, or, for a type the catalog does not list (`listed` false: its
+    /// name is no bounded label), refused for that alone when `catalog.unlisted` validates.
     Invalid {
         mode: ValidationMode,
         listed: bool,
@@ -148,7 +147,10 @@ impl Catalog {
             }
         };
         let Some(validator) = validator else {
-            return Verdict::Valid;
+            return invalid(Violation {
+                pointer: String::new(),
+                message: format!("event type {event_type:?} is not in the catalog"),
+            });
         };
         match Violation::first(validator, &payload) {
             None => Verdict::Valid,
@@ -225,7 +227,14 @@ mod tests {
         assert_eq!(c.check("order.other", b"[1"), Verdict::Unchecked);
         let (c, _) = Catalog::compile(&[order(ValidationMode::Off)], ValidationMode::Warn);
         assert_eq!(c.check("order.paid", b"{}"), Verdict::Unchecked);
-        assert_eq!(c.check("order.other", b"{}"), Verdict::Valid);
+        assert!(matches!(
+            c.check("order.other", b"{}"),
+            Verdict::Invalid {
+                mode: ValidationMode::Warn,
+                listed: false,
+                ..
+            }
+        ));
     }
 
     #[test]

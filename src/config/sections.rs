@@ -259,7 +259,8 @@ impl Default for StoreConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct CatalogConfig {
     /// What a worker does with events of a type the catalog does not list: `off` (the
-    /// default), `warn` (deliver, count, report what is not JSON) or `enforce`.
+    /// default), `warn` (deliver, count and report each) or `enforce` (dead-letter each
+    /// `schema_invalid`: only listed types are delivered).
     pub unlisted: crate::catalog::ValidationMode,
     /// How often a worker that follows PostgreSQL looks for a changed catalog (one small
     /// query); one that reads the file reloads it with the subscriptions.
