@@ -16,6 +16,8 @@
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, progress.
+//! - [`catalog`]: the event types producers promise: a JSON Schema per version, an example, a
+//!   validation mode; compiled once per change, and the verdict on one event.
 //! - [`subscriptions`]: who receives what: the file, secret references and their sealing, the
 //!   version in force.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets;
@@ -34,6 +36,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod contract;

@@ -2968,3 +2968,149 @@ async fn a_sealed_value_opens_only_in_its_own_row_field_and_tenant() {
     assert!(!gone.body.to_string().contains(secret), "{}", gone.body);
     api.stop().await;
 }
+
+/// The catalog of event types: an admin writes it (a new schema is a new version), every
+/// token reads it, a tenant's write is 403, unknown names are 404, and hostile schemas and
+/// examples their schema refuses are 422 naming the field. Nothing is fetched: the remote
+/// `$ref` points at an address that would not answer.
+#[tokio::test]
+async fn the_catalog_is_written_by_admins_read_by_tenants_and_refuses_hostile_schemas() {
+    let api = Api::start().await;
+    let path = "/v1/event-types/order.paid";
+    let body = |schema: Value, example: Value| json!({"description": "An order was paid", "mode": "enforce", "schema": schema, "example": example});
+    let schema =
+        json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}});
+    let created = api
+        .call(
+            Method::PUT,
+            path,
+            ADMIN,
+            Some(body(schema.clone(), json!({"id": "o1"}))),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["versions"][0]["version"], 1);
+    // The same schema again changes the type in place; a new one is the next version.
+    let same = api
+        .call(
+            Method::PUT,
+            path,
+            ADMIN,
+            Some(body(schema.clone(), json!({"id": "o1"}))),
+        )
+        .await;
+    assert_eq!(same.status, StatusCode::OK, "{}", same.body);
+    assert_eq!(same.body["versions"].as_array().unwrap().len(), 1);
+    let v2 = json!({"type": "object", "required": ["id", "amount"]});
+    let changed = api
+        .call(
+            Method::PUT,
+            path,
+            ADMIN,
+            Some(body(v2, json!({"id": "o1", "amount": 2}))),
+        )
+        .await;
+    assert_eq!(
+        changed.body["versions"][1]["version"], 2,
+        "{}",
+        changed.body
+    );
+
+    // Tenants read it, and cannot write it.
+    let read = api.call(Method::GET, path, ACME, None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.body["mode"], "enforce");
+    let listed = api.call(Method::GET, "/v1/event-types", GLOBEX, None).await;
+    assert_eq!(listed.body["data"][0]["name"], "order.paid");
+    let tenant_write = api
+        .call(
+            Method::PUT,
+            "/v1/event-types/order.new",
+            ACME,
+            Some(body(schema.clone(), json!({"id": "o"}))),
+        )
+        .await;
+    tenant_write.problem(403);
+    api.call(Method::DELETE, path, ACME, None)
+        .await
+        .problem(403);
+    assert_eq!(api.db.count("event_types").await, 1);
+    // Unknown, and impossible, names are not found.
+    api.call(Method::GET, "/v1/event-types/order.none", ACME, None)
+        .await
+        .problem(404);
+    api.call(Method::GET, "/v1/event-types/a%20b", ADMIN, None)
+        .await
+        .problem(404);
+    api.call(Method::DELETE, "/v1/event-types/order.none", ADMIN, None)
+        .await
+        .problem(404);
+
+    // Hostile schemas and wrong examples: 422 naming the field, nothing stored.
+    let mut deep = json!({"type": "string"});
+    for _ in 0..40 {
+        deep = json!({"type": "object", "properties": {"a": deep}});
+    }
+    let huge: Vec<u32> = (0..5_000).collect();
+    let refusals = [
+        (deep, json!({}), "schema", "nested deeper than 32 levels"),
+        (
+            json!({"enum": huge}),
+            json!(1),
+            "schema",
+            "lists 5000 values",
+        ),
+        (
+            json!({"properties": {"a": {"$ref": "http://10.255.255.1/schema.json"}}}),
+            json!({}),
+            "schema",
+            "only references within the schema",
+        ),
+        (
+            json!({"$schema": "http://json-schema.org/draft-07/schema#"}),
+            json!({}),
+            "schema",
+            "draft 2020-12",
+        ),
+        (
+            json!({"pattern": "^(a)\\1$"}),
+            json!("aa"),
+            "schema",
+            "does not compile",
+        ),
+        (schema.clone(), json!({"id": 3}), "example", "at \"/id\""),
+    ];
+    for (schema, example, field, says) in refusals {
+        api.call(
+            Method::PUT,
+            "/v1/event-types/order.hostile",
+            ADMIN,
+            Some(body(schema, example)),
+        )
+        .await
+        .refused(field, says);
+    }
+    api.call(
+        Method::PUT,
+        "/v1/event-types/order.*",
+        ADMIN,
+        Some(body(json!({}), json!({}))),
+    )
+    .await
+    .refused("name", "");
+    api.call(
+        Method::PUT,
+        "/v1/event-types/order.nul",
+        ADMIN,
+        Some(json!({"description": "a\u{0}b", "schema": {}, "example": null})),
+    )
+    .await
+    .refused("description", "control characters");
+    assert_eq!(api.db.count("event_types").await, 1);
+    assert_eq!(api.db.count("event_type_versions").await, 2);
+
+    let deleted = api.call(Method::DELETE, path, ADMIN, None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert_eq!(api.db.count("event_type_versions").await, 0);
+    api.stop().await;
+}

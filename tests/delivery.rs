@@ -262,3 +262,170 @@ async fn timeouts_and_refused_connections_are_retried() {
     let error = headers::read_str_header(p, LAST_ERROR_HEADER).unwrap();
     assert!(error.starts_with("transport error: connect"), "{error}");
 }
+
+/// A catalog with `order.paid` in `mode`: a realistic schema, amount a non-negative integer.
+fn order_catalog(mode: hookrelay::catalog::ValidationMode) -> hookrelay::catalog::Catalog {
+    use hookrelay::catalog::{Catalog, EventType, SchemaVersion, ValidationMode};
+    let order = EventType {
+        name: "order.paid".into(),
+        description: "An order was paid".into(),
+        mode,
+        deprecated: false,
+        versions: vec![SchemaVersion {
+            version: 1,
+            schema: serde_json::json!({
+                "type": "object",
+                "required": ["id", "amount"],
+                "properties": {
+                    "id": {"type": "string", "pattern": "^evt_"},
+                    "amount": {"type": "integer", "minimum": 0}
+                }
+            }),
+            example: serde_json::json!({"id": "evt_1", "amount": 1}),
+        }],
+    };
+    let (catalog, problems) = Catalog::compile(&[order], ValidationMode::Off);
+    assert!(problems.is_empty(), "{problems:?}");
+    catalog
+}
+
+/// A worker for `sub_a` (acme, to `receiver`) validating against `catalog`.
+async fn validating_worker(
+    t: &TestLadder,
+    receiver: &Receiver,
+    s: &common::Secret,
+    catalog: hookrelay::catalog::Catalog,
+) -> RunningWorker {
+    use hookrelay::delivery::worker::WorkerSetup;
+    use hookrelay::subscriptions::{LiveSubscriptions, Subscriptions};
+    let live = LiveSubscriptions::fixed(Subscriptions::from_list([subscription(
+        "sub_a",
+        "acme",
+        &receiver.url("/"),
+        s,
+    )]));
+    let mut setup = WorkerSetup::new(t.config.clone(), t.ladder.clone(), live);
+    setup.catalog = Arc::new(hookrelay::catalog::LiveCatalog::new(catalog));
+    RunningWorker::start_setup(t, setup).await
+}
+
+fn with_body(
+    mut e: hookrelay::contract::envelope::NewEvent,
+    body: &str,
+) -> hookrelay::contract::envelope::NewEvent {
+    e.body = body.as_bytes().to_vec();
+    e
+}
+
+/// `enforce`: a payload its schema refuses is dead-lettered `schema_invalid`, naming the JSON
+/// pointer and the schema's message, and never reaches the endpoint, whether it was published
+/// to a subscription or to fan out; a valid one is delivered.
+#[tokio::test]
+async fn an_enforced_schema_dead_letters_an_invalid_payload_before_any_endpoint_sees_it() {
+    use hookrelay::catalog::ValidationMode;
+    let t = TestLadder::apply("schema-enforce", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let worker = validating_worker(&t, &receiver, &s, order_catalog(ValidationMode::Enforce)).await;
+    t.publish(&with_body(
+        event("evt_bad", "acme", "sub_a"),
+        r#"{"id":"evt_bad","amount":-5}"#,
+    ))
+    .await;
+    let mut fanned = with_body(event("evt_bad_fan", "acme", "sub_a"), r#"{"amount":1}"#);
+    fanned.subscription = None;
+    t.publish(&fanned).await;
+    t.publish(&event("evt_good", "acme", "sub_a")).await;
+    assert!(t.wait_dead(2, WAIT).await);
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    let metrics = worker.metrics.clone();
+    worker.stop().await;
+    assert_eq!(receiver.request_count(), 1, "only the valid event was sent");
+    assert_eq!(receiver.records()[0].id, "evt_good");
+    let mut errors: Vec<String> = t
+        .drain_dead()
+        .await
+        .iter()
+        .map(|d| {
+            let p = &d.delivery.properties;
+            assert_eq!(
+                headers::read_str_header(p, REASON_HEADER).as_deref(),
+                Some("schema_invalid")
+            );
+            headers::read_str_header(p, LAST_ERROR_HEADER).unwrap_or_default()
+        })
+        .collect();
+    errors.sort();
+    assert!(
+        errors[0].contains(r#"at "": "id" is a required property"#),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains(r#"at "/amount": -5 is less than the minimum of 0"#),
+        "{errors:?}"
+    );
+    assert_eq!(
+        metrics.count(
+            "hookrelay_schema_invalid_total",
+            &[("event_type", "order.paid"), ("mode", "enforce")]
+        ),
+        2
+    );
+    assert_eq!(
+        metrics.count("hookrelay_outcomes_total", &[("outcome", "schema_invalid")]),
+        2
+    );
+}
+
+/// `warn`: the invalid payload is delivered, counted and reported; types the catalog does not
+/// list follow `catalog.unlisted` (here `off`) and are not counted under their own name.
+#[tokio::test]
+async fn a_warned_schema_delivers_an_invalid_payload_and_counts_it() {
+    use hookrelay::catalog::ValidationMode;
+    let t = TestLadder::apply("schema-warn", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = ok_receiver(&s).await;
+    let events = t.keep_all(&t.ladder.events_exchange()).await;
+    let worker = validating_worker(&t, &receiver, &s, order_catalog(ValidationMode::Warn)).await;
+    t.publish(&with_body(
+        event("evt_warned", "acme", "sub_a"),
+        r#"{"id":"evt_warned","amount":"lots"}"#,
+    ))
+    .await;
+    let mut unlisted = with_body(event("evt_unlisted", "acme", "sub_a"), r#"{"x":1}"#);
+    unlisted.event_type = "order.shipped".into();
+    t.publish(&unlisted).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 2)
+            .await
+    );
+    let metrics = worker.metrics.clone();
+    assert!(common::wait_until(WAIT, async || { t.depth(&events).await >= 1 }).await);
+    worker.stop().await;
+    assert_eq!(t.depth(&t.ladder.dead()).await, 0);
+    assert_eq!(
+        metrics.count(
+            "hookrelay_schema_invalid_total",
+            &[("event_type", "order.paid"), ("mode", "warn")]
+        ),
+        1
+    );
+    assert_eq!(metrics.count("hookrelay_schema_invalid_total", &[]), 1);
+    let notice = t.take_all(&events).await;
+    let notice: serde_json::Value = serde_json::from_slice(&notice[0].delivery.data).unwrap();
+    assert_eq!(notice["event"], "delivery.schema_invalid");
+    assert_eq!(notice["reason"], "warn");
+    assert_eq!(notice["envelope"], "evt_warned");
+    assert!(
+        notice["detail"]
+            .as_str()
+            .unwrap()
+            .contains(r#"at "/amount""#),
+        "{notice}"
+    );
+}

@@ -99,6 +99,7 @@ fn problem_types() -> Vec<String> {
         ApiError::NotFound,
         ApiError::Absent("replay"),
         ApiError::NoRoute,
+        ApiError::Forbidden(String::new()),
         ApiError::MethodNotAllowed,
         ApiError::Conflict(String::new()),
         ApiError::IdempotencyMismatch,
@@ -121,6 +122,7 @@ fn problem_types() -> Vec<String> {
             | ApiError::NotFound
             | ApiError::Absent(_)
             | ApiError::NoRoute
+            | ApiError::Forbidden(_)
             | ApiError::MethodNotAllowed
             | ApiError::Conflict(_)
             | ApiError::IdempotencyMismatch

@@ -79,6 +79,7 @@ fn exported() -> Exported {
         m.endpoint_quarantined,
         m.cache_entries,
         m.trace_spans_dropped,
+        m.schema_invalid,
     );
     let h = HistoryMetrics::new();
     touch!(h.records, h.skipped, h.batches, h.offset, h.lag, h.delay);

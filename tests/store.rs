@@ -808,3 +808,81 @@ async fn a_storm_of_changes_leaves_the_worker_only_what_is_in_force() {
     );
     w.stop().await;
 }
+
+/// A worker following the store learns of catalog changes within `catalog.refresh`: a type
+/// written `enforce` dead-letters an invalid payload; switched to `off`, the same is delivered.
+#[tokio::test]
+async fn a_following_worker_validates_against_the_catalog_as_it_changes() {
+    use hookrelay::catalog::ValidationMode;
+    use hookrelay::delivery::worker::{CatalogSource, WorkerSetup};
+    use hookrelay::store::catalog::{EventTypeWrite, put as put_type};
+    use hookrelay::subscriptions::{LiveSubscriptions, SecretStore};
+
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("catalog-follow", &["1s"], &["1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub", "acme", &receiver.url("/"), &s),
+    )
+    .await;
+    let schema = serde_json::json!({"type": "object", "required": ["amount"]});
+    let example = serde_json::json!({"amount": 1});
+    let write = |mode| EventTypeWrite {
+        name: "order.paid",
+        description: "",
+        mode,
+        deprecated: false,
+        schema: &schema,
+        example: &example,
+    };
+    put_type(store.pool(), &write(ValidationMode::Enforce))
+        .await
+        .unwrap();
+
+    let mut config = t.config.clone();
+    config.catalog.refresh = Duration::from_millis(200);
+    let mut opened = hookrelay::store::follow::Opened::open(store.clone())
+        .await
+        .unwrap();
+    let first = std::mem::take(&mut opened.first);
+    let mut setup = WorkerSetup::new(config, t.ladder.clone(), LiveSubscriptions::followed(first));
+    setup.store = Some(opened.following());
+    setup.catalog_source = CatalogSource::Postgres(store.clone());
+    // Read at start, as `hookrelay worker` does.
+    let types = setup.catalog_source.read().await.unwrap();
+    setup.catalog = Arc::new(hookrelay::catalog::LiveCatalog::new(
+        hookrelay::delivery::worker::catalog::compile(&types, ValidationMode::Off),
+    ));
+    setup.secrets = SecretStore::new(Duration::from_millis(100));
+    let w = RunningWorker::launch(&t, setup).await;
+
+    let mut bad = event("evt_bad_1", "acme", "sub");
+    bad.body = br#"{"total":1}"#.to_vec();
+    t.publish(&bad).await;
+    assert!(
+        t.wait_dead(1, WAIT).await,
+        "enforced once the worker read it"
+    );
+    assert_eq!(receiver.request_count(), 0);
+
+    put_type(store.pool(), &write(ValidationMode::Off))
+        .await
+        .unwrap();
+    // The change is in force within a refresh or two; events published before may still be
+    // refused, so publish until one goes through.
+    let mut n = 1;
+    let delivered = wait_until(WAIT, async || {
+        n += 1;
+        let mut again = event(&format!("evt_bad_{n}"), "acme", "sub");
+        again.body = br#"{"total":1}"#.to_vec();
+        t.publish(&again).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        receiver.request_count() > 0
+    })
+    .await;
+    assert!(delivered, "validation off after the change");
+    w.stop().await;
+}

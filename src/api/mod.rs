@@ -14,6 +14,7 @@
 //! - [`actions`]: pause, resume, rotate the signing secret, send a test event.
 //! - [`subscriptions`]: the handlers of subscriptions, over [`crate::store::subscriptions`] and
 //!   [`crate::store::idempotency`].
+//! - [`event_types`]: the catalog of event types: every token reads it, an admin's writes it.
 //! - [`history`]: an event's story and a subscription's attempts, from the history database.
 //! - [`replays`]: replays of archived events, run as jobs of the API process.
 //! - [`portal_links`]: one-time links into the tenant portal, and revoking its sessions.
@@ -21,6 +22,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod event_types;
 pub mod extract;
 pub mod history;
 pub mod keepalive;
@@ -353,6 +355,13 @@ pub fn router(setup: ApiSetup) -> (Router, ApiState) {
         .route("/v1/replays", post(replays::create))
         .route("/v1/replays/{id}", get(replays::read))
         .route("/v1/replays/{id}/cancel", post(replays::cancel))
+        .route("/v1/event-types", get(event_types::list))
+        .route(
+            "/v1/event-types/{name}",
+            get(event_types::read)
+                .put(event_types::put)
+                .delete(event_types::remove),
+        )
         .route("/v1/portal-links", post(portal_links::create))
         .route("/v1/portal-sessions/revoke", post(portal_links::revoke))
         // Inside the token check (a layer wraps those before it): the scope is known.

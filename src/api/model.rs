@@ -304,7 +304,7 @@ impl SubscriptionView {
 }
 
 /// Milliseconds since the epoch, as RFC 3339.
-fn rfc3339(ms: i64) -> String {
+pub(crate) fn rfc3339(ms: i64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0).unsigned_abs());
     humantime::format_rfc3339_millis(at).to_string()
 }

@@ -12,6 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::actions;
+use super::event_types;
 use super::history;
 use super::model;
 use super::portal_links;
@@ -27,7 +28,8 @@ use super::subscriptions;
                        followed by every worker. Errors are RFC 9457 problem details. Every \
                        route but this document needs `Authorization: Bearer <token>`: an admin \
                        token, or a tenant's, which sees and changes only that tenant's \
-                       subscriptions, history and replays (another tenant's id is answered 404).",
+                       subscriptions, history and replays (another tenant's id is answered 404), and reads \
+                       the catalog of event types, which only an admin token writes (403).",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -47,6 +49,10 @@ use super::subscriptions;
         replays::cancel,
         portal_links::create,
         portal_links::revoke,
+        event_types::list,
+        event_types::read,
+        event_types::put,
+        event_types::remove,
     ),
     components(schemas(
         model::CreateSubscription,
@@ -72,6 +78,11 @@ use super::subscriptions;
         portal_links::PortalLink,
         portal_links::RevokePortalSessions,
         portal_links::PortalSessionsRevoked,
+        event_types::EventTypeList,
+        event_types::EventTypeView,
+        event_types::SchemaVersionView,
+        event_types::PutEventType,
+        crate::catalog::ValidationMode,
         problem::Problem,
         problem::FieldError,
     )),
@@ -81,6 +92,7 @@ use super::subscriptions;
         (name = "subscriptions", description = "Who receives which events, where, signed with what"),
         (name = "history", description = "What happened to an event, and a subscription's attempts (filled by `hookrelay history`)"),
         (name = "replays", description = "Archived events published again by the time they were accepted"),
+        (name = "event types", description = "The catalog: each event type's JSON Schema per version, its example, and what workers do with an event it refuses"),
         (name = "portal", description = "One-time links into the tenant portal, and ending its sessions"),
     ),
 )]

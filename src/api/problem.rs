@@ -99,6 +99,9 @@ pub enum ApiError {
     Absent(&'static str),
     #[error("no such route")]
     NoRoute,
+    /// The token may read this but not change it (a tenant's, for an admin's write).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("{0}")]
@@ -177,6 +180,7 @@ impl ApiError {
             ApiError::NotFound => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             ApiError::Absent(_) => Problem::new(S::NOT_FOUND, "not-found", "Not found", detail),
             ApiError::NoRoute => Problem::new(S::NOT_FOUND, "no-route", "Not found", detail),
+            ApiError::Forbidden(_) => Problem::new(S::FORBIDDEN, "forbidden", "Forbidden", detail),
             ApiError::MethodNotAllowed => Problem::new(
                 S::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -283,6 +287,12 @@ pub mod documented {
         404,
         "No such replay (this process's last 100), or another tenant's"
     );
+    answer!(
+        AdminOnly,
+        403,
+        "A tenant's token: only an admin's changes this"
+    );
+    answer!(NoSuchEventType, 404, "No such event type in the catalog");
     answer!(TooLarge, 413, "Body too large");
     answer!(Invalid, 422, "Invalid input");
     answer!(BadFilter, 422, "A bad filter, limit or cursor");

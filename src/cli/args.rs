@@ -248,7 +248,8 @@ pub struct RedriveArgs {
     pub tenant: Option<String>,
     #[arg(long)]
     pub subscription: Option<String>,
-    /// hookrelay's rejected, exhausted, invalid, gone, egress_denied, horizon_expired; or, for
+    /// hookrelay's rejected, exhausted, invalid, gone, egress_denied, horizon_expired,
+    /// schema_invalid; or, for
     /// what a lane dead-lettered, the broker's expired, rejected, maxlen, delivery_limit.
     #[arg(long)]
     pub reason: Option<crate::ops::redrive::SinkReason>,

@@ -6,8 +6,10 @@ use super::args::WorkerArgs;
 use super::common::load_ladder;
 use std::sync::Arc;
 
+use crate::catalog::LiveCatalog;
 use crate::config::Source;
 use crate::config::{Config, ProcessEnv};
+use crate::delivery::worker::catalog::{self, CatalogSource};
 use crate::delivery::worker::{Worker, WorkerSetup, shutdown_signal};
 use crate::subscriptions::{LiveSubscriptions, SecretStore};
 
@@ -32,7 +34,16 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
             (LiveSubscriptions::followed(first), Some(opened.following()))
         }
     };
+    let catalog_source = match (&source, &store) {
+        (Source::File(path), _) => CatalogSource::File(path.clone()),
+        (Source::Postgres(_), Some(following)) => CatalogSource::Postgres(following.store.clone()),
+        (Source::Postgres(_), None) => CatalogSource::Fixed,
+    };
+    // Read once here so a catalog that does not read stops the start, as subscriptions do.
+    let types = catalog_source.read().await?;
+    let catalog = catalog::compile(&types, config.catalog.unlisted);
     tracing::info!(
+        event_types = catalog.len(),
         subscriptions = subscriptions.current().len(),
         from = %source.shown(),
         ladder = %ladder.prefix,
@@ -47,6 +58,8 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
     let mut setup = WorkerSetup::new(config, ladder, subscriptions);
     setup.secrets = SecretStore::new(setup.config.secrets.refresh).with_keyring(Arc::new(keyring));
     setup.store = store;
+    setup.catalog = Arc::new(LiveCatalog::new(catalog));
+    setup.catalog_source = catalog_source;
     setup.name = args.name;
     let worker = tokio::select! {
         started = Worker::start(setup) => started?,

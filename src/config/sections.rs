@@ -27,6 +27,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub secrets: SecretsConfig,
     pub store: StoreConfig,
+    pub catalog: CatalogConfig,
     pub reload: ReloadConfig,
     pub egress: EgressConfig,
     pub endpoints: EndpointConfig,
@@ -50,6 +51,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             secrets: SecretsConfig::default(),
             store: StoreConfig::default(),
+            catalog: CatalogConfig::default(),
             reload: ReloadConfig::default(),
             egress: EgressConfig::default(),
             endpoints: EndpointConfig::default(),
@@ -250,6 +252,29 @@ impl Default for StoreConfig {
             keys: Vec::new(),
             resync: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The catalog of event types ([`crate::catalog`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// What a worker does with events of a type the catalog does not list: `off` (the
+    /// default), `warn` (deliver, count and report each) or `enforce` (dead-letter each
+    /// `schema_invalid`: only listed types are delivered).
+    pub unlisted: crate::catalog::ValidationMode,
+    /// How often a worker that follows PostgreSQL looks for a changed catalog (one small
+    /// query); one that reads the file reloads it with the subscriptions.
+    #[serde(with = "humantime_serde")]
+    pub refresh: Duration,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        Self {
+            unlisted: crate::catalog::ValidationMode::Off,
+            refresh: Duration::from_secs(2),
         }
     }
 }

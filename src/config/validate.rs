@@ -37,6 +37,7 @@ impl Config {
             ("reload.interval", self.reload.interval),
             ("metrics.poll_interval", self.metrics.poll_interval),
             ("store.resync", self.store.resync),
+            ("catalog.refresh", self.catalog.refresh),
             ("store.connect_timeout", self.store.connect_timeout),
         ] {
             if value.is_zero() {

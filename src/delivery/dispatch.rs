@@ -11,6 +11,7 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use tracing::{Instrument, debug, info, warn};
 
+use crate::catalog::{LiveCatalog, ValidationMode, Violation};
 use crate::config::Config;
 use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
@@ -20,9 +21,10 @@ use crate::delivery::endpoint::Endpoints;
 use crate::delivery::health::EndpointHealth;
 use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{AttemptResult, Outcome, Route, decide, defer, route};
+use crate::delivery::route::{AttemptResult, Outcome, Route, Screen, decide, defer, route, screen};
 use crate::delivery::settle::{Settlement, Settler};
 use crate::delivery::spans;
+use crate::observe::events::OperationalEvent;
 use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
 
@@ -31,6 +33,8 @@ pub struct Dispatcher {
     pub(crate) config: Config,
     pub(crate) ladder: Ladder,
     pub(crate) subscriptions: Arc<LiveSubscriptions>,
+    /// The catalog of event types, compiled: what each event's payload is validated against.
+    pub(crate) catalog: Arc<LiveCatalog>,
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) http: HttpSender,
     /// OAuth2 tokens of the subscriptions that authenticate with one.
@@ -83,7 +87,9 @@ impl Dispatcher {
         settler: Settler,
         store: Option<crate::store::PgStore>,
     ) -> Self {
+        let unlisted = config.catalog.unlisted;
         Self {
+            catalog: Arc::new(LiveCatalog::new(crate::catalog::Catalog::empty(unlisted))),
             health: EndpointHealth {
                 subscriptions: Arc::clone(&subscriptions),
                 store,
@@ -212,6 +218,20 @@ impl Dispatcher {
 
     /// Routes a valid envelope and makes the HTTP attempt when the route calls for one.
     async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Attempted {
+        match screen(envelope, body, lane.kind, &self.catalog.current()) {
+            Screen::Pass => {}
+            Screen::Warn { listed, violation } => {
+                self.schema_invalid(envelope, ValidationMode::Warn, listed, &violation);
+            }
+            Screen::Refuse {
+                outcome,
+                listed,
+                violation,
+            } => {
+                self.schema_invalid(envelope, ValidationMode::Enforce, listed, &violation);
+                return Attempted::without_attempt(outcome);
+            }
+        }
         let subscriptions = self.subscriptions.current();
         let sub = match route(envelope, body, lane.kind, &subscriptions, &self.ladder) {
             Route::Settle(Outcome::Parked { subscription }) => {
@@ -251,6 +271,38 @@ impl Dispatcher {
             result: Some(result),
             latency,
         }
+    }
+
+    /// Counts a payload its schema refused, and says so on the events exchange
+    /// (`delivery.schema_invalid`, reason the mode) for the producer's owners to act on.
+    fn schema_invalid(
+        &self,
+        envelope: &Envelope,
+        mode: ValidationMode,
+        listed: bool,
+        violation: &Violation,
+    ) {
+        let label = if listed {
+            envelope.event_type.as_str()
+        } else {
+            "unlisted"
+        };
+        self.settler
+            .metrics
+            .schema_invalid
+            .with_label_values(&[label, mode.as_str()])
+            .inc();
+        debug!(envelope = %envelope.id, event_type = %envelope.event_type, mode = %mode, violation = %violation, "Payload does not match its schema");
+        let detail = format!("event type {:?}: {violation}", envelope.event_type);
+        self.settler.notices.operational(
+            OperationalEvent::new("delivery.schema_invalid", mode.as_str())
+                .detail(&detail)
+                .about(
+                    &envelope.tenant,
+                    envelope.subscription.as_deref(),
+                    envelope.id.as_str(),
+                ),
+        );
     }
 
     /// A paused subscription's delivery: its parking queue must exist before settle republishes

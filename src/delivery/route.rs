@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::catalog::{Catalog, ValidationMode, Verdict, Violation};
 use crate::contract::envelope::{self, Envelope, InvalidEnvelope};
 use crate::contract::headers::{
     ATTEMPTS_HEADER, BUSY_DEFERRALS_HEADER, DEFERRALS_HEADER, DUE_HEADER, ENDPOINT_HEADER,
@@ -110,17 +111,20 @@ pub enum DeadReason {
     /// The delivery horizon passed while the envelope was being deferred. Named
     /// `horizon_expired`: the broker's own `expired` (a message TTL) is another reason.
     Expired,
+    /// The payload breaks its event type's schema, whose mode is `enforce`.
+    SchemaInvalid,
 }
 
 impl DeadReason {
     /// Every reason, for those who parse or list them (`redrive --reason`).
-    pub const ALL: [DeadReason; 6] = [
+    pub const ALL: [DeadReason; 7] = [
         DeadReason::Rejected,
         DeadReason::Exhausted,
         DeadReason::Invalid,
         DeadReason::Gone,
         DeadReason::EgressDenied,
         DeadReason::Expired,
+        DeadReason::SchemaInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -131,6 +135,7 @@ impl DeadReason {
             DeadReason::Gone => "gone",
             DeadReason::EgressDenied => "egress_denied",
             DeadReason::Expired => "horizon_expired",
+            DeadReason::SchemaInvalid => "schema_invalid",
         }
     }
 }
@@ -305,6 +310,59 @@ pub fn route(
         });
     }
     Route::Attempt(Arc::clone(sub))
+}
+
+/// What the catalog makes of an event before it is routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Screen {
+    /// Route it: valid, not validated (its mode is `off`), or not where events are validated.
+    Pass,
+    /// Route it, though its payload breaks its type's schema: the mode is `warn`. `listed`:
+    /// the catalog lists its type.
+    Warn { listed: bool, violation: Violation },
+    /// Settle it so (dead-letter `schema_invalid`) before any endpoint sees it: the mode is
+    /// `enforce`.
+    Refuse {
+        outcome: Outcome,
+        listed: bool,
+        violation: Violation,
+    },
+}
+
+/// Validates an event's payload where it is first routed: a fresh envelope on a first-attempt
+/// lane (an event to fan out, or one published to a subscription). A retry, a fan-out's
+/// delivery (its event was screened) and an envelope with forged headers (which [`route`]
+/// dead-letters `invalid`) pass untouched, so each event is validated once.
+pub fn screen(envelope: &Envelope, body: &[u8], lane: LaneKind, catalog: &Catalog) -> Screen {
+    if lane != LaneKind::First
+        || envelope.event_id.is_some()
+        || check_provenance(envelope, lane).is_err()
+    {
+        return Screen::Pass;
+    }
+    match catalog.check(&envelope.event_type, body) {
+        Verdict::Unchecked | Verdict::Valid => Screen::Pass,
+        Verdict::Invalid {
+            mode: ValidationMode::Enforce,
+            listed,
+            violation,
+        } => Screen::Refuse {
+            outcome: Outcome::Dead {
+                reason: DeadReason::SchemaInvalid,
+                status: None,
+                error: format!(
+                    "payload does not match the schema of event type {:?}: {violation}",
+                    envelope.event_type
+                ),
+                attempts_made: envelope.attempts_made,
+            },
+            listed,
+            violation,
+        },
+        Verdict::Invalid {
+            listed, violation, ..
+        } => Screen::Warn { listed, violation },
+    }
 }
 
 /// A paused subscription's deliveries wait, untouched, before anything else about them is
@@ -995,6 +1053,57 @@ mod tests {
     mod before_the_attempt {
         use super::*;
         use crate::subscriptions::SecretRef;
+
+        #[test]
+        fn an_event_is_screened_once_where_it_is_first_routed() {
+            let order = crate::catalog::EventType {
+                name: "order.paid".into(),
+                description: String::new(),
+                mode: ValidationMode::Enforce,
+                deprecated: false,
+                versions: vec![crate::catalog::SchemaVersion {
+                    version: 1,
+                    schema: serde_json::json!({"required": ["amount"]}),
+                    example: serde_json::json!({"amount": 1}),
+                }],
+            };
+            let (catalog, _) = Catalog::compile(std::slice::from_ref(&order), ValidationMode::Off);
+            let bad = br#"{"total":1}"#;
+            for fresh in [envelope(None), envelope(Some("s1"))] {
+                assert_eq!(
+                    screen(&fresh, br#"{"amount":1}"#, LaneKind::First, &catalog),
+                    Screen::Pass
+                );
+                match screen(&fresh, bad, LaneKind::First, &catalog) {
+                    Screen::Refuse {
+                        outcome:
+                            Outcome::Dead {
+                                reason: DeadReason::SchemaInvalid,
+                                error,
+                                ..
+                            },
+                        listed: true,
+                        ..
+                    } => assert!(error.contains("\"amount\""), "{error}"),
+                    other => panic!("{other:?}"),
+                }
+                // Retries, and anything not fresh on a first-attempt lane, pass untouched.
+                assert_eq!(screen(&fresh, bad, LaneKind::Retry, &catalog), Screen::Pass);
+            }
+            let mut fanned = envelope(Some("s1"));
+            fanned.event_id = Some("evt_0".into());
+            assert_eq!(
+                screen(&fanned, bad, LaneKind::First, &catalog),
+                Screen::Pass
+            );
+            let mut warned = order;
+            warned.mode = ValidationMode::Warn;
+            let (catalog, _) = Catalog::compile(&[warned], ValidationMode::Off);
+            assert!(matches!(
+                screen(&envelope(None), bad, LaneKind::First, &catalog),
+                Screen::Warn { listed: true, .. }
+            ));
+        }
 
         pub(super) fn envelope(subscription: Option<&str>) -> Envelope {
             Envelope {

@@ -1,8 +1,8 @@
 //! What hookrelay tells the systems around it, as small JSON messages on topic exchanges:
 //! operational events on `<prefix>.events` (`subscription.gone`, `delivery.exhausted`,
-//! `delivery.cancelled`, `subscriptions.reload_failed`) for owning systems to act on, and the
-//! attempt log on `<prefix>.attempts` (one record per settled delivery, routing key
-//! `<outcome>.<tenant>`) for operators to keep in a queue or stream. Publishing them never blocks
+//! `delivery.cancelled`, `delivery.schema_invalid`, `subscriptions.reload_failed`) for owning
+//! systems to act on, and the attempt log on `<prefix>.attempts` (one record per settled
+//! delivery, routing key `<outcome>.<tenant>`) for operators to keep in a queue or stream. Publishing them never blocks
 //! or fails a delivery: they pass through a bounded buffer, and what does not fit is counted as
 //! dropped. Under load, attempt records that share a routing key travel together, one JSON array
 //! per message ([`AttemptRecord::read_message`] reads both forms): a message into a stream costs
@@ -108,7 +108,7 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub latency_ms: Option<u64>,
     /// `delivered`, `retried`, `rejected`, `exhausted`, `invalid`, `cancelled`, `gone`,
-    /// `egress_denied`, `horizon_expired`, `fanned_out`, `parked`.
+    /// `egress_denied`, `horizon_expired`, `schema_invalid`, `fanned_out`, `parked`.
     pub outcome: String,
     /// The tier a retry waits in.
     pub tier: Option<String>,

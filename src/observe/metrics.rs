@@ -13,7 +13,8 @@ use prometheus::{
 pub struct Metrics {
     pub registry: Registry,
     /// Finished deliveries by lane and outcome (`delivered`, `retried`, `rejected`, `exhausted`,
-    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `fanned_out`, `parked`).
+    /// `invalid`, `cancelled`, `gone`, `egress_denied`, `horizon_expired`, `schema_invalid`,
+    /// `fanned_out`, `parked`).
     pub outcomes: IntCounterVec,
     /// Retries by the tier they were sent to.
     pub retries: IntCounterVec,
@@ -60,6 +61,10 @@ pub struct Metrics {
     pub reconnects: IntCounter,
     /// Looks at the subscriptions file that found a change, by result (`applied`, `refused`).
     pub subscription_reloads: IntCounterVec,
+    /// Events whose payload their type's schema refused, by mode (`enforce`: dead-lettered,
+    /// `warn`: delivered) and event type: the type's name when the catalog lists it (a bounded
+    /// set), else `unlisted`, so a producer's made-up types add no series.
+    pub schema_invalid: IntCounterVec,
     /// 1 while the subscription store answers (always 1 for a file); 0 while the worker
     /// delivers on its last snapshot of a PostgreSQL store that does not answer.
     pub subscription_store_up: IntGauge,
@@ -138,7 +143,7 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 35] = [
+    let collectors: [&dyn Collector; 36] = [
         &m.trace_spans_dropped,
         &m.trace_spans_exported,
         &m.cache_entries,
@@ -171,6 +176,7 @@ pub fn metric_names() -> Vec<String> {
         &m.republishes,
         &m.reconnects,
         &m.subscription_reloads,
+        &m.schema_invalid,
         &m.notices_dropped,
         &m.notices_failed,
         &m.notices_unroutable,
@@ -344,6 +350,12 @@ impl Metrics {
                 "hookrelay_subscription_reloads_total",
                 "Changed subscriptions files looked at, by result (applied, refused)",
                 &["result"],
+            ),
+            schema_invalid: counters(
+                &r,
+                "hookrelay_schema_invalid_total",
+                "Events their type's schema refused, by event type (listed ones; else unlisted) and mode (enforce, warn)",
+                &["event_type", "mode"],
             ),
             subscription_store_up: {
                 let g = register(

@@ -322,7 +322,7 @@ mod tests {
             "expird".parse::<SinkReason>(),
             Err(
                 "no dead reason \"expird\"; one of rejected, exhausted, invalid, gone, \
-                 egress_denied, horizon_expired, expired, maxlen, delivery_limit"
+                 egress_denied, horizon_expired, schema_invalid, expired, maxlen, delivery_limit"
                     .to_owned()
             )
         );

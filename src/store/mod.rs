@@ -13,7 +13,9 @@
 //! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
 //! - [`portal`]: one-time portal links and the pages' sessions.
+//! - [`catalog`]: the catalog of event types: the API's reads and writes, and its revision.
 
+pub mod catalog;
 pub mod follow;
 pub mod idempotency;
 pub mod portal;

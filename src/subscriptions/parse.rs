@@ -34,6 +34,9 @@ pub struct SubscriptionErrors(pub Vec<SubscriptionError>);
 struct File {
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<Entry>,
+    /// The catalog's own section, read by [`crate::catalog::file`].
+    #[serde(default, rename = "event_type")]
+    _event_types: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]

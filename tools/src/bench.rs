@@ -105,6 +105,11 @@ pub struct BenchOptions {
     /// The ladders of the throughput and failure-path runs without their streams (archive
     /// and attempt log), so hookrelay publishes no more per delivery than the raw loops do.
     pub streams_off: bool,
+    /// The success path's events carry a realistic payload ([`realistic_body`]) whose type the
+    /// subscriptions file's catalog lists with [`REALISTIC_SCHEMA`] in this mode: `enforce`
+    /// validates every event, `off` is the same run without validation. `None`: the usual
+    /// 512-byte body and no catalog.
+    pub schema: Option<hookrelay::catalog::ValidationMode>,
 }
 
 impl BenchOptions {
@@ -134,6 +139,7 @@ impl Default for BenchOptions {
             keep_attempt_log: false,
             failure_path: false,
             streams_off: false,
+            schema: None,
         }
     }
 }
@@ -192,6 +198,8 @@ pub struct BenchReport {
     /// retry's content costs, apart from the worker.
     pub failure_retry_ceiling: Option<Throughput>,
     pub failure_retry_ratio: f64,
+    /// The catalog's mode for the success path's realistic payload (`--schema`), if any.
+    pub schema: Option<String>,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
@@ -337,6 +345,71 @@ fn body(n: usize) -> Vec<u8> {
     b.resize(500, b'x');
     b.extend_from_slice(b"\"}");
     b
+}
+
+/// A schema as producers write them: a dozen fields, a nested object, enums, patterns, an
+/// array of objects, no other properties.
+pub const REALISTIC_SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "required": ["id", "type", "t", "created_at", "currency", "amount", "status", "customer", "items"],
+  "additionalProperties": false,
+  "properties": {
+    "id": {"type": "string", "pattern": "^evt_[0-9]+$"},
+    "type": {"type": "string", "maxLength": 64},
+    "t": {"type": "integer", "minimum": 0},
+    "created_at": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T"},
+    "currency": {"enum": ["EUR", "USD", "GBP", "JPY", "CHF"]},
+    "amount": {"type": "integer", "minimum": 0},
+    "status": {"enum": ["pending", "paid", "refunded", "failed"]},
+    "livemode": {"type": "boolean"},
+    "customer": {
+      "type": "object",
+      "required": ["id", "email", "country"],
+      "additionalProperties": false,
+      "properties": {
+        "id": {"type": "string", "pattern": "^cus_[A-Za-z0-9]+$"},
+        "email": {"type": "string", "maxLength": 254},
+        "country": {"type": "string", "pattern": "^[A-Z]{2}$"}
+      }
+    },
+    "items": {
+      "type": "array",
+      "maxItems": 100,
+      "items": {
+        "type": "object",
+        "required": ["sku", "qty", "price"],
+        "properties": {
+          "sku": {"type": "string", "pattern": "^SKU-[0-9]+$"},
+          "qty": {"type": "integer", "minimum": 1},
+          "price": {"type": "integer", "minimum": 0}
+        }
+      }
+    },
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "note": {"type": "string", "maxLength": 1000}
+  }
+}"#;
+
+/// A payload [`REALISTIC_SCHEMA`] accepts, about as long as [`body`]'s, carrying its publish
+/// time in `"t"` as [`body`] does.
+fn realistic_body(n: usize) -> Vec<u8> {
+    format!(
+        r#"{{"id":"evt_{n}","type":"bench.event","t":{t},"created_at":"2026-12-07T05:00:00Z","currency":"EUR","amount":{amount},"status":"paid","livemode":false,"customer":{{"id":"cus_{n}","email":"buyer{n}@example.com","country":"DE"}},"items":[{{"sku":"SKU-1","qty":2,"price":1200}},{{"sku":"SKU-22","qty":1,"price":{amount}}}],"tags":["web","promo"],"note":"{pad}"}}"#,
+        t = now_us(),
+        amount = 1000 + n % 5000,
+        pad = "x".repeat(120),
+    )
+    .into_bytes()
+}
+
+/// The subscriptions file's catalog section listing `bench.event` with [`REALISTIC_SCHEMA`].
+fn realistic_catalog(mode: hookrelay::catalog::ValidationMode) -> String {
+    let example = String::from_utf8(realistic_body(1)).unwrap_or_default();
+    format!(
+        "\n[[event_type]]\nname = \"bench.event\"\nmode = \"{mode}\"\n\n[[event_type.version]]\n\
+         schema = '''{REALISTIC_SCHEMA}'''\nexample = '''{example}'''\n"
+    )
 }
 
 /// Peak resident memory of a process, from `/proc` (Linux), in MiB.
@@ -533,6 +606,7 @@ pub async fn run(
         isolation_backlog: options.isolation_backlog,
         attempt_log_kept: options.keep_attempt_log,
         streams_off: options.streams_off,
+        schema: options.schema.map(|m| m.as_str().to_owned()),
         throughput_only: options.throughput_only,
         ..BenchReport::default()
     };
@@ -989,6 +1063,10 @@ async fn run_hookrelay(
         &format!("http://{slow_addr}/hook"),
         &secret_file,
     );
+    let subscriptions = match options.schema {
+        Some(mode) => subscriptions + &realistic_catalog(mode),
+        None => subscriptions,
+    };
     let ingress = ladder.ingress();
     let event = |i: usize, id: String, subscription: &str| NewEvent {
         id,
@@ -996,7 +1074,11 @@ async fn run_hookrelay(
         event_type: "bench.event".into(),
         subscription: Some(subscription.into()),
         timestamp: None,
-        body: body(i),
+        body: if options.schema.is_some() {
+            realistic_body(i)
+        } else {
+            body(i)
+        },
     };
 
     fresh_broker_log().await;
@@ -1689,12 +1771,16 @@ impl BenchReport {
             pf = self.prefetch,
             ev = self.events,
             log = if self.attempt_log_kept {
-                "; a queue keeps the attempt log"
+                "; a queue keeps the attempt log".to_owned()
             } else if self.streams_off {
-                "; ladders without streams (no archive, no attempt log)"
+                "; ladders without streams (no archive, no attempt log)".to_owned()
             } else {
-                ""
-            },
+                String::new()
+            } + &self
+                .schema
+                .as_ref()
+                .map(|m| format!("; realistic payload, schema validation {m}"))
+                .unwrap_or_default(),
             c = self.ceiling.per_second,
             cs = self.ceiling.seconds,
             cr = self.ceiling.peak_rss_mib,

@@ -113,6 +113,11 @@ struct BenchArgs {
     /// on, confirmed: once bare, once publishing each envelope as hookrelay publishes a retry.
     #[arg(long)]
     failure_path: bool,
+    /// The success path with a realistic payload (a dozen fields, a nested object, enums,
+    /// patterns) whose type the catalog lists with a schema in this mode: compare `enforce`
+    /// (every event validated) with `off`.
+    #[arg(long, value_name = "MODE")]
+    schema: Option<hookrelay::catalog::ValidationMode>,
     /// Run only these noisy-neighbour scenarios (comma-separated or repeated): tenant A's
     /// endpoint hangs or answers 503 while its backlog goes through the shared lanes, and
     /// tenant B's publish-to-delivery latency is measured against the floor (the time a raw loop
@@ -305,6 +310,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 keep_attempt_log: args.keep_attempt_log,
                 streams_off: args.streams_off,
                 failure_path: args.failure_path,
+                schema: args.schema,
                 ..Default::default()
             };
             // The pages run in this process: no worker binary needed.

@@ -17,6 +17,7 @@
 //!
 //! - [`lanes`]: which lanes to consume, their budgets, and the consumers of a session.
 //! - [`reload`]: the subscriptions file kept in force as it changes.
+//! - [`catalog`]: the catalog of event types kept in force as it changes.
 //! - [`signals`]: SIGHUP, and the shutdown signal `main` passes in.
 
 use std::future::Future;
@@ -34,6 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::broker::management::Management;
 use crate::broker::publish::{PublishError, Publisher};
+use crate::catalog::{Catalog, LiveCatalog};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::Dispatcher;
@@ -46,10 +48,12 @@ use crate::observe::events::Notices;
 use crate::observe::metrics::Metrics;
 use crate::subscriptions::{LiveSubscriptions, SecretStore};
 
+pub mod catalog;
 mod lanes;
 mod reload;
 mod signals;
 
+pub use catalog::CatalogSource;
 pub use lanes::{ConsumeError, LaneError, endpoint_most, lane_specs, shard_prefetch};
 use lanes::{Consumed, lane_missing, list_queues};
 use reload::{check_secrets, reload_loop};
@@ -110,6 +114,10 @@ pub struct WorkerSetup {
     pub config: Config,
     pub ladder: Ladder,
     pub subscriptions: LiveSubscriptions,
+    /// The catalog of event types in force at start; kept current from where it was read
+    /// (`catalog_source`).
+    pub catalog: Arc<LiveCatalog>,
+    pub catalog_source: CatalogSource,
     pub secrets: SecretStore,
     /// Name resolution for endpoints (the egress policy checks what it returns).
     pub lookup: Arc<dyn Lookup>,
@@ -124,6 +132,8 @@ impl WorkerSetup {
     pub fn new(config: Config, ladder: Ladder, subscriptions: LiveSubscriptions) -> Self {
         Self {
             secrets: SecretStore::new(config.secrets.refresh),
+            catalog: Arc::new(LiveCatalog::new(Catalog::empty(config.catalog.unlisted))),
+            catalog_source: CatalogSource::Fixed,
             config,
             ladder,
             subscriptions,
@@ -148,6 +158,7 @@ pub struct Worker {
     /// the management API (`metrics.poll_interval`).
     queues: tokio::sync::watch::Sender<Option<Vec<String>>>,
     store: Option<crate::store::follow::Following>,
+    catalog_source: CatalogSource,
 }
 
 impl std::fmt::Debug for Worker {
@@ -177,6 +188,8 @@ impl Worker {
             config,
             ladder,
             subscriptions,
+            catalog,
+            catalog_source,
             secrets,
             lookup,
             name,
@@ -240,7 +253,7 @@ impl Worker {
         let (first_budget, retry_budget) = config.worker.split(config.worker.in_flight);
         let lanes = Lanes::new(SharedBudget::new(first_budget, retry_budget));
         let settler = Settler::new(&config, ladder.clone(), publisher, notices, metrics);
-        let dispatcher = Dispatcher::new(
+        let mut dispatcher = Dispatcher::new(
             config,
             ladder,
             Arc::new(subscriptions),
@@ -249,6 +262,7 @@ impl Worker {
             settler,
             store.as_ref().map(|f| f.store.clone()),
         );
+        dispatcher.catalog = catalog;
         Ok(Self {
             dispatcher: Arc::new(dispatcher),
             notices_task,
@@ -258,6 +272,7 @@ impl Worker {
             lanes,
             queues,
             store,
+            catalog_source,
         })
     }
 
@@ -287,6 +302,21 @@ impl Worker {
             stop_helpers.clone(),
         )));
         let metrics = self.dispatcher.settler.metrics.clone();
+        let config = &self.dispatcher.config;
+        let every = match &self.catalog_source {
+            CatalogSource::File(_) => Some(config.reload.interval),
+            CatalogSource::Postgres(_) => Some(config.catalog.refresh),
+            CatalogSource::Fixed => None,
+        };
+        if let Some(every) = every {
+            helpers.push(tokio::spawn(catalog::follow(
+                self.catalog_source.clone(),
+                Arc::clone(&self.dispatcher.catalog),
+                config.catalog.unlisted,
+                every,
+                stop_helpers.clone(),
+            )));
+        }
         if let Some(store) = self.store.take() {
             helpers.push(tokio::spawn(crate::store::follow::follow(
                 store,

@@ -17,7 +17,7 @@ use crate::web::page::{PageError, Site, layout};
 use crate::web::session::Visitor;
 
 /// Outcomes offered in the filter (the API takes any; these are the common ones).
-const OUTCOMES: [&str; 10] = [
+const OUTCOMES: [&str; 11] = [
     "delivered",
     "retried",
     "rejected",
@@ -28,6 +28,7 @@ const OUTCOMES: [&str; 10] = [
     "horizon_expired",
     "cancelled",
     "parked",
+    "schema_invalid",
 ];
 
 /// How many of the latest attempts an endpoint's page shows.

@@ -1,4 +1,6 @@
-//! The event types a tenant receives: the union of its endpoints' filters.
+//! The event types a tenant receives (the union of its endpoints' filters), and the catalog
+//! the producer declares: each type's description, mode, newest schema and example. Schemas
+//! and examples are the producer's text, shown escaped like everything else on the page.
 
 use std::collections::BTreeSet;
 
@@ -54,6 +56,10 @@ pub async fn page(
         .flatten()
         .map(String::as_str)
         .collect();
+    let axum::Json(catalog) = crate::api::event_types::list(State(state.api.clone()))
+        .await
+        .map_err(|e| PageError::from_api(Site::Portal, e))?;
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     let body = html! {
         @if subs.is_empty() {
             p.muted { "No endpoints: nothing is received." }
@@ -75,6 +81,33 @@ pub async fn page(
                         None => span.muted { "all" },
                     } }
                 } } }
+            }
+        }
+        h2 { "Catalog" }
+        @if catalog.data.is_empty() {
+            p.muted { "No event types are declared: payloads are not described here." }
+        }
+        @for t in &catalog.data {
+            section.event-type {
+                h3 {
+                    code { (t.name) }
+                    @if t.deprecated { " " strong { "deprecated" } }
+                }
+                @if !t.description.is_empty() { p { (t.description) } }
+                p.muted {
+                    "Validation: " code { (t.mode.as_str()) }
+                    @if let Some(v) = t.versions.last() { ", schema version " (v.version) }
+                }
+                @if let Some(v) = t.versions.last() {
+                    details {
+                        summary { "Schema" }
+                        pre { code { (pretty(&v.schema)) } }
+                    }
+                    details {
+                        summary { "Example" }
+                        pre { code { (pretty(&v.example)) } }
+                    }
+                }
             }
         }
     };
