@@ -671,6 +671,17 @@ async fn the_keyboard_alone_reaches_every_action_of_every_page() {
     .execute(site.store.pool())
     .await
     .unwrap();
+    // A declared type, for the catalog's schema and example (each behind a summary).
+    let declared = site
+        .client
+        .put(format!("{}/v1/event-types/order.paid", site.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"description": "An order was paid", "mode": "warn",
+            "schema": {"type": "object"}, "example": {"id": "o1"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(declared.status(), StatusCode::CREATED);
     let browser = Browser::start().await;
     open_portal(&browser, &link(site, ACME, json!({})).await).await;
     let portal = [
@@ -695,7 +706,13 @@ async fn the_keyboard_alone_reaches_every_action_of_every_page() {
         }
     }
     sign_in(&browser, site).await;
-    for path in ["/ui/", "/ui/dead", "/ui/subscriptions", "/ui/replays"] {
+    for path in [
+        "/ui/",
+        "/ui/dead",
+        "/ui/subscriptions",
+        "/ui/replays",
+        "/ui/event-types",
+    ] {
         for html in browser
             .unreached_by_tab(&format!("{}{path}", site.base), 200)
             .await

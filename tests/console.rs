@@ -405,6 +405,7 @@ async fn no_console_route_opens_without_an_operators_session() {
         "/ui/subscriptions",
         "/ui/replays",
         "/ui/fragments/replays",
+        "/ui/event-types",
     ];
     let posts = [
         "/ui/tiers/retry-1h/hold",
@@ -654,5 +655,34 @@ async fn quarantines_announced_on_the_events_exchange_are_listed_until_recovered
     announce("endpoint.recovered", "flaky.example:443#cd34").await;
     let page = wait_page(&site, "/ui/", &cookie, |p| !p.contains("flaky.example")).await;
     assert!(page.contains("down.example:443#ab12"), "{page}");
+    site.stop().await;
+}
+
+/// The operator sees the catalog as producers declared it: each type, its mode, its newest
+/// schema and example, the producer's text rendered as text.
+#[tokio::test]
+async fn the_catalog_of_event_types_is_on_its_page() {
+    let site = Site::start(None).await;
+    let cookie = sign_in(&site).await;
+    let (_, empty) = get(&site, "/ui/event-types", &cookie).await;
+    assert!(empty.contains("No event types are declared"), "{empty}");
+    let answer = site
+        .client
+        .put(format!("{}/v1/event-types/order.paid", site.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"description": "Paid <b>now</b>", "mode": "warn",
+            "schema": {"type": "object", "properties": {"id": {"type": "string"}}},
+            "example": {"id": "<script>x</script>"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let (status, page) = get(&site, "/ui/event-types", &cookie).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<code>order.paid</code>"), "{page}");
+    assert!(page.contains("Paid &lt;b&gt;now&lt;/b&gt;"), "{page}");
+    assert!(page.contains("Validation: <code>warn</code>"), "{page}");
+    assert!(page.contains("&lt;script&gt;x&lt;/script&gt;"), "{page}");
+    assert!(!page.contains("<script>x"), "{page}");
     site.stop().await;
 }

@@ -13,11 +13,13 @@
 //! - [`signin`]: opening a portal link, the console's sign-in, signing out.
 //! - [`assets`]: the embedded style sheet and scripts.
 //! - [`call`]: calling the API's handlers from a page.
+//! - [`catalog`]: the catalog of event types, as both sites show it.
 //! - [`portal`]: the tenant portal's pages.
 //! - [`console`]: the operator console's pages.
 
 pub mod assets;
 pub mod call;
+pub mod catalog;
 pub mod console;
 pub mod page;
 pub mod portal;

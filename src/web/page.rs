@@ -85,6 +85,7 @@ pub fn layout(site: Site, visitor: Option<&Visitor>, title: &str, body: Markup) 
                                     a href="/ui/dead" { "Dead letters" }
                                     a href="/ui/subscriptions" { "Subscriptions" }
                                     a href="/ui/replays" { "Replays" }
+                                    a href="/ui/event-types" { "Event types" }
                                 }
                             }
                         }

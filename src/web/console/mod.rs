@@ -9,8 +9,10 @@
 //! - [`dead`]: the dead-letter sink and its redrive.
 //! - [`subscriptions`]: subscriptions across tenants, searched and paged.
 //! - [`replays`]: the API process's replay jobs, and cancelling one.
+//! - [`event_types`]: the catalog of event types.
 
 pub mod dead;
+pub mod event_types;
 pub mod ladder;
 pub mod quarantine;
 pub mod replays;
@@ -41,6 +43,7 @@ pub fn routes() -> Router<WebState> {
         .route("/ui/replays", get(replays::list))
         .route("/ui/fragments/replays", get(replays::fragment))
         .route("/ui/replays/{id}/cancel", post(replays::cancel))
+        .route("/ui/event-types", get(event_types::page))
 }
 
 /// The broker's setup and its management API, or why the console cannot read the broker.

@@ -59,7 +59,6 @@ pub async fn page(
     let axum::Json(catalog) = crate::api::event_types::list(State(state.api.clone()))
         .await
         .map_err(|e| PageError::from_api(Site::Portal, e))?;
-    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     let body = html! {
         @if subs.is_empty() {
             p.muted { "No endpoints: nothing is received." }
@@ -83,33 +82,7 @@ pub async fn page(
                 } } }
             }
         }
-        h2 { "Catalog" }
-        @if catalog.data.is_empty() {
-            p.muted { "No event types are declared: payloads are not described here." }
-        }
-        @for t in &catalog.data {
-            section.event-type {
-                h3 {
-                    code { (t.name) }
-                    @if t.deprecated { " " strong { "deprecated" } }
-                }
-                @if !t.description.is_empty() { p { (t.description) } }
-                p.muted {
-                    "Validation: " code { (t.mode.as_str()) }
-                    @if let Some(v) = t.versions.last() { ", schema version " (v.version) }
-                }
-                @if let Some(v) = t.versions.last() {
-                    details {
-                        summary { "Schema" }
-                        pre { code { (pretty(&v.schema)) } }
-                    }
-                    details {
-                        summary { "Example" }
-                        pre { code { (pretty(&v.example)) } }
-                    }
-                }
-            }
-        }
+        (crate::web::catalog::section(&catalog))
     };
     Ok(layout(Site::Portal, Some(&visitor), "Event types", body).into_response())
 }
