@@ -449,17 +449,8 @@ impl Delivering {
         }
     }
 
-    /// A worker delivering the store's subscriptions as they are now, with the site's keyring.
     async fn worker(&self) -> common::RunningWorker {
-        let (first, _) = self.site.store.load_all().await.unwrap();
-        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
-            self.t.config.clone(),
-            self.t.ladder.clone(),
-            hookrelay::subscriptions::LiveSubscriptions::followed(first),
-        );
-        setup.secrets = hookrelay::subscriptions::SecretStore::new(Duration::from_millis(100))
-            .with_keyring(std::sync::Arc::clone(&self.site.keyring));
-        common::RunningWorker::launch(&self.t, setup).await
+        self.site.worker(&self.t).await
     }
 
     async fn stop(self) {
@@ -655,22 +646,7 @@ async fn the_keyboard_alone_reaches_every_action_of_every_page() {
     )
     .await;
     // An event's story, as history records it, for its page.
-    let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
-    sqlx::query(&hookrelay::history::rows::create_partition(
-        "history_events",
-        today,
-    ))
-    .execute(site.store.pool())
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO history_events (id, tenant, event_type, subscription, accepted_at, \
-         stream_offset) VALUES ('evt_keys', 'acme', 'order.paid', $1, now(), 0)",
-    )
-    .bind(&id)
-    .execute(site.store.pool())
-    .await
-    .unwrap();
+    site.accepted("evt_keys", "order.paid", &id).await;
     // A declared type, for the catalog's schema and example (each behind a summary).
     let declared = site
         .client

@@ -4,10 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use hookrelay::subscriptions::SecretStore;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use serde_json::{Value, json};
 
@@ -125,18 +123,7 @@ async fn a_fan_out_sends_what_each_filter_lets_through_and_records_what_it_left_
     assert_eq!(status, 201, "{big}");
     let big = big["subscription"]["id"].as_str().unwrap().to_owned();
 
-    let worker = {
-        let (first, problems) = site.store.load_all().await.unwrap();
-        assert!(problems.is_empty(), "{problems:?}");
-        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
-            t.config.clone(),
-            t.ladder.clone(),
-            hookrelay::subscriptions::LiveSubscriptions::followed(first),
-        );
-        setup.secrets =
-            SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::clone(&site.keyring));
-        common::RunningWorker::launch(&t, setup).await
-    };
+    let worker = site.worker(&t).await;
     // Two fan-outs and two deliveries; one cancelled for `big`.
     let tail = t.tail_attempts("acme", 5).await;
     for (id, body) in [

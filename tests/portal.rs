@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hookrelay::api::BrokerSetup;
 use hookrelay::api::PagesSetup;
-use hookrelay::subscriptions::SecretStore;
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use serde_json::{Value, json};
@@ -650,17 +648,7 @@ async fn a_test_event_sent_from_the_portal_arrives_and_a_replay_shows_its_job() 
         .unwrap()
         .to_owned();
 
-    let worker = {
-        let (first, _) = site.store.load_all().await.unwrap();
-        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
-            t.config.clone(),
-            t.ladder.clone(),
-            hookrelay::subscriptions::LiveSubscriptions::followed(first),
-        );
-        setup.secrets =
-            SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::clone(&site.keyring));
-        common::RunningWorker::launch(&t, setup).await
-    };
+    let worker = site.worker(&t).await;
     let (status, location, _) =
         post(&site, &format!("/portal/endpoints/{id}/test"), &acme, &[]).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
@@ -738,23 +726,7 @@ async fn a_test_event_sent_from_the_portal_arrives_and_a_replay_shows_its_job() 
 
     // One event, from its story: history says when it was accepted; the replay reads the
     // archive around then and publishes that event alone, not its neighbour.
-    let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
-    sqlx::query(&hookrelay::history::rows::create_partition(
-        "history_events",
-        today,
-    ))
-    .execute(site.store.pool())
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO history_events (id, tenant, event_type, subscription, accepted_at, \
-         stream_offset) VALUES ($1, 'acme', 'hookrelay.test', $2, now(), 0)",
-    )
-    .bind(&envelope)
-    .bind(&id)
-    .execute(site.store.pool())
-    .await
-    .unwrap();
+    site.accepted(&envelope, "hookrelay.test", &id).await;
     let (_, story) = get(&site, &format!("/portal/events/{envelope}"), &acme).await;
     assert!(story.contains("Replay this event"), "{story}");
     let (status, location, body) = post(

@@ -106,6 +106,45 @@ impl Site {
         (status, answer.json().await.unwrap_or_default())
     }
 
+    /// A worker on `t`'s broker delivering this site's subscriptions as the store holds them
+    /// now (every row readable), opening their secrets with the site's keyring.
+    pub async fn worker(&self, t: &super::TestLadder) -> super::RunningWorker {
+        let (first, problems) = self.store.load_all().await.unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut setup = hookrelay::delivery::worker::WorkerSetup::new(
+            t.config.clone(),
+            t.ladder.clone(),
+            hookrelay::subscriptions::LiveSubscriptions::followed(first),
+        );
+        setup.secrets =
+            hookrelay::subscriptions::SecretStore::new(std::time::Duration::from_millis(100))
+                .with_keyring(Arc::clone(&self.keyring));
+        super::RunningWorker::launch(t, setup).await
+    }
+
+    /// Event `id` of acme accepted now for `subscription`, as `hookrelay history` records it
+    /// (today's partition made first): what an event's story and its replay start from.
+    pub async fn accepted(&self, id: &str, event_type: &str, subscription: &str) {
+        let today = hookrelay::history::rows::day_of(std::time::SystemTime::now());
+        sqlx::query(&hookrelay::history::rows::create_partition(
+            "history_events",
+            today,
+        ))
+        .execute(self.store.pool())
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO history_events (id, tenant, event_type, subscription, accepted_at, \
+             stream_offset) VALUES ($1, 'acme', $2, $3, now(), 0)",
+        )
+        .bind(id)
+        .bind(event_type)
+        .bind(subscription)
+        .execute(self.store.pool())
+        .await
+        .unwrap();
+    }
+
     /// Stops the server and waits for it.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
