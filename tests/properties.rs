@@ -125,15 +125,17 @@ fn results() -> impl Strategy<Value = AttemptResult> {
             ".{0,20}",
             0u64..200_000,
             0u8..3,
-            proptest::option::of(0u64..u64::MAX)
+            proptest::option::of(0u64..u64::MAX),
+            0u32..20,
         )
-            .prop_map(
-                |(reason, wait, kind, failed_try_ms)| AttemptResult::Deferred {
+            .prop_map(|(reason, wait, kind, failed_try_ms, failed_in_a_row)| {
+                AttemptResult::Deferred {
                     reason,
                     cause: match kind {
                         0 => DeferCause::Outage {
                             probe_in: Duration::from_secs(wait),
                             failed_try_ms,
+                            failed_in_a_row,
                         },
                         1 => DeferCause::Busy {
                             quiet_for: Duration::from_millis(wait),
@@ -143,7 +145,7 @@ fn results() -> impl Strategy<Value = AttemptResult> {
                         _ => DeferCause::OverRate,
                     },
                 }
-            ),
+            }),
     ]
 }
 

@@ -19,7 +19,8 @@
 //! - the budget counts requests: a dead letter's attempts are the requests its endpoint saw;
 //! - `exhausted` has the schedule's attempts; `horizon_expired` has fewer only on fresh
 //!   evidence (a failed request to its endpoint that started after the envelope last went to
-//!   wait) and not before its horizon; `gone` follows a 410;
+//!   wait), after its endpoint failed at least the schedule's attempts, and not before its
+//!   horizon; `gone` follows a 410;
 //! - an endpoint that fails each event's first k attempts, k no more than the schedule's retries
 //!   (or answers 429 so), a healthy endpoint, and a paused then resumed subscription get every
 //!   event delivered;
@@ -692,6 +693,18 @@ impl Sim {
                              to its endpoint since it last waited ({since:?})"
                         ));
                     }
+                    // An outage the schedule rides out ends no envelope: its endpoint failed at
+                    // least as many requests as the schedule gives an envelope attempts.
+                    let failed = self.requests[sub]
+                        .iter()
+                        .filter(|r| r.failed && r.start_ms <= *dead_at)
+                        .count() as u64;
+                    if failed < u64::from(max) {
+                        self.violations.push(format!(
+                            "{id}: horizon_expired after {failed} failed requests to its endpoint, \
+                             fewer than the schedule's {max} attempts"
+                        ));
+                    }
                     // The dead-letter header is stamped by the system's clock; the simulation's
                     // own time says when.
                     let first = headers::read_u64_header(props, headers::FIRST_TRY_HEADER);
@@ -952,6 +965,47 @@ fn a_delivery_parked_longer_than_its_horizon_is_not_expired_by_the_hold() {
             pause: Some((2252, 3101)),
         }],
         seed: 1589267202084985840,
+    };
+    let violations = simulate(s);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Found by the simulation: an outage of two requests, within a schedule of four retries,
+/// dead-lettered an event that arrived during it `horizon_expired` without one attempt. The
+/// horizon (here shorter than the schedule) had passed and a probe had failed since the event
+/// last waited; but the endpoint had failed fewer requests in a row than the schedule promises
+/// to ride out.
+#[test]
+fn an_outage_shorter_than_the_schedule_expires_no_event_that_waited_it_out() {
+    let s = Scenario {
+        tiers_ms: vec![60_000],
+        schedule: vec![0, 0, 0, 0],
+        deferral_queues: false,
+        endpoints: EndpointConfig {
+            max_concurrent: 1,
+            breaker_failures: 1,
+            breaker_window: Duration::ZERO,
+            breaker_cooldown: Duration::from_millis(50),
+            recovery_start: 0,
+            horizon: Duration::from_millis(500),
+            busy_wait: Duration::ZERO,
+            lane_share: 1.0,
+            ..EndpointConfig::default()
+        },
+        request_timeout_ms: 500,
+        workers: 1,
+        skew_ms: 0,
+        prefetch: 1,
+        subs: vec![SubSpec {
+            behavior: Behavior::FailFirst(2),
+            latency_ms: (1, 1),
+            events: 2,
+            arrival: Arrival::Burst,
+            max_concurrent: None,
+            rate_per_s: None,
+            pause: None,
+        }],
+        seed: 0,
     };
     let violations = simulate(s);
     assert!(violations.is_empty(), "{}", violations.join("\n"));

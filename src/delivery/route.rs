@@ -50,10 +50,12 @@ pub enum AttemptResult {
 pub enum DeferCause {
     /// Its breaker is open and lets a probe through in `probe_in`: an outage, which may be
     /// long. `failed_try_ms`: when its latest failed attempt started (ms since the epoch), if
-    /// this worker saw one: the evidence an expiry needs ([`defer`]).
+    /// this worker saw one; `failed_in_a_row`: how many of its attempts this worker saw fail
+    /// since its last answer. Both are the evidence an expiry needs ([`defer`]).
     Outage {
         probe_in: Duration,
         failed_try_ms: Option<u64>,
+        failed_in_a_row: u32,
     },
     /// It is up but at a limit (its cap, its host's cap, its rate, its recovery ramp).
     /// `quiet_for`: how long since it last showed progress (an attempt to it finished, or one
@@ -558,10 +560,14 @@ pub fn decide(ladder: &Ladder, attempts_before: u32, result: &AttemptResult) -> 
 /// Deferrals alone would never exhaust the budget, so the delivery horizon ends an outage's:
 /// `horizon` after its first try (`now_ms` if this is its first), an envelope deferred for an
 /// open breaker is dead-lettered `horizon_expired`, but only on fresh evidence: an attempt to
-/// its endpoint that started after the envelope last went to wait, and failed ([`is_fresh`]).
-/// Without it the envelope would be declared dead on what its endpoint did before it waited,
-/// with fewer attempts than its schedule, and for no reason it could have seen; it waits again
-/// instead, for the probe its tier outlasts. A deferral for a busy endpoint or a rate
+/// its endpoint that started after the envelope last went to wait, and failed ([`is_fresh`]),
+/// and an outage longer than the schedule rides out: the endpoint failed at least as many
+/// attempts in a row as the schedule gives an envelope. Without the first the envelope would
+/// be declared dead on what its endpoint did before it waited, with fewer attempts than its
+/// schedule, and for no reason it could have seen; without the second an event that came
+/// during an outage the schedule promises to outlast (k failed requests, k no more than its
+/// retries) would be dead-lettered as the outage ends. It waits again instead, for the probe
+/// its tier outlasts. A deferral for a busy endpoint or a rate
 /// limit is waiting one's turn, as in a lane, not trying: it never expires the envelope (its
 /// endpoint is finishing attempts, or is stuck and soon opens its breaker).
 pub fn defer(
@@ -575,16 +581,22 @@ pub fn defer(
     let deferrals = envelope.deferrals.saturating_add(1);
     let since = envelope.first_try_ms.unwrap_or(now_ms);
     let age = Duration::from_millis(now_ms.saturating_sub(since));
-    if let DeferCause::Outage { failed_try_ms, .. } = cause
+    if let DeferCause::Outage {
+        failed_try_ms,
+        failed_in_a_row,
+        ..
+    } = cause
         && age >= horizon
         && is_fresh(envelope, failed_try_ms)
+        && failed_in_a_row >= ladder.max_attempts()
     {
         return Outcome::Dead {
             reason: DeadReason::Expired,
             status: None,
             error: format!(
                 "{reason}; the delivery horizon {} passed with {} attempts made and {deferrals} \
-                 deferrals, and its endpoint failed again since the envelope last waited",
+                 deferrals, and its endpoint failed again since the envelope last waited \
+                 ({failed_in_a_row} attempts in a row)",
                 crate::units::fmt_duration(horizon),
                 envelope.attempts_made
             ),
@@ -819,6 +831,7 @@ mod tests {
     const OUTAGE: DeferCause = DeferCause::Outage {
         probe_in: Duration::ZERO,
         failed_try_ms: None,
+        failed_in_a_row: 0,
     };
     const BUSY: DeferCause = DeferCause::BUSY;
 
@@ -861,6 +874,7 @@ mod tests {
         let probe = DeferCause::Outage {
             probe_in: Duration::from_secs(30),
             failed_try_ms: None,
+            failed_in_a_row: 0,
         };
         assert_eq!(
             waits_in(&defer(&l, &e, "deferred: x", probe, horizon, now)).0,
@@ -874,6 +888,7 @@ mod tests {
         let tried = |ms| DeferCause::Outage {
             probe_in: Duration::ZERO,
             failed_try_ms: Some(ms),
+            failed_in_a_row: l.max_attempts(),
         };
         for stale in [OUTAGE, tried(late - 5_001)] {
             assert!(
@@ -888,8 +903,19 @@ mod tests {
                 "{stale:?}"
             );
         }
-        // An attempt to it that started since and failed: the horizon ends it, however few
-        // attempts were made.
+        // Fresh, but the endpoint failed fewer attempts in a row than the schedule rides out:
+        // an outage the schedule promises to outlast ends no envelope.
+        let short = DeferCause::Outage {
+            probe_in: Duration::ZERO,
+            failed_try_ms: Some(late - 5_000),
+            failed_in_a_row: l.max_attempts() - 1,
+        };
+        assert!(matches!(
+            defer(&l, &e, "deferred: x", short, horizon, late),
+            Outcome::Retry { deferred: true, .. }
+        ));
+        // An attempt to it that started since and failed, in an outage longer than the
+        // schedule: the horizon ends it, however few attempts the envelope made.
         match defer(&l, &e, "deferred: x", tried(late - 5_000), horizon, late) {
             Outcome::Dead {
                 reason: DeadReason::Expired,

@@ -34,11 +34,13 @@ pub fn wait_is_short(busy_wait: Duration, latency: Duration, waiting: u32, slots
 /// Why an attempt was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deferral {
-    /// `failed_try_ms`: when the endpoint's latest failed attempt started, if one did.
+    /// `failed_try_ms`: when the endpoint's latest failed attempt started, if one did;
+    /// `failed_in_a_row`: its attempts that failed since its last answer.
     BreakerOpen {
         endpoint: String,
         retry_in: Duration,
         failed_try_ms: Option<u64>,
+        failed_in_a_row: u32,
     },
     /// The endpoint's own cap was full: `cap` is this worker's share of it. `busy`: what is
     /// known of its progress.
@@ -94,10 +96,12 @@ impl Deferral {
             Deferral::BreakerOpen {
                 retry_in,
                 failed_try_ms,
+                failed_in_a_row,
                 ..
             } => DeferCause::Outage {
                 probe_in: *retry_in,
                 failed_try_ms: *failed_try_ms,
+                failed_in_a_row: *failed_in_a_row,
             },
             Deferral::OverCap { busy, .. }
             | Deferral::OverLaneShare { busy, .. }
@@ -194,6 +198,7 @@ mod tests {
             DeferCause::Outage {
                 probe_in: Duration::from_secs(1),
                 failed_try_ms: None,
+                failed_in_a_row: 0,
             }
         ));
     }

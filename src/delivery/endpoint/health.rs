@@ -44,6 +44,9 @@ pub(super) struct Health {
     /// a deferral for its open breaker may end an envelope past its horizon only when this
     /// is after the envelope last went to wait ([`crate::delivery::route::defer`]).
     pub(super) failed_try_ms: Option<u64>,
+    /// Its attempts that failed since it last answered (a breaker's failure each; any other
+    /// answer ends the run): an expiry needs an outage longer than the schedule rides out.
+    pub(super) failed_in_a_row: u32,
     /// The last turn booked for a delivery deferred from its full cap
     /// ([`EndpointsInner::book_turn`]).
     pub(super) turns_until: Option<Instant>,
@@ -60,6 +63,7 @@ impl Health {
             waiting: 0,
             turns_until: None,
             failed_try_ms: None,
+            failed_in_a_row: 0,
         }
     }
 
@@ -105,6 +109,9 @@ impl Health {
         let failed = is_endpoint_failure(result);
         if failed {
             self.failed_try_ms = self.failed_try_ms.max(Some(started_ms));
+            self.failed_in_a_row = self.failed_in_a_row.saturating_add(1);
+        } else if matches!(result, AttemptResult::Response { .. }) {
+            self.failed_in_a_row = 0;
         }
         let recovered = self.breaker.record(failed, started, now);
         let was_ramping = self.ramp.is_some();

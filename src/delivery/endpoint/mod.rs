@@ -510,7 +510,7 @@ impl Endpoints {
         let cap = cap.unwrap_or(config.max_concurrent).max(1);
         let rate = rate.or(config.rate);
         let now = self.0.clock.now();
-        let (admitted, quarantine, ramp_full, busy, disable, failed_try_ms) = {
+        let (admitted, quarantine, ramp_full, busy, disable, evidence) = {
             let mut all = self.0.lock_health();
             let health = all.entry(key.clone()).or_insert_with(|| {
                 Health::new(
@@ -549,7 +549,7 @@ impl Endpoints {
                 ramp_full,
                 busy,
                 disable,
-                health.failed_try_ms,
+                (health.failed_try_ms, health.failed_in_a_row),
             )
         };
         if let Some(open_for) = disable {
@@ -568,7 +568,8 @@ impl Endpoints {
             return Err(Deferral::BreakerOpen {
                 endpoint: key.label(),
                 retry_in,
-                failed_try_ms,
+                failed_try_ms: evidence.0,
+                failed_in_a_row: evidence.1,
             });
         }
         if let Some(limit) = ramp_full {
@@ -746,9 +747,11 @@ mod tests {
             Deferral::BreakerOpen {
                 retry_in,
                 failed_try_ms,
+                failed_in_a_row,
                 ..
             } => {
                 assert!(retry_in <= Duration::from_secs(1), "{retry_in:?}");
+                assert_eq!(failed_in_a_row, 1);
                 let tried = failed_try_ms.expect("the failed attempt is evidence");
                 assert!(tried >= before && tried <= crate::units::now_ms());
             }
