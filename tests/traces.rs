@@ -3,8 +3,9 @@
 //! through the ladder land in the producer's trace; a collector that does not answer costs
 //! deliveries nothing; a receiver that asked for it sees the attempt's `traceparent`.
 //!
-//! Each test installs its subscriber for its own thread only (`set_default`, with the
-//! single-threaded test runtime every task of the worker runs on), so tests do not share spans.
+//! The tracer is the process's, started by `Traces::start`: each test is a process of its own
+//! under nextest, so tests do not share spans. The JSON log lines are this thread's only
+//! (`set_default`, with the single-threaded test runtime every task of the worker runs on).
 
 mod common;
 
@@ -94,12 +95,6 @@ fn traced(config: &Config, endpoint: &str) -> Traces {
     Traces::start(&c).unwrap().expect("traces are on")
 }
 
-/// A subscriber for this thread that exports through `traces`.
-fn install(traces: &Traces) -> tracing::subscriber::DefaultGuard {
-    let subscriber = tracing_subscriber::registry().with(traces.layer());
-    tracing::subscriber::set_default(subscriber)
-}
-
 /// Log lines written into memory.
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u8>>>);
@@ -123,17 +118,16 @@ impl Lines {
     }
 }
 
-/// As [`install`], with the worker's JSON log lines (debug and up) written to `lines`.
-fn install_with_json_logs(traces: &Traces, lines: &Lines) -> tracing::subscriber::DefaultGuard {
+/// The worker's JSON log lines (debug and up, the delivery's trace ids among their spans)
+/// written to `lines`, for this thread.
+fn install_json_logs(lines: &Lines) -> tracing::subscriber::DefaultGuard {
     use tracing_subscriber::Layer as _;
     let writer = lines.clone();
     let json = tracing_subscriber::fmt::layer()
         .json()
         .with_writer(move || writer.clone())
         .with_filter(tracing_subscriber::EnvFilter::new("hookrelay=debug"));
-    let subscriber = tracing_subscriber::registry()
-        .with(json)
-        .with(traces.layer());
+    let subscriber = tracing_subscriber::registry().with(json);
     tracing::subscriber::set_default(subscriber)
 }
 
@@ -201,7 +195,6 @@ async fn an_event_retried_twice_is_one_trace_under_the_producers_span() {
     let collector = Collector::start().await;
     let t = TestLadder::apply("traces", &["300ms", "600ms"], &["300ms", "600ms", "600ms"]).await;
     let traces = traced(&t.config, &format!("http://{}", collector.addr));
-    let _guard = install(&traces);
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
         1 | 2 => Reply::Status(503),
@@ -317,7 +310,7 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
     let t = TestLadder::apply("traces-root", &["300ms"], &["300ms", "300ms"]).await;
     let traces = traced(&t.config, &format!("http://{}", collector.addr));
     let lines = Lines::default();
-    let _guard = install_with_json_logs(&traces, &lines);
+    let _guard = install_json_logs(&lines);
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
         1 => Reply::Status(500),
@@ -383,7 +376,6 @@ async fn a_collector_that_never_answers_costs_deliveries_nothing() {
     config.batch = 8;
     config.export_interval = Duration::from_millis(50);
     config.export_timeout = Duration::from_secs(10);
-    let traces = Traces::start(&config).unwrap().unwrap();
     let s = secret();
     let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(200))
         .await
@@ -406,9 +398,9 @@ async fn a_collector_that_never_answers_costs_deliveries_nothing() {
         }
     };
     let untraced = run(0).await;
-    let guard = install(&traces);
+    // Traces start now: the process's tracer is on from here.
+    let traces = Traces::start(&config).unwrap().unwrap();
     let traced = run(N).await;
-    drop(guard);
     let dropped = worker.metrics.count(
         "hookrelay_trace_spans_dropped_total",
         &[("reason", "queue_full")],
@@ -481,7 +473,6 @@ async fn spans_travel_over_grpc_too_with_the_configured_resource() {
     c.service_name = "relay-eu".into();
     c.resource_attributes = "deployment.environment=test,team=a%20b".into();
     let traces = Traces::start(&c).unwrap().unwrap();
-    let _guard = install(&traces);
     let s = secret();
     let receiver = common::ok_receiver(&s).await;
     let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;

@@ -231,14 +231,12 @@ impl ApiState {
 
     /// Publishes `event` to the ingress exchange, confirmed; its envelope id.
     async fn publish(&self, event: &NewEvent) -> Result<String, ApiError> {
-        use tracing::Instrument as _;
         let (publisher, broker) = self.publisher().await?;
         let ingress = broker.ladder.ingress();
         // With traces on, the test event's trace starts here.
-        let span = crate::observe::traces::publish_span(&ingress, &event.id);
+        let span = crate::observe::traces::publish_span(&ingress, &event.id, None);
         publisher
-            .publish_event(&ingress, event, broker.max_event_bytes)
-            .instrument(span)
+            .publish_event_in(&ingress, event, broker.max_event_bytes, span.context())
             .await
             .map_err(|e| match e {
                 PublishError::Invalid(invalid) => ApiError::field("data", invalid.to_string()),

@@ -599,26 +599,22 @@ impl Publisher {
         self.publish_event_in(ingress, event, max_body, None).await
     }
 
-    /// As [`Publisher::publish_event`], in the trace of `parent` (a producer's `traceparent`)
-    /// when given. The current span's context (the caller's publish span, when traces are on)
-    /// goes with the event; without traces, `parent` as given.
+    /// As [`Publisher::publish_event`], with the trace context `cx` (the caller's publish
+    /// span, or a producer's `traceparent` as given) unless the event carries one already.
     pub async fn publish_event_in(
         &self,
         ingress: &str,
         event: &NewEvent,
         max_body: usize,
-        parent: Option<&opentelemetry::Context>,
+        cx: Option<&opentelemetry::Context>,
     ) -> Result<String, PublishError> {
-        use opentelemetry::trace::TraceContextExt as _;
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
         event.validate(max_body)?;
-        let current = tracing::Span::current().context();
-        let cx = match parent {
-            Some(parent) if !current.span().span_context().is_valid() => parent,
-            _ => &current,
+        let properties = match cx {
+            Some(cx) => {
+                crate::contract::trace_context::with_context_if_absent(event.properties(), cx)
+            }
+            None => event.properties(),
         };
-        let properties =
-            crate::contract::trace_context::with_context_if_absent(event.properties(), cx);
         self.publish(ingress, &event.tenant, &event.body, properties)
             .await?;
         Ok(event.id.clone())

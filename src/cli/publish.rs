@@ -48,12 +48,9 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
                 .context("--traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")?,
         ),
     };
-    let span = crate::observe::traces::publish_span(&ladder.ingress(), &event.id);
-    if let Some(parent) = &parent {
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        // Fails only without traces, when the traceparent goes with the event as given.
-        let _ = span.set_parent(parent.clone());
-    }
+    let span = crate::observe::traces::publish_span(&ladder.ingress(), &event.id, parent.as_ref());
+    // Without traces, the traceparent goes with the event as given.
+    let cx = span.context().or(parent.as_ref());
     let published = async {
         let publisher = Publisher::connect(
             &config.amqp.url,
@@ -62,18 +59,14 @@ pub(super) async fn run(args: PublishArgs, config: &Config) -> anyhow::Result<Ex
         )
         .await?;
         let id = publisher
-            .publish_event_in(
-                &ladder.ingress(),
-                &event,
-                config.limits.max_body_bytes,
-                parent.as_ref(),
-            )
+            .publish_event_in(&ladder.ingress(), &event, config.limits.max_body_bytes, cx)
             .await;
         publisher.close().await;
         id
     }
-    .instrument(span)
+    .instrument(span.log_span())
     .await;
+    drop(span);
     let id = published.map_err(|e| {
         let context = if e.is_transient() {
             // It may even have arrived (a confirm that timed out): the same id lets receivers

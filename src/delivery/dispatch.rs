@@ -27,6 +27,7 @@ use crate::delivery::spans;
 use crate::observe::events::OperationalEvent;
 use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
+use opentelemetry::KeyValue;
 
 /// Everything a delivery's task needs, shared by all of them.
 pub struct Dispatcher {
@@ -125,13 +126,19 @@ impl Dispatcher {
         gauge.inc();
         let _in_flight = InFlight(gauge);
         let span = spans::process(&lane, &delivery.properties);
-        self.process(lane, delivery, lease_end)
-            .instrument(span)
+        let logs = span.log_span();
+        self.process(lane, delivery, lease_end, &span)
+            .instrument(logs)
             .await;
     }
 
-    async fn process(&self, lane: Arc<Lane>, delivery: Delivery, lease_end: tokio::time::Instant) {
-        let span = tracing::Span::current();
+    async fn process(
+        &self,
+        lane: Arc<Lane>,
+        delivery: Delivery,
+        lease_end: tokio::time::Instant,
+        span: &spans::Traced,
+    ) {
         let Delivery {
             properties,
             routing_key,
@@ -144,11 +151,17 @@ impl Dispatcher {
         let (envelope, attempted) =
             match Envelope::from_delivery(&properties, routing_key.as_str(), &body, max_body) {
                 Ok(envelope) => {
-                    span.record("messaging.message.id", envelope.id.as_str());
-                    span.record("hookrelay.tenant", envelope.tenant.as_str());
-                    span.record("hookrelay.attempt", envelope.attempts_made + 1);
+                    span.set(|| {
+                        KeyValue::new("messaging.message.id", envelope.id.as_str().to_owned())
+                    });
+                    span.set(|| {
+                        KeyValue::new("hookrelay.tenant", envelope.tenant.as_str().to_owned())
+                    });
+                    span.set(|| {
+                        KeyValue::new("hookrelay.attempt", i64::from(envelope.attempts_made) + 1)
+                    });
                     self.observe_head(&lane, &properties, &envelope);
-                    let attempted = self.attempt(&lane, &envelope, &body).await;
+                    let attempted = self.attempt(&lane, &envelope, &body, span).await;
                     (Some(envelope), attempted)
                 }
                 Err(invalid) => {
@@ -163,11 +176,13 @@ impl Dispatcher {
             Outcome::Retry { tier, .. } => Some(self.ladder.tier(*tier).name.as_str()),
             _ => None,
         };
-        span.record("hookrelay.outcome", attempted.outcome.kind());
-        span.record("hookrelay.tier", tier);
-        let settle_span = spans::settle(&lane, &attempted.outcome, tier);
+        span.set(|| KeyValue::new("hookrelay.outcome", attempted.outcome.kind()));
+        if let Some(tier) = tier {
+            span.set(|| KeyValue::new("hookrelay.tier", tier.to_owned()));
+        }
+        let settle_span = spans::settle(span, &lane, &attempted.outcome, tier);
         // Every copy of a message that came without a trace context carries this one's.
-        let carried = spans::carried(&properties, &span);
+        let carried = spans::carried(&properties, span);
         self.settler
             .settle(Settlement {
                 lane: &lane,
@@ -178,8 +193,8 @@ impl Dispatcher {
                 attempted,
                 lease_end,
             })
-            .instrument(settle_span)
             .await;
+        drop(settle_span);
     }
 
     /// The head-of-lane vital signs: how long this message waited to be eligible and consumed,
@@ -217,7 +232,13 @@ impl Dispatcher {
     }
 
     /// Routes a valid envelope and makes the HTTP attempt when the route calls for one.
-    async fn attempt(&self, lane: &Lane, envelope: &Envelope, body: &Bytes) -> Attempted {
+    async fn attempt(
+        &self,
+        lane: &Lane,
+        envelope: &Envelope,
+        body: &Bytes,
+        span: &spans::Traced,
+    ) -> Attempted {
         match screen(envelope, body, lane.kind, &self.catalog.current()) {
             Screen::Pass => {}
             Screen::Warn { listed, violation } => {
@@ -240,7 +261,7 @@ impl Dispatcher {
             Route::Settle(outcome) => return Attempted::without_attempt(outcome),
             Route::Attempt(sub) => sub,
         };
-        tracing::Span::current().record("hookrelay.subscription", sub.id.as_str());
+        span.set(|| KeyValue::new("hookrelay.subscription", sub.id.as_str().to_owned()));
         let endpoint = envelope::endpoint_fingerprint(&sub.url);
         if let Some(previous) = &envelope.last_endpoint
             && *previous != endpoint
@@ -253,7 +274,7 @@ impl Dispatcher {
                 "Subscription repointed; delivering to its new URL"
             );
         }
-        let (result, latency) = self.send(lane, envelope, &sub, body).await;
+        let (result, latency) = self.send(lane, envelope, &sub, body, span).await;
         let outcome = match &result {
             AttemptResult::Deferred { reason, cause } => defer(
                 &self.ladder,
@@ -406,6 +427,7 @@ impl Dispatcher {
         envelope: &Envelope,
         sub: &Subscription,
         body: &Bytes,
+        span: &spans::Traced,
     ) -> (AttemptResult, Option<Duration>) {
         let (keys, errors) = self.secrets.keys_for(sub);
         for e in &errors {
@@ -499,7 +521,7 @@ impl Dispatcher {
             timestamp,
             body,
         );
-        let attempt_span = spans::attempt(&sub.url, envelope.attempts_made + 1);
+        let attempt_span = spans::attempt(span, &sub.url, envelope.attempts_made + 1);
         if sub.trace_context {
             for (name, value) in spans::webhook_headers(&attempt_span) {
                 if let (Ok(name), Ok(value)) = (
@@ -522,7 +544,6 @@ impl Dispatcher {
                 extra,
                 client_tls,
             })
-            .instrument(attempt_span.clone())
             .await;
         spans::attempt_result(&attempt_span, &report.result);
         drop(attempt_span);

@@ -4,87 +4,98 @@
 //! children. No secret, header value or body is ever recorded: the URL is redacted, and the
 //! attributes are names, numbers and outcomes.
 //!
-//! Each span also records its `trace_id` and `span_id` as fields, so the JSON log lines written
-//! inside it carry them (`.span.trace_id`).
+//! The spans are made with the OpenTelemetry API directly, not through `tracing`: a delivery
+//! takes a few dozen microseconds, and a `tracing` layer translating every span, field and
+//! poll into OpenTelemetry's doubled its CPU (docs/bench/results/2026-12-07-traces.json). With
+//! traces off, or a span not sampled, none of this records anything.
+//!
+//! The log lines written inside a delivery carry its trace's ids through a `tracing` span of
+//! their own ([`Traced::log_span`]), enabled only when JSON lines are written with traces on.
 
 use lapin::BasicProperties;
-use tracing::Span;
-use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{SpanBuilder, SpanKind, Status, TraceContextExt as _, Tracer as _};
 
 use crate::contract::trace_context;
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome};
-use crate::observe::traces::{SPAN_TARGET, redacted_url};
+pub(crate) use crate::observe::traces::Traced;
+use crate::observe::traces::redacted_url;
 
 /// The span of one delivery's processing, child of the context its headers carry.
-pub(crate) fn process(lane: &Lane, properties: &BasicProperties) -> Span {
-    let span = tracing::info_span!(
-        target: SPAN_TARGET,
-        "process",
-        otel.name = %format!("process {}", lane.queue),
-        otel.kind = "consumer",
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "process",
-        messaging.operation.name = "deliver",
-        messaging.destination.name = %lane.queue,
-        messaging.message.id = Empty,
-        hookrelay.lane = match lane.kind {
-            LaneKind::First => "first",
-            LaneKind::Retry => "retry",
-        },
-        hookrelay.tenant = Empty,
-        hookrelay.subscription = Empty,
-        hookrelay.attempt = Empty,
-        hookrelay.outcome = Empty,
-        hookrelay.tier = Empty,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    if let Some(parent) = trace_context::parent_of(properties.headers().as_ref()) {
-        // Fails only without the OpenTelemetry layer, when there is nothing to parent.
-        let _ = span.set_parent(parent);
+pub(crate) fn process(lane: &Lane, properties: &BasicProperties) -> Traced {
+    if crate::observe::traces::tracer().is_none() {
+        return Traced::default();
     }
-    record_ids(&span);
-    span
+    let parent = trace_context::parent_of(properties.headers().as_ref()).unwrap_or_default();
+    Traced::start(|tracer| process_span(tracer, lane), &parent)
 }
 
-/// The span of the HTTP attempt, a child of the current (process) span.
-pub(crate) fn attempt(url: &url::Url, attempt: u32) -> Span {
-    let span = tracing::info_span!(
-        target: SPAN_TARGET,
-        "attempt",
-        otel.name = "POST",
-        otel.kind = "client",
-        otel.status_code = Empty,
-        http.request.method = "POST",
-        http.response.status_code = Empty,
-        server.address = url.host_str().unwrap_or_default(),
-        server.port = url.port_or_known_default().unwrap_or_default(),
-        url.full = %redacted_url(url),
-        error.type = Empty,
-        hookrelay.attempt = attempt,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    record_ids(&span);
-    span
+fn process_span(tracer: &impl opentelemetry::trace::Tracer, lane: &Lane) -> SpanBuilder {
+    tracer
+        .span_builder(format!("process {}", lane.queue))
+        .with_kind(SpanKind::Consumer)
+        .with_attributes([
+            KeyValue::new("messaging.system", "rabbitmq"),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.operation.name", "deliver"),
+            KeyValue::new("messaging.destination.name", lane.queue.clone()),
+            KeyValue::new(
+                "hookrelay.lane",
+                match lane.kind {
+                    LaneKind::First => "first",
+                    LaneKind::Retry => "retry",
+                },
+            ),
+        ])
+}
+
+/// The span of the HTTP attempt, a child of `parent` (the process span).
+pub(crate) fn attempt(parent: &Traced, url: &url::Url, attempt: u32) -> Traced {
+    parent.child(|tracer| {
+        tracer
+            .span_builder("POST")
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("http.request.method", "POST"),
+                KeyValue::new(
+                    "server.address",
+                    url.host_str().unwrap_or_default().to_owned(),
+                ),
+                KeyValue::new(
+                    "server.port",
+                    i64::from(url.port_or_known_default().unwrap_or_default()),
+                ),
+                KeyValue::new("url.full", redacted_url(url)),
+                KeyValue::new("hookrelay.attempt", i64::from(attempt)),
+            ])
+    })
 }
 
 /// Records what the attempt came to: the status, or the kind of failure (never its text,
 /// which may quote the response).
-pub(crate) fn attempt_result(span: &Span, result: &AttemptResult) {
+pub(crate) fn attempt_result(span: &Traced, result: &AttemptResult) {
+    let Some(cx) = span.context() else {
+        return;
+    };
+    let span = cx.span();
+    if !span.is_recording() {
+        return;
+    }
     match result {
         AttemptResult::Response { status, .. } => {
-            span.record("http.response.status_code", *status);
+            span.set_attribute(KeyValue::new(
+                "http.response.status_code",
+                i64::from(*status),
+            ));
             if *status >= 400 {
-                span.record("error.type", status.to_string());
-                span.record("otel.status_code", "ERROR");
+                span.set_attribute(KeyValue::new("error.type", status.to_string()));
+                span.set_status(Status::error(""));
             }
         }
         other => {
-            span.record("error.type", error_type(other));
-            span.record("otel.status_code", "ERROR");
+            span.set_attribute(KeyValue::new("error.type", error_type(other)));
+            span.set_status(Status::error(""));
         }
     }
 }
@@ -102,52 +113,50 @@ fn error_type(result: &AttemptResult) -> &'static str {
     }
 }
 
-/// The span of the settlement (ack, republish to a tier, dead letter), a child of the process
-/// span.
-pub(crate) fn settle(lane: &Lane, outcome: &Outcome, tier: Option<&str>) -> Span {
-    let span = tracing::info_span!(
-        target: SPAN_TARGET,
-        "settle",
-        otel.name = %format!("settle {}", lane.queue),
-        otel.kind = "client",
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "settle",
-        messaging.destination.name = %lane.queue,
-        hookrelay.outcome = outcome.kind(),
-        hookrelay.tier = tier,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    record_ids(&span);
-    span
-}
-
-/// `trace_id` and `span_id` of an OpenTelemetry span, for the log lines written inside it;
-/// nothing when traces are off.
-fn record_ids(span: &Span) {
-    let cx = span.context();
-    let otel = opentelemetry::trace::TraceContextExt::span(&cx);
-    let sc = otel.span_context();
-    if sc.is_valid() {
-        span.record("trace_id", sc.trace_id().to_string());
-        span.record("span_id", sc.span_id().to_string());
+/// The span of the settlement (ack, republish to a tier, dead letter), a child of `parent`
+/// (the process span).
+pub(crate) fn settle(
+    parent: &Traced,
+    lane: &Lane,
+    outcome: &Outcome,
+    tier: Option<&str>,
+) -> Traced {
+    if !parent.is_recording() {
+        return Traced::default();
     }
+    let mut attributes = vec![
+        KeyValue::new("messaging.system", "rabbitmq"),
+        KeyValue::new("messaging.operation.type", "settle"),
+        KeyValue::new("messaging.destination.name", lane.queue.clone()),
+        KeyValue::new("hookrelay.outcome", outcome.kind()),
+    ];
+    if let Some(tier) = tier {
+        attributes.push(KeyValue::new("hookrelay.tier", tier.to_owned()));
+    }
+    parent.child(|tracer| {
+        tracer
+            .span_builder(format!("settle {}", lane.queue))
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+    })
 }
 
 /// The message's properties with the process span's context when it came with none: every
 /// copy settle makes of it (tier, deferral, parking, dead sink, fan-out) then carries it, and
 /// every later attempt joins this trace.
-pub(crate) fn carried(properties: &BasicProperties, span: &Span) -> Option<BasicProperties> {
-    if span.is_disabled() || trace_context::carries_context(properties) {
+pub(crate) fn carried(properties: &BasicProperties, span: &Traced) -> Option<BasicProperties> {
+    let cx = span.context()?;
+    if trace_context::carries_context(properties) {
         return None;
     }
-    let cx = span.context();
-    let given = trace_context::with_context_if_absent(properties.clone(), &cx);
+    let given = trace_context::with_context_if_absent(properties.clone(), cx);
     (given != *properties).then_some(given)
 }
 
 /// The `traceparent` (and `tracestate`) to send to a receiver that asked for them: the context
 /// of the attempt span, so its spans are children of the attempt.
-pub(crate) fn webhook_headers(span: &Span) -> Vec<(String, String)> {
-    trace_context::headers_of(&span.context())
+pub(crate) fn webhook_headers(span: &Traced) -> Vec<(String, String)> {
+    span.context()
+        .map(trace_context::headers_of)
+        .unwrap_or_default()
 }

@@ -36,15 +36,7 @@ pub fn install(config: &Config) -> Result<Option<Traces>, TracesError> {
     } else {
         lines.with_filter(filter).boxed()
     };
-    // Two shapes rather than an `Option` layer: an absent layer must not enable the delivery
-    // spans for the subscriber as a whole.
-    match &traces {
-        Some(t) => tracing_subscriber::registry()
-            .with(lines)
-            .with(t.layer())
-            .init(),
-        None => tracing_subscriber::registry().with(lines).init(),
-    }
+    tracing_subscriber::registry().with(lines).init();
     Ok(traces)
 }
 

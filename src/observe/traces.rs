@@ -1,6 +1,6 @@
-//! OpenTelemetry traces over OTLP (docs/tracing.md): the tracer provider, the `tracing` layer
-//! that turns hookrelay's spans into OpenTelemetry spans, and the queue between them and the
-//! collector.
+//! OpenTelemetry traces over OTLP (docs/tracing.md): the tracer provider, the process's tracer
+//! that hookrelay's spans are started with ([`tracer`], [`Traced`]), and the queue between them
+//! and the collector.
 //!
 //! A finished span is handed to a bounded queue without waiting; one thread of its own sends
 //! batches to the collector. A slow or missing collector fills the queue, and what does not fit
@@ -8,11 +8,13 @@
 //! tracing. The SDK's own batch processor drops the same way but keeps its count to itself,
 //! which is why this one exists.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanKind, TraceContextExt as _, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -24,9 +26,99 @@ use tokio::sync::mpsc;
 
 use crate::config::{OtlpProtocol, TraceSampler, TracesConfig};
 
-/// The `tracing` target of every span exported: the layer sees these and nothing else (none of
-/// the dependencies' spans, the exporter's own HTTP client among them).
+/// The `tracing` target of the spans that carry a trace's ids into log lines
+/// ([`Traced::log_span`]); the log filter shows them only as JSON with traces on.
 pub const SPAN_TARGET: &str = "hookrelay::trace";
+
+/// The tracer of the traces started last, while they run: process-wide, as the provider is.
+static TRACER: RwLock<Option<SdkTracer>> = RwLock::new(None);
+
+/// The tracer spans are started with; `None` while traces are off.
+pub fn tracer() -> Option<SdkTracer> {
+    TRACER.read().ok()?.clone()
+}
+
+/// One span, started: its context (the span and its parents), or nothing when traces are off.
+/// Ended when dropped.
+#[derive(Debug, Default)]
+pub struct Traced {
+    cx: Option<Context>,
+}
+
+impl Traced {
+    /// The span `builder` describes, started under `parent`; nothing when traces are off.
+    pub fn start(
+        builder: impl FnOnce(&SdkTracer) -> opentelemetry::trace::SpanBuilder,
+        parent: &Context,
+    ) -> Self {
+        let Some(tracer) = tracer() else {
+            return Self::default();
+        };
+        let span = builder(&tracer).start_with_context(&tracer, parent);
+        Self {
+            cx: Some(parent.with_span(span)),
+        }
+    }
+
+    /// The span `builder` describes, as a child of this one; nothing when traces are off.
+    pub fn child(
+        &self,
+        builder: impl FnOnce(&SdkTracer) -> opentelemetry::trace::SpanBuilder,
+    ) -> Self {
+        match &self.cx {
+            Some(parent) => Self::start(builder, parent),
+            None => Self::default(),
+        }
+    }
+
+    /// The context to parent other spans on, and to send on; `None` when traces are off.
+    pub fn context(&self) -> Option<&Context> {
+        self.cx.as_ref()
+    }
+
+    /// Whether the span records: traces are on and it was sampled.
+    pub fn is_recording(&self) -> bool {
+        self.cx.as_ref().is_some_and(|cx| cx.span().is_recording())
+    }
+
+    /// Sets an attribute, when the span records; `attribute` is not called otherwise.
+    pub fn set(&self, attribute: impl FnOnce() -> KeyValue) {
+        if let Some(cx) = &self.cx {
+            let span = cx.span();
+            if span.is_recording() {
+                span.set_attribute(attribute());
+            }
+        }
+    }
+
+    /// A `tracing` span holding the trace's `trace_id` and `span_id`, so the log lines written
+    /// inside it carry them (`.span.trace_id`). Disabled, and free, unless the log lines are
+    /// JSON with traces on ([`crate::observe::logs`]).
+    pub fn log_span(&self) -> tracing::Span {
+        let Some(cx) = &self.cx else {
+            return tracing::Span::none();
+        };
+        let span = cx.span();
+        let sc = span.span_context();
+        if !sc.is_valid() {
+            return tracing::Span::none();
+        }
+        tracing::info_span!(
+            target: SPAN_TARGET,
+            "delivery",
+            trace_id = %sc.trace_id(),
+            span_id = %sc.span_id(),
+        )
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        if let Some(cx) = &self.cx {
+            cx.span().end();
+        }
+    }
+}
 
 /// Why traces could not start.
 #[derive(Debug, thiserror::Error)]
@@ -98,32 +190,17 @@ impl Traces {
             .with_sampler(sampler(config))
             .with_resource(resource)
             .build();
+        if let Ok(mut tracer) = TRACER.write() {
+            *tracer = Some(provider.tracer("hookrelay"));
+        }
         Ok(Some(Self { provider }))
     }
 
-    /// The layer to add to the `tracing` subscriber. It sees hookrelay's spans only.
-    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
-    where
-        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
-    {
-        use tracing_subscriber::Layer as _;
-        tracing_opentelemetry::layer()
-            .with_tracer(self.tracer())
-            .with_threads(false)
-            .with_location(false)
-            .with_tracked_inactivity(false)
-            .with_target(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-                m.is_span() && m.target() == SPAN_TARGET
-            }))
-    }
-
-    pub fn tracer(&self) -> SdkTracer {
-        self.provider.tracer("hookrelay")
-    }
-
-    /// Sends what is queued, waiting at most `grace`.
+    /// Sends what is queued, waiting at most `grace`; spans started after are not recorded.
     pub fn shutdown(self, grace: Duration) {
+        if let Ok(mut tracer) = TRACER.write() {
+            *tracer = None;
+        }
         if let Err(e) = self.provider.shutdown_with_timeout(grace) {
             tracing::warn!(error = %e, "Traces not all exported at shutdown");
         }
@@ -157,6 +234,39 @@ enum Control {
 struct QueueProcessor {
     spans: mpsc::Sender<SpanData>,
     control: mpsc::UnboundedSender<Control>,
+    /// Until when (ms since the epoch) the collector is taken to be down: spans finished
+    /// before then are dropped at once, rather than queued and encoded for a collector that
+    /// refused the last batch ([`Backoff`]).
+    down_until: Arc<AtomicU64>,
+}
+
+/// How long the export thread leaves a collector alone after a failed export: the export
+/// interval, doubling with each failure in a row up to [`Backoff::MAX`], and nothing once one
+/// succeeds. A collector that is gone then costs the worker the spans' bookkeeping only, not
+/// their encoding and a connection attempt for every batch.
+#[derive(Debug)]
+struct Backoff {
+    base: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn new(base: Duration) -> Self {
+        Self { base, next: base }
+    }
+
+    /// The pause after one more failure in a row.
+    fn failed(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = (self.next * 2).min(Self::MAX.max(self.base));
+        pause
+    }
+
+    fn succeeded(&mut self) {
+        self.next = self.base;
+    }
 }
 
 impl std::fmt::Debug for Control {
@@ -173,6 +283,8 @@ impl QueueProcessor {
     /// the worker's is for deliveries) and returns once it is built or has failed.
     fn start(config: TracesConfig, resource: Resource) -> Result<Self, TracesError> {
         let (spans, span_rx) = mpsc::channel(config.queue as usize);
+        let down_until = Arc::new(AtomicU64::new(0));
+        let down = Arc::clone(&down_until);
         let (control, control_rx) = mpsc::unbounded_channel();
         let (built_tx, built_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -198,11 +310,15 @@ impl QueueProcessor {
                     };
                     exporter.set_resource(&resource);
                     let _ = built_tx.send(Ok(()));
-                    export_loop(exporter, &config, span_rx, control_rx).await;
+                    export_loop(exporter, &config, span_rx, control_rx, &down).await;
                 });
             })?;
         match built_rx.recv() {
-            Ok(Ok(())) => Ok(Self { spans, control }),
+            Ok(Ok(())) => Ok(Self {
+                spans,
+                control,
+                down_until,
+            }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(TracesError::Exporter("the export thread ended".into())),
         }
@@ -227,6 +343,13 @@ impl SpanProcessor for QueueProcessor {
 
     fn on_end(&self, span: SpanData) {
         if !span.span_context.is_sampled() {
+            return;
+        }
+        if crate::units::now_ms() < self.down_until.load(Ordering::Relaxed) {
+            metrics()
+                .dropped
+                .with_label_values(&["export_failed"])
+                .inc();
             return;
         }
         if self.spans.try_send(span).is_err() {
@@ -270,8 +393,15 @@ async fn export_loop(
     config: &TracesConfig,
     mut spans: mpsc::Receiver<SpanData>,
     mut control: mpsc::UnboundedReceiver<Control>,
+    down_until: &AtomicU64,
 ) {
     let max = config.batch as usize;
+    let mut out = Sender {
+        exporter: &exporter,
+        timeout: config.export_timeout,
+        backoff: Backoff::new(config.export_interval),
+        down_until,
+    };
     let mut batch = Vec::with_capacity(max);
     let mut tick = tokio::time::interval(config.export_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -282,10 +412,10 @@ async fn export_loop(
                 while let Ok(span) = spans.try_recv() {
                     batch.push(span);
                     if batch.len() >= max {
-                        send(&exporter, &mut batch, config.export_timeout).await;
+                        out.send(&mut batch).await;
                     }
                 }
-                send(&exporter, &mut batch, config.export_timeout).await;
+                out.send(&mut batch).await;
                 match asked {
                     Some(Control::Flush(done)) => {
                         let _ = done.send(());
@@ -302,58 +432,91 @@ async fn export_loop(
                 Some(span) => {
                     batch.push(span);
                     if batch.len() >= max {
-                        send(&exporter, &mut batch, config.export_timeout).await;
+                        out.send(&mut batch).await;
                     }
                 }
                 None => {
-                    send(&exporter, &mut batch, config.export_timeout).await;
+                    out.send(&mut batch).await;
                     return;
                 }
             },
-            _ = tick.tick() => send(&exporter, &mut batch, config.export_timeout).await,
+            _ = tick.tick() => out.send(&mut batch).await,
         }
     }
 }
 
-async fn send(
-    exporter: &opentelemetry_otlp::SpanExporter,
-    batch: &mut Vec<SpanData>,
+/// Sends batches to the collector, and leaves it alone for a while after a failure.
+struct Sender<'a> {
+    exporter: &'a opentelemetry_otlp::SpanExporter,
     timeout: Duration,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let spans = std::mem::take(batch);
-    let n = spans.len() as u64;
-    match tokio::time::timeout(timeout, exporter.export(spans)).await {
-        Ok(Ok(())) => metrics().exported.inc_by(n),
-        failed => {
+    backoff: Backoff,
+    down_until: &'a AtomicU64,
+}
+
+impl Sender<'_> {
+    async fn send(&mut self, batch: &mut Vec<SpanData>) {
+        if batch.is_empty() {
+            return;
+        }
+        let spans = std::mem::take(batch);
+        let n = spans.len() as u64;
+        if crate::units::now_ms() < self.down_until.load(Ordering::Relaxed) {
+            // Queued before the collector failed: not worth encoding for it now.
             metrics()
                 .dropped
                 .with_label_values(&["export_failed"])
                 .inc_by(n);
-            let error = match failed {
-                Ok(Err(e)) => e.to_string(),
-                _ => format!("no answer within {timeout:?}"),
-            };
-            tracing::debug!(spans = n, error = %error, "Trace export failed");
+            return;
+        }
+        match tokio::time::timeout(self.timeout, self.exporter.export(spans)).await {
+            Ok(Ok(())) => {
+                metrics().exported.inc_by(n);
+                self.backoff.succeeded();
+            }
+            failed => {
+                metrics()
+                    .dropped
+                    .with_label_values(&["export_failed"])
+                    .inc_by(n);
+                let pause = self.backoff.failed();
+                self.down_until.store(
+                    crate::units::now_ms().saturating_add(pause.as_millis() as u64),
+                    Ordering::Relaxed,
+                );
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {:?}", self.timeout),
+                };
+                tracing::debug!(
+                    spans = n,
+                    error = %error,
+                    pause = ?pause,
+                    "Trace export failed; spans are dropped until the pause ends"
+                );
+            }
         }
     }
 }
 
-/// The span of publishing one event (`hookrelay publish`, the API's test event): its context
-/// goes with the event when the caller gave none, so the event's trace starts here.
-pub fn publish_span(exchange: &str, id: &str) -> tracing::Span {
-    tracing::info_span!(
-        target: SPAN_TARGET,
-        "publish",
-        otel.name = %format!("publish {exchange}"),
-        otel.kind = "producer",
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "send",
-        messaging.operation.name = "publish",
-        messaging.destination.name = exchange,
-        messaging.message.id = id,
+/// The span of publishing one event (`hookrelay publish`, the API's test event), a child of
+/// `parent` (a producer's `traceparent`) when given: its context goes with the event, so the
+/// event's trace starts here.
+pub fn publish_span(exchange: &str, id: &str, parent: Option<&Context>) -> Traced {
+    let root = Context::new();
+    Traced::start(
+        |tracer| {
+            tracer
+                .span_builder(format!("publish {exchange}"))
+                .with_kind(SpanKind::Producer)
+                .with_attributes([
+                    KeyValue::new("messaging.system", "rabbitmq"),
+                    KeyValue::new("messaging.operation.type", "send"),
+                    KeyValue::new("messaging.operation.name", "publish"),
+                    KeyValue::new("messaging.destination.name", exchange.to_owned()),
+                    KeyValue::new("messaging.message.id", id.to_owned()),
+                ])
+        },
+        parent.unwrap_or(&root),
     )
 }
 
@@ -398,6 +561,15 @@ mod tests {
         }
         let plain: url::Url = "https://hooks.example.com/in".parse().unwrap();
         assert_eq!(redacted_url(&plain), "https://hooks.example.com/in");
+    }
+
+    #[test]
+    fn a_failing_collector_is_left_alone_longer_each_time_and_not_after_a_success() {
+        let mut b = Backoff::new(Duration::from_secs(1));
+        let pauses: Vec<u64> = (0..7).map(|_| b.failed().as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30]);
+        b.succeeded();
+        assert_eq!(b.failed(), Duration::from_secs(1));
     }
 
     #[test]
