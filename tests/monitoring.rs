@@ -80,6 +80,8 @@ fn exported() -> Exported {
         m.cache_entries,
         m.trace_spans_dropped,
         m.schema_invalid,
+        m.subscription_lookups,
+        m.subscription_miss_seconds,
     );
     let h = HistoryMetrics::new();
     touch!(h.records, h.skipped, h.batches, h.offset, h.lag, h.delay);

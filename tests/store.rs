@@ -886,3 +886,204 @@ async fn a_following_worker_validates_against_the_catalog_as_it_changes() {
     assert!(delivered, "validation off after the change");
     w.stop().await;
 }
+
+/// Every worker's follower has read the store since `since` (Unix seconds): a change
+/// committed before it is in force in each, whether it held the subscription or not.
+async fn followed_since(workers: &[&RunningWorker], since: f64) -> bool {
+    wait_until(WAIT, async || {
+        workers
+            .iter()
+            .all(|w| w.metrics.subscription_store_synced.get() > since)
+    })
+    .await
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_holding_less_than_its_working_set_sees_every_change() {
+    // Tenant `hot`: h0..h3, in use, within the per-tenant bound (held); `bg`: b0..b35, the
+    // background, which evicts only its own; `fan`: f0..f2, fanned out to.
+    const BG: usize = 36;
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-cache", &["1s"], &["1s", "1s"]).await;
+    let (s1, s2) = (secret(), secret());
+    // No verification at the endpoints: which secret signed is checked here, per record.
+    let old = Receiver::start(&[], |_| Reply::Status(204)).await.unwrap();
+    let new = Receiver::start(&[], |_| Reply::Status(204)).await.unwrap();
+    let subs = (0..4)
+        .map(|i| (format!("h{i}"), "hot"))
+        .chain((0..BG).map(|i| (format!("b{i}"), "bg")))
+        .chain((0..3).map(|i| (format!("f{i}"), "fan")));
+    for (id, tenant) in subs {
+        put(
+            &store,
+            &common::subscription(&id, tenant, &old.url("/"), &s1),
+        )
+        .await;
+    }
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    config.store.cache_entries = 12;
+    config.store.cache_per_tenant = 4;
+    let w1 = RunningWorker::start_cached(&t, config.clone(), store.clone(), Keyring::empty()).await;
+    let w2 = RunningWorker::start_cached(&t, config, store.clone(), Keyring::empty()).await;
+    let fleet = [&w1, &w2];
+
+    // A working set of 43 subscriptions through caches of 12: everything delivered once.
+    let mut events = Vec::new();
+    for round in 0..5 {
+        for i in 0..BG {
+            events.push(event(&format!("evt_{round}_b{i}"), "bg", &format!("b{i}")));
+            let h = i % 4;
+            events.push(event(
+                &format!("evt_{round}_{i}_h{h}"),
+                "hot",
+                &format!("h{h}"),
+            ));
+        }
+        let mut fan = event(&format!("fan_{round}"), "fan", "f0");
+        fan.subscription = None;
+        events.push(fan);
+    }
+    let expected = 5 * (2 * BG + 3);
+    t.publish_all(events).await;
+    assert!(
+        old.wait_until(WAIT, |r| r.delivered_count() == expected)
+            .await
+    );
+    let lookups = |result: &str| -> u64 {
+        fleet
+            .iter()
+            .map(|w| {
+                w.metrics.count(
+                    "hookrelay_subscription_lookups_total",
+                    &[("result", result)],
+                )
+            })
+            .sum()
+    };
+    assert!(
+        lookups("miss") > BG as u64,
+        "misses {} for {BG} background subscriptions: the caches are smaller than the working set",
+        lookups("miss")
+    );
+    assert!(lookups("hit") > 0);
+    // A miss the store did not answer in time was deferred, and delivered all the same.
+    eprintln!("lookups failed (deferred): {}", lookups("failed"));
+
+    // Changes while the fleet delivers to the background: h0 (held) and b0 (evicted, or never
+    // held) repointed, h1 paused, h2 deleted, h3's secret rotated.
+    let background = (0..200).map(|k| {
+        let i = 1 + k % (BG - 1);
+        event(&format!("bg_{k}"), "bg", &format!("b{i}"))
+    });
+    let publishing = {
+        let t = &t;
+        async move { t.publish_all(background).await }
+    };
+    let changing = async {
+        // One row at a time, each followed by every worker before the next: the read that
+        // follows a commit can only be the one its notification asked for.
+        let new_url = new.url("/");
+        let rotated_ref = s2.reference.to_string();
+        let changes: [(&str, Option<&str>); 5] = [
+            (
+                "UPDATE subscriptions SET url = $1 WHERE id = 'h0'",
+                Some(&new_url),
+            ),
+            (
+                "UPDATE subscriptions SET url = $1 WHERE id = 'b0'",
+                Some(&new_url),
+            ),
+            (
+                "UPDATE subscriptions SET paused = true WHERE id = 'h1'",
+                None,
+            ),
+            ("DELETE FROM subscriptions WHERE id = 'h2'", None),
+            (
+                "UPDATE subscription_secrets SET reference = $1 WHERE subscription_id = 'h3'",
+                Some(&rotated_ref),
+            ),
+        ];
+        let mut followed = true;
+        for (sql, bind) in changes {
+            let mut query = sqlx::query(sql);
+            if let Some(value) = bind {
+                query = query.bind(value);
+            }
+            let since = unix_now();
+            query.execute(store.pool()).await.unwrap();
+            followed &= followed_since(&fleet, since).await;
+        }
+        followed
+    };
+    let ((), followed) = tokio::join!(publishing, changing);
+    assert!(followed, "every worker followed the changes");
+
+    // Each change is in force in both workers, whichever of them holds what.
+    let before_new = new.delivered_count();
+    let targets = [
+        ("h0", "hot"),
+        ("b0", "bg"),
+        ("h1", "hot"),
+        ("h2", "hot"),
+        ("h3", "hot"),
+    ];
+    let after: Vec<_> = (0..10)
+        .flat_map(|k| {
+            targets
+                .iter()
+                .map(move |(id, tenant)| event(&format!("after_{k}_{id}"), tenant, id))
+        })
+        .collect();
+    t.publish_all(after).await;
+    assert!(
+        new.wait_until(WAIT, |r| r.delivered_count() == before_new + 20)
+            .await
+    );
+    let parking = t.ladder.paused_queue("h1");
+    assert!(wait_until(WAIT, async || t.depth_if_exists(&parking).await == 10).await);
+    assert!(
+        wait_until(WAIT, async || {
+            fleet
+                .iter()
+                .map(|w| {
+                    w.metrics
+                        .count("hookrelay_outcomes_total", &[("outcome", "invalid")])
+                })
+                .sum::<u64>()
+                >= 10
+        })
+        .await
+    );
+    assert!(
+        old.wait_until(WAIT, |r| r.delivered_count() == expected + 200 + 10)
+            .await
+    );
+    let rotated = standardwebhooks::Webhook::new(&s2.whsec).unwrap();
+    for k in 0..10 {
+        let records = old.records_for(&format!("after_{k}_h3"));
+        assert!(!records.is_empty(), "after_{k}_h3 delivered");
+        for r in records {
+            rotated
+                .verify(&r.body, &r.headers)
+                .expect("signed with the rotated secret");
+        }
+        for id in ["h0", "b0", "h1", "h2"] {
+            assert!(
+                old.records_for(&format!("after_{k}_{id}")).is_empty(),
+                "after_{k}_{id}"
+            );
+        }
+    }
+    assert_eq!(old.duplicates() + new.duplicates(), 0);
+    w1.stop().await;
+    w2.stop().await;
+}

@@ -26,12 +26,25 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
         Source::File(path) => (LiveSubscriptions::from_file(path)?, None),
         Source::Postgres(url) => {
             let store = crate::store::follow::open(url, config.store.connect_timeout).await?;
-            let mut opened = crate::store::follow::Opened::open(store).await?;
-            for p in &opened.problems {
-                tracing::error!(problem = %p, "A stored subscription does not validate; left out");
+            if let Some(limits) = crate::subscriptions::cache::CacheLimits::of(&config.store) {
+                // Held as deliveries need them: the store's size does not bound the worker's
+                // memory, and nothing is read at start.
+                let loader = crate::store::held::StoreLoader(store.clone());
+                let cache =
+                    crate::subscriptions::cache::SubscriptionCache::new(limits, Arc::new(loader));
+                let opened = crate::store::follow::Opened::listen(store).await?;
+                (
+                    LiveSubscriptions::cached(Arc::new(cache)),
+                    Some(opened.following()),
+                )
+            } else {
+                let mut opened = crate::store::follow::Opened::open(store).await?;
+                for p in &opened.problems {
+                    tracing::error!(problem = %p, "A stored subscription does not validate; left out");
+                }
+                let first = std::mem::take(&mut opened.first);
+                (LiveSubscriptions::followed(first), Some(opened.following()))
             }
-            let first = std::mem::take(&mut opened.first);
-            (LiveSubscriptions::followed(first), Some(opened.following()))
         }
     };
     let catalog_source = match (&source, &store) {

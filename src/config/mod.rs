@@ -8,6 +8,7 @@
 //! [`Env`] so tests pass a map instead of mutating the process environment.
 //!
 //! - [`sections`]: the settings, section by section, and their defaults.
+//! - [`store`]: the PostgreSQL store's, among them the bounds of a worker's cache.
 //! - [`load`]: defaults, file and environment merged into one [`Config`].
 //! - [`validate`]: the rules that span fields, and the time budgets they protect.
 //! - [`reference`]: where a secret named in configuration lives.
@@ -19,6 +20,7 @@ mod load;
 mod reference;
 mod sections;
 mod source;
+mod store;
 mod traces;
 mod url;
 mod validate;
@@ -31,6 +33,7 @@ pub use load::{Env, ProcessEnv};
 pub use reference::{ReferenceError, SecretSource};
 pub use sections::*;
 pub use source::Source;
+pub use store::StoreConfig;
 pub use traces::{OtlpProtocol, TraceSampler, TracesConfig};
 pub use url::{SecretUrl, shown_url};
 

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{SecretUrl, Source, TracesConfig};
+use super::{SecretUrl, Source, StoreConfig, TracesConfig};
 use crate::units::Rate;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,32 +226,6 @@ impl Default for SecretsConfig {
     fn default() -> Self {
         Self {
             refresh: Duration::from_secs(5),
-        }
-    }
-}
-
-/// The PostgreSQL subscription store (used when `subscriptions` is a `postgres://` URL).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreConfig {
-    /// References (`env:NAME`, `file:PATH`) to the keys that seal stored secrets, newest first:
-    /// the first seals, all open. Each key is 32 bytes in base64 (`hookrelay store
-    /// generate-key`). Needed by the API, and by workers once the store holds sealed secrets.
-    pub keys: Vec<String>,
-    /// How often a worker reads the whole store again, besides the changes it is notified of.
-    #[serde(with = "humantime_serde")]
-    pub resync: Duration,
-    /// The longest a connection to the store may take to open.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        Self {
-            keys: Vec::new(),
-            resync: Duration::from_secs(60),
-            connect_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -39,9 +39,26 @@ impl Config {
             ("store.resync", self.store.resync),
             ("catalog.refresh", self.catalog.refresh),
             ("store.connect_timeout", self.store.connect_timeout),
+            ("store.cache_load_timeout", self.store.cache_load_timeout),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::invalid(field, "must be longer than zero"));
+            }
+        }
+        if self.store.cache_entries > 0 {
+            if self.store.cache_per_tenant == 0
+                || self.store.cache_per_tenant > self.store.cache_entries
+            {
+                return Err(ConfigError::invalid(
+                    "store.cache_per_tenant",
+                    "must be at least 1 and at most store.cache_entries",
+                ));
+            }
+            if self.store.cache_bytes < 64 * 1024 {
+                return Err(ConfigError::invalid(
+                    "store.cache_bytes",
+                    "must be at least 65536 (64 KiB)",
+                ));
             }
         }
         for key in &self.store.keys {

@@ -21,11 +21,16 @@ use crate::delivery::endpoint::Endpoints;
 use crate::delivery::health::EndpointHealth;
 use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{AttemptResult, Outcome, Route, Screen, decide, defer, route, screen};
+use crate::delivery::route::{
+    AttemptResult, DeferCause, Outcome, Route, Screen, decide, defer, route, screen,
+};
 use crate::delivery::settle::{Settlement, Settler};
 use crate::delivery::spans;
 use crate::observe::events::OperationalEvent;
-use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
+use crate::subscriptions::cache::{Key, Served};
+use crate::subscriptions::{
+    HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription, Subscriptions,
+};
 use crate::units::now_ms;
 use opentelemetry::KeyValue;
 
@@ -253,7 +258,10 @@ impl Dispatcher {
                 return Attempted::without_attempt(outcome);
             }
         }
-        let subscriptions = self.subscriptions.current();
+        let subscriptions = match self.subscriptions_for(lane, envelope).await {
+            Ok(subscriptions) => subscriptions,
+            Err(unserved) => return unserved,
+        };
         let sub = match route(envelope, body, lane.kind, &subscriptions, &self.ladder) {
             Route::Settle(Outcome::Parked { subscription }) => {
                 return self.park(&subscriptions, subscription).await;
@@ -292,6 +300,83 @@ impl Dispatcher {
             result: Some(result),
             latency,
         }
+    }
+
+    /// The subscriptions to route `envelope` with: the version in force, or, from a large
+    /// store, what the cache holds (or reads) for it. A read the store does not answer in
+    /// time defers an envelope of a subscription (waiting as for an endpoint's outage, which
+    /// never expires it) and returns a fan-out to its lane.
+    async fn subscriptions_for(
+        &self,
+        lane: &Lane,
+        envelope: &Envelope,
+    ) -> Result<Arc<Subscriptions>, Attempted> {
+        let Some(cache) = self.subscriptions.cache() else {
+            return Ok(self.subscriptions.current());
+        };
+        let key = match &envelope.subscription {
+            Some(id) => Key::id(id),
+            // Only a fresh event of a first-attempt lane fans out; routing refuses any other.
+            None if lane.kind == LaneKind::First
+                && envelope.attempts_made == 0
+                && envelope.event_id.is_none() =>
+            {
+                Key::tenant(&envelope.tenant)
+            }
+            None => return Ok(Arc::new(Subscriptions::default())),
+        };
+        let metrics = &self.settler.metrics;
+        let counted = |result: &str| {
+            metrics
+                .subscription_lookups
+                .with_label_values(&[key.kind(), result])
+                .inc();
+        };
+        let miss = match cache.lookup(&key, &envelope.tenant).await {
+            Ok((view, Served::Hit)) => {
+                counted("hit");
+                return Ok(view);
+            }
+            Ok((view, Served::Miss(waited))) => {
+                counted("miss");
+                metrics
+                    .subscription_miss_seconds
+                    .with_label_values(&[key.kind()])
+                    .observe(waited.as_secs_f64());
+                return Ok(view);
+            }
+            Err(miss) => miss,
+        };
+        let reason = miss.to_string();
+        if !miss.retry_helps() {
+            counted("refused");
+            return Err(Attempted::without_attempt(Outcome::invalid(
+                reason,
+                envelope.attempts_made,
+            )));
+        }
+        counted("failed");
+        if let Key::Tenant(_) = key {
+            return Err(Attempted::without_attempt(Outcome::Returned { reason }));
+        }
+        let cause = DeferCause::Outage {
+            probe_in: Duration::ZERO,
+            failed_try_ms: None,
+        };
+        let outcome = defer(
+            &self.ladder,
+            envelope,
+            &reason,
+            cause,
+            self.horizon(),
+            now_ms(),
+        );
+        Err(Attempted {
+            outcome,
+            endpoint: None,
+            result: Some(AttemptResult::Deferred { reason, cause }),
+            latency: None,
+        })
     }
 
     /// Counts a payload its schema refused, and says so on the events exchange
@@ -334,11 +419,11 @@ impl Dispatcher {
         subscriptions: &Arc<crate::subscriptions::Subscriptions>,
         subscription: String,
     ) -> Attempted {
-        if let Err(e) = self
-            .parking
-            .ensure(&self.ladder, subscriptions, &subscription)
-            .await
-        {
+        let declared = match subscriptions.get(&subscription) {
+            Some(version) => self.parking.ensure(&self.ladder, version).await,
+            None => Ok(()),
+        };
+        if let Err(e) = declared {
             warn!(subscription = %subscription, error = %e, "Parking queue not declared");
         }
         Attempted::without_attempt(Outcome::Parked { subscription })

@@ -2,11 +2,10 @@
 //! its subscription's parking queue, it makes sure the queue exists: a pause is a line in the
 //! subscriptions file, so no operator command is there to declare it.
 //!
-//! The queue is declared once per subscription per version of the subscriptions in force: a
-//! resume removes the queue once empty, and only a changed file (a new version) can pause the
-//! subscription again.
+//! The queue is declared once per version of the subscription: a resume removes the queue
+//! once empty, and only a change (a new version) can pause the subscription again.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,11 @@ use tokio::sync::Mutex;
 use crate::broker::topology::TopologyError;
 use crate::config::SecretUrl;
 use crate::contract::ladder::Ladder;
-use crate::subscriptions::Subscriptions;
+use crate::subscriptions::Subscription;
+
+/// Versions remembered as declared at most; then the memory starts again (a declare is
+/// idempotent, and cheap).
+const REMEMBERED: usize = 10_000;
 
 /// How long connecting and declaring may take; a parked delivery's lease covers more.
 const ANSWER: Duration = Duration::from_secs(5);
@@ -40,9 +43,8 @@ pub struct Parking {
 #[derive(Default)]
 struct State {
     link: Option<(Connection, Channel)>,
-    /// The version of the subscriptions `declared` belongs to.
-    version: Option<Arc<Subscriptions>>,
-    declared: HashSet<String>,
+    /// The version of each subscription whose queue was declared.
+    declared: HashMap<String, Arc<Subscription>>,
 }
 
 impl std::fmt::Debug for Parking {
@@ -63,24 +65,20 @@ impl Parking {
         }
     }
 
-    /// Makes sure `subscription`'s parking queue exists. `version` is the subscriptions in
-    /// force that paused it.
+    /// Makes sure the parking queue of `version`, the subscription as it is in force (paused),
+    /// exists.
     pub async fn ensure(
         &self,
         ladder: &Ladder,
-        version: &Arc<Subscriptions>,
-        subscription: &str,
+        version: &Arc<Subscription>,
     ) -> Result<(), ParkingError> {
+        let subscription = version.id.as_str();
         let mut state = self.state.lock().await;
-        if !state
-            .version
-            .as_ref()
+        if state
+            .declared
+            .get(subscription)
             .is_some_and(|v| Arc::ptr_eq(v, version))
         {
-            state.version = Some(Arc::clone(version));
-            state.declared.clear();
-        }
-        if state.declared.contains(subscription) {
             return Ok(());
         }
         let usable = state
@@ -100,7 +98,12 @@ impl Parking {
                 .and_then(|r| r.map_err(ParkingError::from));
         match declared {
             Ok(()) => {
-                state.declared.insert(subscription.to_owned());
+                if state.declared.len() >= REMEMBERED {
+                    state.declared.clear();
+                }
+                state
+                    .declared
+                    .insert(subscription.to_owned(), Arc::clone(version));
                 Ok(())
             }
             Err(e) => {

@@ -195,6 +195,10 @@ pub enum Outcome {
     /// The subscription is paused: republish the delivery as it is (same id, same attempt
     /// count) into the subscription's parking queue, then acknowledge.
     Parked { subscription: String },
+    /// Nothing to publish: back to its lane, unacked, after a pause (a fan-out whose tenant's
+    /// subscriptions the store could not give in time; it cannot wait in a tier, which
+    /// returns to the retry lane, where events do not fan out).
+    Returned { reason: String },
     /// Publish to the dead sink with the reason, then acknowledge.
     Dead {
         reason: DeadReason,
@@ -222,6 +226,7 @@ impl Outcome {
             Outcome::Cancelled { .. } => "cancelled",
             Outcome::FanOut { .. } => "fanned_out",
             Outcome::Parked { .. } => "parked",
+            Outcome::Returned { .. } => "returned",
             Outcome::Dead { reason, .. } => reason.as_str(),
         }
     }

@@ -85,6 +85,15 @@ pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<Endpo
             .with_label_values(&[cache])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
+    if let Some(cache) = dispatcher.subscriptions.cache() {
+        let held = cache.held();
+        gauge
+            .with_label_values(&["subscriptions"])
+            .set(i64::try_from(held.subscriptions).unwrap_or(i64::MAX));
+        gauge
+            .with_label_values(&["subscription_bytes"])
+            .set(i64::try_from(held.bytes).unwrap_or(i64::MAX));
+    }
     let open = &dispatcher.settler.metrics.endpoints_open;
     open.set(i64::try_from(e.open).unwrap_or(i64::MAX));
 }

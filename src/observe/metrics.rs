@@ -72,6 +72,12 @@ pub struct Metrics {
     pub subscription_store_synced: prometheus::Gauge,
     /// Subscription changes read from the PostgreSQL store after a notification.
     pub subscription_store_changes: IntCounter,
+    /// Lookups of a worker that holds only the subscriptions it delivers for, by key (`id`,
+    /// `tenant`) and result (`hit`; `miss`: read from the store; `failed`: the store was slow
+    /// or down, the delivery deferred; `refused`: a tenant above `store.cache_per_tenant`).
+    pub subscription_lookups: IntCounterVec,
+    /// How long a delivery waited for a miss to be read, by key (`id`, `tenant`).
+    pub subscription_miss_seconds: HistogramVec,
     /// Notices (operational events, attempt log) dropped because the buffer was full.
     pub notices_dropped: IntCounter,
     /// Notices the broker returned because no queue is bound for them (nobody keeps them).
@@ -143,7 +149,9 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 /// Every metric name a worker exports, for checking alert rules and docs against.
 pub fn metric_names() -> Vec<String> {
     let m = Metrics::new();
-    let collectors: [&dyn Collector; 36] = [
+    let collectors: [&dyn Collector; 38] = [
+        &m.subscription_lookups,
+        &m.subscription_miss_seconds,
         &m.trace_spans_dropped,
         &m.trace_spans_exported,
         &m.cache_entries,
@@ -382,6 +390,24 @@ impl Metrics {
                 IntCounter::new(
                     "hookrelay_subscription_store_changes_total",
                     "Subscription changes read from the PostgreSQL store after a notification",
+                )
+                .expect("valid metric"),
+            ),
+            subscription_lookups: counters(
+                &r,
+                "hookrelay_subscription_lookups_total",
+                "Lookups of the subscriptions a worker holds of a large store, by key and result",
+                &["kind", "result"],
+            ),
+            subscription_miss_seconds: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "hookrelay_subscription_miss_seconds",
+                        "How long a delivery waited for a subscription not held, by key",
+                    )
+                    .buckets(vec![0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]),
+                    &["kind"],
                 )
                 .expect("valid metric"),
             ),

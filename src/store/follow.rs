@@ -6,6 +6,9 @@
 //!   the time of one small query;
 //! - after any (re)connection of the listening connection, and every `store.resync`, the whole
 //!   store is read again: notifications sent while nobody listened are not lost for good;
+//! - a worker that holds only what it delivers for ([`crate::subscriptions::cache`]) reads
+//!   only the changed subscriptions that concern what it holds, and its full reads read only
+//!   what it holds;
 //! - while the database does not answer, the worker keeps delivering on the last snapshot, says
 //!   so once in the log, in `/readyz`'s detail and in `hookrelay_subscription_store_up`, and
 //!   tries again with backoff; the first successful read after that puts every change in force.
@@ -21,7 +24,8 @@ use tracing::{error, info, warn};
 
 use super::postgres::{CHANNEL, PgStore, RowProblem, StoreError};
 use crate::observe::metrics::Metrics;
-use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscriptions};
+use crate::subscriptions::cache::SubscriptionCache;
+use crate::subscriptions::{LiveSubscriptions, SecretStore, Subscription, Subscriptions};
 
 /// More ids than this in one batch of notifications: read everything instead (a bulk import).
 const FULL_READ_ABOVE: usize = 2_000;
@@ -67,6 +71,18 @@ impl Opened {
             store,
             first,
             problems,
+            listener,
+        })
+    }
+
+    /// Starts listening for changes and reads nothing: for a worker that holds only what it
+    /// delivers for ([`crate::subscriptions::cache`]), whose cache starts empty.
+    pub async fn listen(store: PgStore) -> Result<Self, StoreError> {
+        let listener = connect(&store).await?;
+        Ok(Self {
+            store,
+            first: Subscriptions::default(),
+            problems: Vec::new(),
             listener,
         })
     }
@@ -267,6 +283,9 @@ struct State {
 
 impl State {
     async fn read_all(&mut self) -> bool {
+        if let Some(cache) = self.live.cache().cloned() {
+            return self.refresh_held(&cache).await;
+        }
         match self.store.load_all().await {
             Ok((subscriptions, problems)) => {
                 let n = subscriptions.len();
@@ -302,7 +321,74 @@ impl State {
         }
     }
 
+    /// A full read of a cache: what it holds, read again.
+    async fn refresh_held(&mut self, cache: &Arc<SubscriptionCache>) -> bool {
+        match super::held::refresh(&self.store, cache).await {
+            Ok((replaced, problems)) => {
+                self.report(&problems, true);
+                self.forget_held(cache, &replaced);
+                let n = cache.held().subscriptions;
+                self.up(n);
+                true
+            }
+            Err(e) => {
+                self.down(&e.to_string());
+                false
+            }
+        }
+    }
+
+    /// Changes to a cache: only what it holds (or is loading) is read and changed.
+    async fn read_held(&mut self, cache: &Arc<SubscriptionCache>, ids: &[String]) -> bool {
+        let ids = cache.concerned(ids);
+        if ids.is_empty() {
+            let n = cache.held().subscriptions;
+            self.up(n);
+            return true;
+        }
+        match self.store.load_some(&ids).await {
+            Ok((changes, problems)) => {
+                self.report(&problems, false);
+                let bad: BTreeSet<&str> = problems.iter().map(|p| p.id.as_str()).collect();
+                let changes: Vec<_> = changes
+                    .into_iter()
+                    .filter(|(id, _)| !bad.contains(id.as_str()))
+                    .collect();
+                let applied = changes.len();
+                let replaced = cache.apply(changes);
+                self.forget_held(cache, &replaced);
+                self.metrics
+                    .subscription_store_changes
+                    .inc_by(u64::try_from(applied).unwrap_or(u64::MAX));
+                let n = cache.held().subscriptions;
+                self.up(n);
+                true
+            }
+            Err(e) => {
+                self.down(&e.to_string());
+                false
+            }
+        }
+    }
+
+    /// The secrets of versions a cache no longer holds go; those of the versions in force are
+    /// checked.
+    fn forget_held(&self, cache: &SubscriptionCache, replaced: &[Arc<Subscription>]) {
+        for old in replaced {
+            let now = cache.get(&old.id);
+            self.secrets.forget_replaced(old, now.as_deref());
+            if let Some(sub) = now {
+                for e in self.secrets.problems_of(&sub) {
+                    error!(subscription = %sub.id, problem = %e, "A secret of a stored subscription does not resolve; its deliveries fail and are retried until it does");
+                }
+            }
+        }
+    }
+
     async fn read_some(&mut self, ids: Vec<String>) -> bool {
+        if let Some(cache) = self.live.cache().cloned() {
+            return self.read_held(&cache, &ids).await;
+        }
         match self.store.load_some(&ids).await {
             Ok((changes, problems)) => {
                 self.report(&problems, false);

@@ -8,8 +8,9 @@
 //! - [`subscriptions`]: the API's reads and writes of subscriptions and their secrets, scoped
 //!   to a tenant, with row versions and locks.
 //! - [`idempotency`]: the answers remembered for `Idempotency-Key`s.
-//! - [`follow`]: how a worker keeps its in-memory snapshot current from PostgreSQL, and keeps
-//!   delivering on the last one while the database is away.
+//! - [`follow`]: how a worker keeps its in-memory snapshot (or what it holds of a large store)
+//!   current from PostgreSQL, and keeps delivering on the last one while the database is away.
+//! - [`held`]: the reads of a worker that holds only the subscriptions it delivers for.
 //! - [`request`]: a subscription's headers and endpoint authentication as the store keeps them.
 //! - [`transfer`]: import a file into the store, export the store as a file.
 //! - [`portal`]: one-time portal links and the pages' sessions.
@@ -17,6 +18,7 @@
 
 pub mod catalog;
 pub mod follow;
+pub mod held;
 pub mod idempotency;
 pub mod portal;
 pub mod postgres;

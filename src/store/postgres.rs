@@ -80,13 +80,13 @@ pub struct PgStore {
     shown: String,
 }
 
-const SUBSCRIPTION_COLUMNS: &str =
+pub(super) const SUBSCRIPTION_COLUMNS: &str =
     "id, tenant, url, event_types, enabled, paused, max_concurrent, rate, request, payload_filter";
 /// A secret's row with its subscription's tenant: a sealed value opens only for the tenant,
 /// subscription and purpose it was sealed for.
-const SECRET_COLUMNS: &str = "x.subscription_id, x.purpose, x.reference, x.sealed, \
+pub(super) const SECRET_COLUMNS: &str = "x.subscription_id, x.purpose, x.reference, x.sealed, \
      (extract(epoch from x.expires_at) * 1000)::int8 AS expires_ms, s.tenant";
-const SECRETS_WITH_TENANT: &str =
+pub(super) const SECRETS_WITH_TENANT: &str =
     "subscription_secrets x JOIN subscriptions s ON s.id = x.subscription_id";
 
 impl PgStore {
@@ -170,7 +170,7 @@ impl PgStore {
     }
 
     /// A read-only transaction in which both tables are read at one point in time.
-    async fn snapshot(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+    pub(super) async fn snapshot(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
@@ -400,7 +400,7 @@ struct SecretRows {
 
 /// Rows into subscriptions: secrets grouped by subscription (newest first, as queried), each
 /// row validated like a file entry.
-fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProblem>) {
+pub(super) fn build(rows: &[PgRow], secrets: &[PgRow]) -> (Vec<Subscription>, Vec<RowProblem>) {
     let mut by_sub: HashMap<String, SecretRows> = HashMap::new();
     for row in secrets {
         let Ok(sub_id) = row.try_get::<String, _>("subscription_id") else {

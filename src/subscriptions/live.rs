@@ -1,11 +1,13 @@
 //! The subscriptions in force, live: reloaded when the file changes (or on SIGHUP), a changed
-//! file refused loudly when invalid, the last good version kept.
+//! file refused loudly when invalid, the last good version kept; or, from a large store, the
+//! ones held in a bounded cache.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use super::cache::SubscriptionCache;
 use super::*;
 
 /// The subscriptions in force, replaced whole when the file changes and the new version is
@@ -16,6 +18,9 @@ pub struct LiveSubscriptions {
     path: Option<PathBuf>,
     /// The file content last put in force, and the error last reported for a refused one.
     state: Mutex<(Vec<u8>, Option<String>)>,
+    /// From a store too large to hold whole: what is held ([`super::cache`]), in place of
+    /// `current`.
+    cache: Option<Arc<SubscriptionCache>>,
 }
 
 /// What one look at the file found.
@@ -39,7 +44,22 @@ impl LiveSubscriptions {
             current: ArcSwap::from_pointee(subscriptions),
             path: None,
             state: Mutex::new((Vec::new(), None)),
+            cache: None,
         }
+    }
+
+    /// Subscriptions held as deliveries need them, in `cache`, which a store's follower keeps
+    /// current ([`crate::store::follow`]).
+    pub fn cached(cache: Arc<SubscriptionCache>) -> Self {
+        Self {
+            cache: Some(cache),
+            ..Self::fixed(Subscriptions::default())
+        }
+    }
+
+    /// The cache, when subscriptions are held as deliveries need them.
+    pub fn cache(&self) -> Option<&Arc<SubscriptionCache>> {
+        self.cache.as_ref()
     }
 
     /// Loads the file; it must be valid now.
@@ -50,6 +70,7 @@ impl LiveSubscriptions {
             current: ArcSwap::from_pointee(subscriptions),
             path: Some(path.to_path_buf()),
             state: Mutex::new((content, None)),
+            cache: None,
         })
     }
 
@@ -87,9 +108,12 @@ impl LiveSubscriptions {
         self.current.store(Arc::new(next));
     }
 
-    /// The version in force now.
+    /// The version in force now; with a cache, every subscription it holds.
     pub fn current(&self) -> Arc<Subscriptions> {
-        self.current.load_full()
+        match &self.cache {
+            Some(cache) => cache.snapshot(),
+            None => self.current.load_full(),
+        }
     }
 
     /// The file this was loaded from, if any.

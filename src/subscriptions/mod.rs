@@ -10,8 +10,10 @@
 //! - [`auth`]: how it authenticates to its endpoint: basic auth, OAuth2, a client certificate.
 //! - [`payload`]: payload filters: which events it is sent, by what their payload holds.
 //! - [`live`]: the version in force, reloaded as the file changes.
+//! - [`cache`]: from a large store, the subscriptions in use, held within bounds.
 
 pub mod auth;
+pub mod cache;
 pub mod headers;
 pub mod live;
 pub mod parse;

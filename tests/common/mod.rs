@@ -574,6 +574,29 @@ impl RunningWorker {
         Self::launch(t, setup).await
     }
 
+    /// A worker on a PostgreSQL store that holds only the subscriptions it delivers for, within
+    /// `config.store.cache_*`, opening sealed secrets with `keyring`.
+    pub async fn start_cached(
+        t: &TestLadder,
+        config: Config,
+        store: hookrelay::store::PgStore,
+        keyring: hookrelay::subscriptions::seal::Keyring,
+    ) -> Self {
+        use hookrelay::subscriptions::cache::{CacheLimits, SubscriptionCache};
+        let limits = CacheLimits::of(&config.store).expect("store.cache_entries above 0");
+        let loader = hookrelay::store::held::StoreLoader(store.clone());
+        let cache = Arc::new(SubscriptionCache::new(limits, Arc::new(loader)));
+        let opened = hookrelay::store::follow::Opened::listen(store)
+            .await
+            .unwrap();
+        let mut setup =
+            WorkerSetup::new(config, t.ladder.clone(), LiveSubscriptions::cached(cache));
+        setup.store = Some(opened.following());
+        setup.secrets =
+            SecretStore::new(Duration::from_millis(100)).with_keyring(Arc::new(keyring));
+        Self::launch(t, setup).await
+    }
+
     /// Starts a worker from a setup as it is; its name is set here.
     pub async fn launch(t: &TestLadder, mut setup: WorkerSetup) -> Self {
         let name = format!("{} worker", t.ladder.prefix);

@@ -483,6 +483,8 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 };
                 let report = bench::store::run(&config, &options, &binaries).await?;
                 if args.json {
+                    // The table too, for the pages, from the same run.
+                    eprintln!("{}", report.table());
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
                     println!("{}", report.table());

@@ -3,18 +3,21 @@
 //!
 //! - **fill**: N subscriptions over max(N/10, 1) tenants, each with one secret reference to one
 //!   shared file, inserted by two `INSERT ... SELECT ... FROM generate_series`;
+//!   (triggers off for the fill: nobody follows the bench's database while it is written);
 //! - **start-up**: `hookrelay worker` on the store, from spawn until `/readyz` answers 200, on an
-//!   empty ladder;
-//! - **memory**: that worker's resident memory (VmRSS) 2 s after it is ready, idle; against the
-//!   smallest N of the run, the snapshot's cost per subscription;
+//!   empty ladder (a worker holds only what it delivers for: `store.cache_*`);
+//! - **memory**: that worker's resident memory (VmRSS) 2 s after it is ready, idle; and again at
+//!   the end of the hot-set run below, holding the smallest N's subscriptions (the working set);
+//! - **misses**: a cache as a worker's, in the bench process, reading subscriptions it does not
+//!   hold one after another: by id, and a tenant's list (a fan-out's), p50/p99;
 //! - **lookup cost**: deliveries per second counted at the sink (as the main run counts them) of
 //!   `--events` events published beforehand, each naming a subscription of its tenant, spread
 //!   over all N (a stride through the ids), against the smallest N of the run; and again with
 //!   the events naming only as many subscriptions as the smallest N has (the hot set: the
 //!   snapshot's size alone, without a working set of N subscriptions);
 //! - **change to a worker**: the library's follower (`store::follow`) in the bench process on a
-//!   snapshot of the N, then one subscription's URL updated at a time, and the time from the
-//!   UPDATE's commit until the snapshot shows the new URL (polled every millisecond), first
+//!   cache as a worker's, then one subscription (held) updated at a time, and the time from the
+//!   UPDATE's commit until the cache shows the new URL (polled every millisecond), first
 //!   with nothing else running, then while a worker delivers `--events` more events being
 //!   published.
 
@@ -32,6 +35,7 @@ use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::contract::signing::generate_secret;
 use hookrelay::observe::metrics::Metrics;
 use hookrelay::store::PgStore;
+use hookrelay::subscriptions::cache::{CacheLimits, Key, SubscriptionCache};
 use hookrelay::subscriptions::{LiveSubscriptions, SecretStore};
 
 use super::{
@@ -64,6 +68,11 @@ pub struct StoreRun {
     pub startup_ms: f64,
     /// VmRSS, idle, 2 s after ready.
     pub rss_mib: f64,
+    /// VmRSS at the end of the hot-set run: the smallest N's subscriptions held.
+    pub rss_busy_mib: f64,
+    /// A miss read from the store: one subscription by id, and a tenant's list.
+    pub miss_id: Percentiles,
+    pub miss_tenant: Percentiles,
     /// (RSS - the smallest count's RSS) / (N - the smallest N), in the same run.
     pub bytes_per_subscription: Option<f64>,
     pub deliveries_per_s: f64,
@@ -90,6 +99,9 @@ pub struct StoreReport {
     pub changes: usize,
     pub runs: Vec<StoreRun>,
 }
+
+/// Misses timed per count, by id and by tenant.
+const MISSES: usize = 500;
 
 /// The subscription ids the fill writes, `sub_<j>`, and the tenant of each.
 fn subscription_id(j: usize) -> String {
@@ -268,11 +280,15 @@ impl Measure<'_> {
         row.startup_ms = startup.as_secs_f64() * 1000.0;
         row.rss_mib = rss;
 
-        // The follower, as a worker runs it, in this process.
-        let mut opened = hookrelay::store::follow::Opened::open(self.store.clone()).await?;
-        let live = Arc::new(LiveSubscriptions::followed(std::mem::take(
-            &mut opened.first,
-        )));
+        (row.miss_id, row.miss_tenant) = self.misses(n, MISSES).await?;
+
+        // The follower, as a worker runs it, in this process, on a cache as a worker's.
+        let opened = hookrelay::store::follow::Opened::listen(self.store.clone()).await?;
+        let cache = Arc::new(SubscriptionCache::new(
+            self.limits()?,
+            Arc::new(hookrelay::store::held::StoreLoader(self.store.clone())),
+        ));
+        let live = Arc::new(LiveSubscriptions::cached(cache));
         let stop = CancellationToken::new();
         let following = tokio::spawn(hookrelay::store::follow::follow(
             opened.following(),
@@ -304,8 +320,9 @@ impl Measure<'_> {
         // all N, then over the first `smallest` only.
         let ingress = ladder.ingress();
         let events = self.options.events;
-        row.deliveries_per_s = self.throughput(ladder, n, n, "evt").await?;
-        row.hot_deliveries_per_s = self.throughput(ladder, n, self.smallest, "hot").await?;
+        row.deliveries_per_s = self.throughput(ladder, n, n, "evt").await?.0;
+        (row.hot_deliveries_per_s, row.rss_busy_mib) =
+            self.throughput(ladder, n, self.smallest, "hot").await?;
 
         // Changes while a worker (ready first) delivers events being published.
         let mut worker = self.worker(ladder)?;
@@ -333,14 +350,14 @@ impl Measure<'_> {
     }
 
     /// Deliveries per second of a worker started on `--events` events published beforehand,
-    /// naming the first `cover` of the `n` subscriptions.
+    /// naming the first `cover` of the `n` subscriptions, and its RSS once it delivered them.
     async fn throughput(
         &self,
         ladder: &Ladder,
         n: usize,
         cover: usize,
         kind: &str,
-    ) -> Result<f64, BenchError> {
+    ) -> Result<(f64, f64), BenchError> {
         let ingress = ladder.ingress();
         let events = self.options.events;
         say(&format!(
@@ -353,10 +370,49 @@ impl Measure<'_> {
         self.sink.reset();
         let mut worker = self.worker(ladder)?;
         let delivered = wait_count(self.sink, events as u64, Duration::from_secs(600)).await;
+        let rss = worker.child.id().and_then(rss_mib).unwrap_or(0.0);
         let _ = worker.child.kill().await;
         delivered?;
         let (count, secs) = self.sink.window();
-        Ok(count as f64 / secs.max(1e-9))
+        Ok((count as f64 / secs.max(1e-9), rss))
+    }
+
+    /// `count` misses of a cache as a worker's, one after another, by id and by tenant, over
+    /// subscriptions and tenants spread through the `n`: milliseconds each.
+    async fn misses(
+        &self,
+        n: usize,
+        count: usize,
+    ) -> Result<(Percentiles, Percentiles), BenchError> {
+        let cache = Arc::new(SubscriptionCache::new(
+            self.limits()?,
+            Arc::new(hookrelay::store::held::StoreLoader(self.store.clone())),
+        ));
+        let tenants = tenants_for(n);
+        let mut by_id = Vec::with_capacity(count);
+        let mut by_tenant = Vec::with_capacity(count);
+        for k in 0..count {
+            let j = target(k + 20_000, n);
+            // A lookup that gave up waiting (the machine stalled) counts what it waited.
+            let started = Instant::now();
+            let _ = cache
+                .lookup(&Key::id(&subscription_id(j)), &tenant_of(j, tenants))
+                .await;
+            by_id.push(started.elapsed().as_secs_f64() * 1000.0);
+            let tenant = tenant_of(target(k + 40_000, n), tenants);
+            let started = Instant::now();
+            let _ = cache.lookup(&Key::tenant(&tenant), &tenant).await;
+            by_tenant.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok((Percentiles::of(by_id), Percentiles::of(by_tenant)))
+    }
+
+    fn limits(&self) -> Result<CacheLimits, BenchError> {
+        CacheLimits::of(&self.config.store).ok_or_else(|| {
+            BenchError::Other(
+                "--store measures a worker with a cache: store.cache_entries > 0".into(),
+            )
+        })
     }
 
     /// `hookrelay worker` on the store, endpoint caps lifted so the budget bounds what is in
@@ -396,8 +452,27 @@ impl Measure<'_> {
         kind: &str,
     ) -> Result<Vec<f64>, BenchError> {
         let mut times = Vec::with_capacity(count);
+        let cache = live
+            .cache()
+            .ok_or_else(|| BenchError::Other("the follower has no cache".into()))?;
         for k in 0..count {
-            let id = subscription_id(target(k + 5_000, n));
+            let j = target(k + 5_000, n);
+            let id = subscription_id(j);
+            // Held first: a change to what a worker does not hold needs nothing.
+            let mut held = false;
+            for _ in 0..20 {
+                if cache
+                    .lookup(&Key::id(&id), &tenant_of(j, tenants_for(n)))
+                    .await
+                    .is_ok()
+                {
+                    held = true;
+                    break;
+                }
+            }
+            if !held {
+                return Err(BenchError::Other(format!("{id} could not be read")));
+            }
             let url = format!("{}/{kind}/{k}", self.url);
             sqlx::query("UPDATE subscriptions SET url = $1, updated_at = now() WHERE id = $2")
                 .bind(&url)
@@ -406,11 +481,7 @@ impl Measure<'_> {
                 .await?;
             let committed = Instant::now();
             loop {
-                if live
-                    .current()
-                    .get(&id)
-                    .is_some_and(|s| s.url.as_str() == url)
-                {
+                if cache.get(&id).is_some_and(|s| s.url.as_str() == url) {
                     break;
                 }
                 if committed.elapsed() > Duration::from_secs(30) {
@@ -439,6 +510,11 @@ async fn fill(
     let tenants = i64::try_from(tenants).unwrap_or(i64::MAX);
     let mut tx = store.pool().begin().await?;
     sqlx::query("TRUNCATE subscriptions CASCADE")
+        .execute(&mut *tx)
+        .await?;
+    // Without the triggers (a notification per row) and the foreign key's checks: nobody
+    // follows the bench's database while it is written, and the rows are made consistent.
+    sqlx::query("SET LOCAL session_replication_role = replica")
         .execute(&mut *tx)
         .await?;
     sqlx::query(
@@ -499,31 +575,32 @@ impl StoreReport {
         let mut out = format!(
             "hookrelay bench, subscription store ({}; {}; {}; {} events, prefetch {}, {} changes)\n\
              \n\
-             subscriptions run  fill s  ready ms  RSS MiB  B/sub  deliveries/s  ratio  hot/s  ratio   \
-             change idle p50/p99/max ms   under load p50/p99/max ms (deliveries/s)\n",
+             subscriptions run  fill s  ready ms  RSS idle  RSS hot  deliveries/s  ratio  hot/s  ratio   \
+             miss id p50/p99 ms  miss tenant p50/p99 ms   change idle p50/p99 ms   under load p50/p99 ms (deliveries/s)\n",
             self.machine, self.broker, self.postgres, self.events, self.prefetch, self.changes,
         );
         for r in &self.runs {
             out += &format!(
-                "{:>13} {:>3} {:>7.2} {:>9.0} {:>8.1} {:>6} {:>13.0} {:>6.2} {:>6.0} {:>6.2}   {:>8.1} {:>6.1} {:>6.1}   \
-                 {:>12.1} {:>6.1} {:>6.1} ({:.0})\n",
+                "{:>13} {:>3} {:>7.2} {:>9.0} {:>9.1} {:>8.1} {:>13.0} {:>6.2} {:>6.0} {:>6.2}   \
+                 {:>8.2} {:>8.2}   {:>9.2} {:>10.2}   {:>10.1} {:>10.1}   {:>10.1} {:>8.1} ({:.0})\n",
                 r.subscriptions,
                 r.run,
                 r.fill_seconds,
                 r.startup_ms,
                 r.rss_mib,
-                r.bytes_per_subscription
-                    .map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
+                r.rss_busy_mib,
                 r.deliveries_per_s,
                 r.throughput_ratio,
                 r.hot_deliveries_per_s,
                 r.hot_ratio,
+                r.miss_id.p50_ms,
+                r.miss_id.p99_ms,
+                r.miss_tenant.p50_ms,
+                r.miss_tenant.p99_ms,
                 r.change_idle.p50_ms,
                 r.change_idle.p99_ms,
-                r.change_idle.max_ms,
                 r.change_under_load.p50_ms,
                 r.change_under_load.p99_ms,
-                r.change_under_load.max_ms,
                 r.load_deliveries_per_s,
             );
         }
@@ -532,33 +609,34 @@ impl StoreReport {
         counts.sort_unstable();
         counts.dedup();
         for n in counts {
-            // None when no run has the figure (bytes per subscription of the smallest count).
-            let of = |f: &dyn Fn(&StoreRun) -> Option<f64>| {
-                let values: Vec<f64> = self
-                    .runs
-                    .iter()
-                    .filter(|r| r.subscriptions == n)
-                    .filter_map(f)
-                    .collect();
-                (!values.is_empty()).then(|| spread(values))
-            };
-            let show = |figures: Option<(f64, f64, f64)>, digits: usize| {
-                figures.map_or_else(
-                    || "-".to_owned(),
-                    |(lo, mid, hi)| format!("{lo:.digits$}/{mid:.digits$}/{hi:.digits$}"),
+            let of = |f: &dyn Fn(&StoreRun) -> f64| {
+                spread(
+                    self.runs
+                        .iter()
+                        .filter(|r| r.subscriptions == n)
+                        .map(f)
+                        .collect(),
                 )
             };
+            let show = |(lo, mid, hi): (f64, f64, f64), digits: usize| {
+                format!("{lo:.digits$}/{mid:.digits$}/{hi:.digits$}")
+            };
             out += &format!(
-                "{n} subscriptions: ready {} ms, RSS {} MiB, {} B/sub, {} deliveries/s, ratio {} (hot set {}), \
+                "{n} subscriptions: ready {} ms, RSS idle {} MiB, hot {} MiB, {} deliveries/s, \
+                 ratio {} (hot set {}), miss p50/p99 by id {} / {} ms, by tenant {} / {} ms, \
                  change p99 idle {} ms, under load {} ms\n",
-                show(of(&|r| Some(r.startup_ms)), 0),
-                show(of(&|r| Some(r.rss_mib)), 1),
-                show(of(&|r| r.bytes_per_subscription), 0),
-                show(of(&|r| Some(r.deliveries_per_s)), 0),
-                show(of(&|r| Some(r.throughput_ratio)), 2),
-                show(of(&|r| Some(r.hot_ratio)), 2),
-                show(of(&|r| Some(r.change_idle.p99_ms)), 1),
-                show(of(&|r| Some(r.change_under_load.p99_ms)), 1),
+                show(of(&|r| r.startup_ms), 0),
+                show(of(&|r| r.rss_mib), 1),
+                show(of(&|r| r.rss_busy_mib), 1),
+                show(of(&|r| r.deliveries_per_s), 0),
+                show(of(&|r| r.throughput_ratio), 2),
+                show(of(&|r| r.hot_ratio), 2),
+                show(of(&|r| r.miss_id.p50_ms), 2),
+                show(of(&|r| r.miss_id.p99_ms), 2),
+                show(of(&|r| r.miss_tenant.p50_ms), 2),
+                show(of(&|r| r.miss_tenant.p99_ms), 2),
+                show(of(&|r| r.change_idle.p99_ms), 1),
+                show(of(&|r| r.change_under_load.p99_ms), 1),
             );
         }
         out
