@@ -2,11 +2,11 @@
 //! (as the fault suite starts them), which the worker publishes into. Starting a node is slow,
 //! so one test starts it and runs every case on it, each with its own ladder, vhost and
 //! tenant: delivered and verified with the standardwebhooks crate; an exchange the partner
-//! does not have (gone, as a 410); a user the partner refuses to let write (a failed attempt
-//! with the broker's words, retried); a partner that takes TCP and never answers (bounded, its
-//! sockets shut, another tenant delivered meanwhile); TLS with a client certificate (made here
-//! with rcgen; the partner requires one); and, last, the partner stopped and started again
-//! mid-run (nothing lost).
+//! does not have (gone, as a 410); a routing key nothing is bound for (returned, retried); a
+//! user the partner refuses to let write (a failed attempt with the broker's words, retried);
+//! a partner that takes TCP and never answers (bounded, its sockets shut, another tenant
+//! delivered meanwhile); TLS with a client certificate (made here with rcgen; the partner
+//! requires one); and, last, the partner stopped and started again mid-run (nothing lost).
 
 mod common;
 
@@ -288,6 +288,45 @@ async fn exchange_missing(partner: Arc<Partner>) {
     worker.stop().await;
 }
 
+async fn no_route(partner: Arc<Partner>) {
+    partner.vhost("noroute");
+    let (_conn, _ch) = partner.inbox("noroute", "order.*").await;
+    let t = TestLadder::apply("amqp-noroute", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let mut sub = partner.subscription(
+        "sub_noroute",
+        "noroute",
+        &partner.url("noroute"),
+        "hooks",
+        ("guest", "guest"),
+        &s,
+    );
+    // Nothing is bound for this key: the broker returns the mandatory message.
+    sub.amqp = Some(AmqpTarget {
+        exchange: "hooks".into(),
+        routing_key: Some("unbound.key".into()),
+    });
+    let worker = RunningWorker::start(&t, vec![sub]).await;
+    t.publish(&event("evt_noroute", "noroute", "sub_noroute"))
+        .await;
+    assert!(
+        t.wait_dead(1, WAIT).await,
+        "dead-lettered once retries ran out"
+    );
+    let dead = t.drain_dead().await;
+    let props = &dead[0].delivery.properties;
+    assert_eq!(
+        read_str_header(props, REASON_HEADER).as_deref(),
+        Some("exhausted")
+    );
+    let error = read_str_header(props, LAST_ERROR_HEADER).unwrap_or_default();
+    assert!(
+        error.contains("returned the message") && error.contains("NO_ROUTE"),
+        "{error}"
+    );
+    worker.stop().await;
+}
+
 async fn access_refused(partner: Arc<Partner>) {
     partner.vhost("ro");
     let (_conn, _ch) = partner.inbox("ro", "#").await;
@@ -516,6 +555,7 @@ async fn amqp_destinations_deliver_into_a_partner_broker() {
         delivered_and_verified(Arc::clone(&partner)),
         exchange_missing(Arc::clone(&partner)),
         access_refused(Arc::clone(&partner)),
+        no_route(Arc::clone(&partner)),
         partner_hanging(Arc::clone(&partner)),
         client_certificate(Arc::clone(&partner)),
     );
