@@ -385,9 +385,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 } else {
                     println!(
                         "AMQP destination against a raw confirmed publish loop ({} events per \
-                         run, prefetch {}, {})",
+                         run, {} in flight, {})",
                         options.events,
-                        options.prefetch,
+                        bench::amqp::IN_FLIGHT,
                         bench::machine()
                     );
                     for (i, p) in pairs.iter().enumerate() {

@@ -1,7 +1,8 @@
 //! AMQP destinations: deliveries per second into a partner's broker (a RabbitMQ node of the
 //! bench's own, started on free ports and stopped after) against a raw lapin loop publishing
 //! the same bodies with confirms, `mandatory` and persistent, to the same exchange of the same
-//! node, with as many confirms outstanding as the worker has deliveries in flight.
+//! node, with as many confirms outstanding as the worker may have attempts in flight to the
+//! destination ([`IN_FLIGHT`], the default endpoint cap: as many connections to the partner).
 //!
 //! hookrelay's figure runs from the first message's arrival in the partner's queue to the
 //! last's, its events published into the ladder beforehand; the raw loop's from its first
@@ -38,6 +39,9 @@ pub struct Pair {
     pub hookrelay: f64,
     pub ratio: f64,
 }
+
+/// The subscription's `max_concurrent`, and the raw loop's confirms outstanding.
+pub const IN_FLIGHT: u16 = 64;
 
 const EXCHANGE: &str = "hooks";
 const QUEUE: &str = "inbox";
@@ -154,7 +158,7 @@ pub async fn run(
         &file_secret(&secret_file),
         &format!(
             "basic_auth = {{ username = \"guest\", password = {} }}\n\
-             amqp = {{ exchange = \"{EXCHANGE}\" }}\n",
+             amqp = {{ exchange = \"{EXCHANGE}\" }}\nmax_concurrent = {IN_FLIGHT}\n",
             file_secret(&password_file)
         ),
     );
@@ -164,7 +168,7 @@ pub async fn run(
         setup
             .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
             .await?;
-        let raw = raw_loop(&partner, n, options.prefetch).await?;
+        let raw = raw_loop(&partner, n, IN_FLIGHT).await?;
         wait_arrivals(&arrivals, n as u64).await?;
         arrivals.reset();
         say(&format!("run {}: raw loop: {raw:.0} publishes/s", r + 1));
