@@ -12,14 +12,15 @@
 //!   what the broker's refusals mean, the management API.
 //! - [`delivery`]: the worker, one delivery's dispatch, the routing decision, egress,
 //!   endpoint limits and each worker's share of them in a fleet, OAuth2 tokens for endpoints,
-//!   the HTTP edge, the parking of paused subscriptions and the poll of the broker's queues.
+//!   the HTTP edge and the AMQP edge (a partner's RabbitMQ), the parking of paused
+//!   subscriptions and the poll of the broker's queues.
 //! - [`observe`]: metrics, `/healthz` and `/readyz`, operational events and the attempt log.
 //! - [`ops`]: operator tools: status, tier hold and release, subscription resume, redrive, the
 //!   mover, the attempt-log tail, progress.
 //! - [`catalog`]: the event types producers promise: a JSON Schema per version, an example, a
 //!   validation mode; compiled once per change, and the verdict on one event.
-//! - [`subscriptions`]: who receives what: the file, secret references and their sealing, the
-//!   version in force.
+//! - [`subscriptions`]: who receives what, and where (an HTTP endpoint or a partner's broker):
+//!   the file, secret references and their sealing, the version in force.
 //! - [`store`]: where subscriptions are kept: the file, or PostgreSQL with encrypted secrets;
 //!   every query of the store's tables, the API's and the remembered `Idempotency-Key`s among them.
 //! - [`history`]: the archive and the attempt log materialized into PostgreSQL: `hookrelay

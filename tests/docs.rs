@@ -266,6 +266,8 @@ fn the_example_subscriptions_parse() {
     assert!(erp.oauth2.is_some() && erp.headers.len() == 2);
     let bank = subs.get("sub_bank").unwrap();
     assert!(bank.basic_auth.is_some() && bank.tls.as_ref().is_some_and(|t| t.ca.is_some()));
+    let partner = subs.get("sub_partner").unwrap();
+    assert!(partner.amqp.is_some() && partner.tls.is_some() && partner.basic_auth.is_some());
 }
 
 #[test]

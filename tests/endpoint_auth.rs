@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::pki::Pki;
 use common::{Counters, RunningWorker, Secret, TestLadder, event, secret, subscription};
 use hookrelay::contract::headers::{self, LAST_ERROR_HEADER, REASON_HEADER};
 use hookrelay::subscriptions::{ClientAuthMethod, ClientTls, OAuth2, SecretRef};
@@ -271,48 +272,6 @@ async fn a_refused_client_secret_is_retried_then_dead_lettered_as_exhausted_with
     // One token request per attempt (three attempts), and nothing reached the endpoint.
     assert_eq!(idp.refused.load(Ordering::SeqCst), 3);
     assert_eq!(receiver.request_count(), 0);
-}
-
-/// A CA, and certificates it signs.
-struct Pki {
-    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("{name} test CA"));
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = rcgen::KeyPair::generate().unwrap();
-        Self {
-            ca: rcgen::CertifiedIssuer::self_signed(params, key).unwrap(),
-        }
-    }
-
-    /// A leaf for `names` (DNS names or IP addresses), as (certificate PEM, key PEM).
-    fn leaf(&self, names: &[&str], client: bool) -> (String, String) {
-        let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.extended_key_usages = vec![if client {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    fn ca_pem(&self) -> String {
-        self.ca.pem()
-    }
 }
 
 /// A TLS server config with the certificate for 127.0.0.1 that requires a client certificate

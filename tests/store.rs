@@ -138,22 +138,29 @@ enabled = false
          secrets = [\"env:D\"]\ntrace_context = true\nheaders = {{ \"X-Team\" = \"orders\", \"X-Key\" = {{ secret = \"env:D_KEY\" }} }}\n\
          tls = {{ cert = \"file:/run/d.pem\", key = \"file:/run/d.key\" }}\n\
          [subscription.oauth2]\ntoken_url = \"https://idp.example.com/token\"\nclient_id = \"d\"\n\
-         client_secret = \"env:D_OAUTH\"\nscope = \"hooks\"\n"
+         client_secret = \"env:D_OAUTH\"\nscope = \"hooks\"\n\
+         [[subscription]]\nid = \"e\"\ntenant = \"acme\"\nurl = \"amqps://mq.example.com/orders\"\n\
+         secrets = [\"env:E\"]\nbasic_auth = {{ username = \"acme\", password = \"env:E_MQ\" }}\n\
+         amqp = {{ exchange = \"webhooks.in\", routing_key = \"acme\" }}\n"
     );
     let with_auth = Subscriptions::parse("with-auth.toml", &with_auth).unwrap();
     let report = transfer::import(&store, &with_auth, || {}).await.unwrap();
-    assert_eq!((report.created, report.unchanged), (1, 3));
+    assert_eq!((report.created, report.unchanged), (2, 3));
     let (stored, _) = store.load_all().await.unwrap();
     assert_eq!(stored.get("d"), with_auth.get("d"));
     assert!(stored.get("d").unwrap().trace_context);
+    // An AMQP destination, its exchange and login kept with the other request settings.
+    assert_eq!(stored.get("e"), with_auth.get("e"));
+    assert!(stored.get("e").unwrap().amqp.is_some());
     let again = transfer::import(&store, &with_auth, || {}).await.unwrap();
-    assert_eq!(again.unchanged, 4, "importing it twice changes nothing");
+    assert_eq!(again.unchanged, 5, "importing it twice changes nothing");
     let exported = transfer::export(&store, &Keyring::empty(), None)
         .await
         .unwrap();
     let round = Subscriptions::parse("exported.toml", &exported).unwrap();
     assert_eq!(round.get("d"), with_auth.get("d"), "{exported}");
-    sqlx::query("DELETE FROM subscriptions WHERE id = 'd'")
+    assert_eq!(round.get("e"), with_auth.get("e"), "{exported}");
+    sqlx::query("DELETE FROM subscriptions WHERE id IN ('d', 'e')")
         .execute(store.pool())
         .await
         .unwrap();

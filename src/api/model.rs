@@ -22,11 +22,13 @@ pub struct CreateSubscription {
     /// no other (422).
     #[schema(example = "acme", pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
-    /// The endpoint: an http:// or https:// URL the egress policy allows.
+    /// The destination the egress policy allows: an http:// or https:// endpoint, or a
+    /// partner's broker, `amqp://` or `amqps://` with the vhost as its path (`%2f` for `/`),
+    /// published to at `amqp` (docs/destinations.md).
     #[schema(
         example = "https://hooks.acme.example/webhooks",
         max_length = 2048,
-        pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$"
+        pattern = "^(https?|amqps?)://[^/?#@\\s]+([/?#][^\\s]*)?$"
     )]
     pub url: String,
     /// Exact event types and `prefix.*` wildcards; absent or null: every type.
@@ -62,8 +64,12 @@ pub struct CreateSubscription {
     pub basic_auth: Option<BasicAuthInput>,
     /// `Authorization: Bearer` with a token from an OAuth2 token endpoint (client credentials).
     pub oauth2: Option<OAuth2Input>,
-    /// A client certificate presented to the endpoint (mutual TLS); the url must be https://.
+    /// A client certificate presented to the endpoint (mutual TLS); the url must be https://
+    /// or amqps://.
     pub tls: Option<TlsInput>,
+    /// For an `amqp://` or `amqps://` url: the exchange, and a fixed routing key (absent:
+    /// each event's type). The broker's login is `basic_auth`.
+    pub amqp: Option<crate::subscriptions::AmqpTarget>,
     /// A payload filter: which events of its types it is sent, by what their payload holds
     /// (docs/subscriptions.md). Absent or null: every event.
     #[schema(value_type = Option<Object>, example = json!({"data.amount": {"$gt": 100}, "data.country": {"$in": ["DE", "FR"]}}))]
@@ -177,7 +183,10 @@ impl AsRef<str> for EventType {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSubscription {
-    #[schema(max_length = 2048, pattern = "^https?://[^/?#@\\s]+([/?#][^\\s]*)?$")]
+    #[schema(
+        max_length = 2048,
+        pattern = "^(https?|amqps?)://[^/?#@\\s]+([/?#][^\\s]*)?$"
+    )]
     pub url: Option<String>,
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Vec<EventType>>, min_items = 1)]
@@ -210,6 +219,11 @@ pub struct UpdateSubscription {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<TlsInput>)]
     pub tls: Option<Option<TlsInput>>,
+    /// Replaces the exchange and routing key of an AMQP destination; `null` removes them (for a
+    /// url that becomes HTTP).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::subscriptions::AmqpTarget>)]
+    pub amqp: Option<Option<crate::subscriptions::AmqpTarget>>,
     /// Replaces the payload filter; `null` removes it (every event).
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]

@@ -17,9 +17,10 @@ use crate::contract::envelope::{self, Envelope};
 use crate::contract::headers;
 use crate::contract::ladder::Ladder;
 use crate::contract::signing::signature_header;
+use crate::delivery::amqp::{AmqpMessage, AmqpSender};
 use crate::delivery::endpoint::Endpoints;
 use crate::delivery::health::EndpointHealth;
-use crate::delivery::http::{ClientPem, HttpSender, WebhookRequest};
+use crate::delivery::http::{AttemptReport, ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{
     AttemptResult, DeferCause, Outcome, Route, Screen, decide, defer, route, screen,
@@ -43,6 +44,8 @@ pub struct Dispatcher {
     pub(crate) catalog: Arc<LiveCatalog>,
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) http: HttpSender,
+    /// Publishes to the subscriptions whose destination is a partner's broker.
+    pub(crate) amqp: AmqpSender,
     /// OAuth2 tokens of the subscriptions that authenticate with one.
     pub(crate) tokens: crate::delivery::oauth::Tokens,
     pub(crate) endpoints: Endpoints,
@@ -89,7 +92,7 @@ impl Dispatcher {
         ladder: Ladder,
         subscriptions: Arc<LiveSubscriptions>,
         secrets: Arc<SecretStore>,
-        http: HttpSender,
+        (http, amqp): (HttpSender, AmqpSender),
         settler: Settler,
         store: Option<crate::store::PgStore>,
     ) -> Self {
@@ -112,6 +115,7 @@ impl Dispatcher {
             subscriptions,
             secrets,
             http,
+            amqp,
             tokens: crate::delivery::oauth::Tokens::counted(settler.metrics.oauth_tokens.clone()),
             settler,
         }
@@ -362,6 +366,7 @@ impl Dispatcher {
         let cause = DeferCause::Outage {
             probe_in: Duration::ZERO,
             failed_try_ms: None,
+            failed_in_a_row: 0,
         };
         let outcome = defer(
             &self.ladder,
@@ -505,6 +510,52 @@ impl Dispatcher {
         }))
     }
 
+    /// The attempt as a message published to the subscription's broker: the same signed
+    /// headers, its own headers as AMQP headers, its basic auth as the broker login.
+    async fn publish(
+        &self,
+        sub: &Subscription,
+        target: &crate::subscriptions::AmqpTarget,
+        event_type: &str,
+        request: WebhookRequest<'_>,
+    ) -> AttemptReport {
+        let login = match &sub.basic_auth {
+            None => None,
+            Some(basic) => match self.secrets.resolve_text(&basic.password) {
+                Ok(password) => Some((basic.username.clone(), password.to_string())),
+                Err(e) => {
+                    return AttemptReport {
+                        result: AttemptResult::NotSent(format!("basic_auth password: {e}")),
+                        latency: Duration::ZERO,
+                        response_excerpt: String::new(),
+                    };
+                }
+            },
+        };
+        let extra = request
+            .extra
+            .iter()
+            .filter(|(name, _)| *name != reqwest::header::AUTHORIZATION)
+            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+            .collect();
+        self.amqp
+            .send(AmqpMessage {
+                subscription: &sub.id,
+                url: &sub.url,
+                target,
+                event_type,
+                id: request.id,
+                attempt: request.attempt,
+                timestamp: request.timestamp,
+                signature: request.signature,
+                body: request.body,
+                extra,
+                login,
+                client_tls: request.client_tls,
+            })
+            .await
+    }
+
     /// Signs with every unexpired secret that resolves now, and sends.
     async fn send(
         &self,
@@ -617,19 +668,23 @@ impl Dispatcher {
                 }
             }
         }
-        let report = self
-            .http
-            .send(WebhookRequest {
-                url: &sub.url,
-                id: &envelope.id,
-                attempt: envelope.attempts_made + 1,
-                timestamp,
-                signature,
-                body: body.clone(),
-                extra,
-                client_tls,
-            })
-            .await;
+        let request = WebhookRequest {
+            url: &sub.url,
+            id: &envelope.id,
+            attempt: envelope.attempts_made + 1,
+            timestamp,
+            signature,
+            body: body.clone(),
+            extra,
+            client_tls,
+        };
+        let report = match &sub.amqp {
+            None => self.http.send(request).await,
+            Some(target) => {
+                self.publish(sub, target, &envelope.event_type, request)
+                    .await
+            }
+        };
         spans::attempt_result(&attempt_span, &report.result);
         drop(attempt_span);
         let mut report = report;

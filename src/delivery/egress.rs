@@ -224,13 +224,14 @@ impl EgressPolicy {
     /// The checks a URL allows without resolving: scheme, port, and IP-literal hosts (which
     /// the client connects to without asking the resolver).
     pub fn check_url(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
-        if self.https_only && url.scheme() != "https" {
+        // `amqps://` is a broker over TLS: what `https_only` asks of a destination.
+        if self.https_only && !crate::subscriptions::destination::is_tls(url) {
             return Err(EgressDenied::NotHttps(shown_url(url)));
         }
         let host = url
             .host()
             .ok_or_else(|| EgressDenied::NoHost(shown_url(url)))?;
-        let port = url.port_or_known_default().unwrap_or(0);
+        let port = crate::subscriptions::destination::port(url).unwrap_or(0);
         if !self.allowed_ports.is_empty() && !self.allowed_ports.contains(&port) {
             return Err(EgressDenied::Port {
                 host: host.to_string(),

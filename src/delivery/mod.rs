@@ -18,8 +18,11 @@
 //! - [`egress`]: where a webhook may go.
 //! - [`oauth`]: OAuth2 tokens for endpoints that want one, fetched once and cached.
 //! - [`http`]: the signed POST, and the client certificate a subscription presents.
+//! - [`amqp`]: the same attempt published into a partner's RabbitMQ, confirmed, over a pool
+//!   of connections per destination.
 //! - [`sweep`]: what the worker forgets: state no live subscription uses.
 
+pub mod amqp;
 pub mod dispatch;
 pub mod egress;
 pub mod endpoint;

@@ -67,6 +67,7 @@ pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<Endpo
     let is_live = |id: &str| live.get(id).is_some();
     let tokens = dispatcher.tokens.retain(is_live);
     let tls_clients = dispatcher.http.retain_tls_clients(is_live);
+    let amqp_connections = dispatcher.amqp.retain_live(is_live);
     let (secrets, secret_texts) = dispatcher.secrets.entries();
     let e = dispatcher.endpoints.entries();
     let gauge = &dispatcher.settler.metrics.cache_entries;
@@ -80,6 +81,7 @@ pub fn sweep(dispatcher: &Dispatcher, live: &Subscriptions, keys: &HashSet<Endpo
         ("endpoint_rates", e.rates),
         ("oauth_tokens", tokens),
         ("tls_clients", tls_clients),
+        ("amqp_connections", amqp_connections),
     ] {
         gauge
             .with_label_values(&[cache])

@@ -18,7 +18,7 @@ use crate::config::ReferenceError;
 use crate::contract::envelope::{check_id, check_tenant};
 use crate::subscriptions::{
     PayloadFilter, SealedSecret, SecretRef, SecretSpec, Subscription, Subscriptions,
-    parse::parse_event_types, parse::parse_url,
+    parse::parse_destination, parse::parse_event_types,
 };
 use crate::units::Rate;
 
@@ -252,13 +252,7 @@ impl PgStore {
         let max_concurrent = sub
             .max_concurrent
             .map(|n| i32::try_from(n).unwrap_or(i32::MAX));
-        let (request, request_secrets) = StoredRequest::of(&RequestParts {
-            headers: sub.headers.clone(),
-            basic_auth: sub.basic_auth.clone(),
-            oauth2: sub.oauth2.clone(),
-            tls: sub.tls.clone(),
-            trace_context: sub.trace_context,
-        });
+        let (request, request_secrets) = StoredRequest::of(&RequestParts::of(sub));
         let request = serde_json::to_value(&request).map_err(|e| {
             StoreError::Interrupted(format!("the request settings of {}: {e}", sub.id))
         })?;
@@ -462,7 +456,7 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
     let tenant: String = row.try_get("tenant").map_err(field("tenant"))?;
     check_tenant(&tenant).map_err(|e| RowError::invalid("tenant", e))?;
     let url: String = row.try_get("url").map_err(field("url"))?;
-    let url = parse_url(&url).map_err(|e| RowError::invalid("url", e))?;
+    let url = parse_destination(&url).map_err(|e| RowError::invalid("url", e))?;
     let event_types: Option<Vec<String>> =
         row.try_get("event_types").map_err(field("event_types"))?;
     let event_types = event_types
@@ -522,6 +516,7 @@ fn subscription(row: &PgRow, secrets: SecretRows) -> Result<Subscription, RowErr
         basic_auth: parts.basic_auth,
         oauth2: parts.oauth2,
         tls: parts.tls,
+        amqp: parts.amqp,
         payload_filter,
         trace_context: parts.trace_context,
     })

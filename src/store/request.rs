@@ -13,7 +13,9 @@ use utoipa::ToSchema;
 
 use crate::subscriptions::auth::{check_username, conflicts};
 use crate::subscriptions::headers::{check_header_name, check_header_value, reserved_header};
-use crate::subscriptions::{BasicAuth, ClientTls, ExtraHeader, HeaderValueSpec, OAuth2, SecretRef};
+use crate::subscriptions::{
+    AmqpTarget, BasicAuth, ClientTls, ExtraHeader, HeaderValueSpec, OAuth2, SecretRef, Subscription,
+};
 
 /// The purpose of a signing secret's row.
 pub const SIGNING: &str = "signing";
@@ -43,6 +45,10 @@ pub struct StoredRequest {
     /// Send the attempt's W3C `traceparent` to the endpoint (docs/tracing.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trace_context: bool,
+    /// The exchange and routing key of an `amqp://` or `amqps://` destination
+    /// (docs/destinations.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpTarget>,
 }
 
 /// A header: its value, or `secret: true` when the value is secret (never shown).
@@ -88,6 +94,21 @@ pub struct RequestParts {
     pub oauth2: Option<OAuth2>,
     pub tls: Option<ClientTls>,
     pub trace_context: bool,
+    pub amqp: Option<AmqpTarget>,
+}
+
+impl RequestParts {
+    /// A subscription's parts, to split with [`StoredRequest::of`].
+    pub fn of(sub: &Subscription) -> Self {
+        Self {
+            headers: sub.headers.clone(),
+            basic_auth: sub.basic_auth.clone(),
+            oauth2: sub.oauth2.clone(),
+            tls: sub.tls.clone(),
+            trace_context: sub.trace_context,
+            amqp: sub.amqp.clone(),
+        }
+    }
 }
 
 impl StoredRequest {
@@ -100,6 +121,7 @@ impl StoredRequest {
         let mut secrets = Vec::new();
         let mut stored = Self {
             trace_context: parts.trace_context,
+            amqp: parts.amqp.clone(),
             ..Self::default()
         };
         for h in &parts.headers {
@@ -160,6 +182,7 @@ impl StoredRequest {
         };
         let mut parts = RequestParts {
             trace_context: self.trace_context,
+            amqp: self.amqp.clone(),
             ..RequestParts::default()
         };
         for (name, header) in &self.headers {
@@ -215,6 +238,7 @@ impl StoredRequest {
         }
         let problems = conflicts(
             url,
+            self.amqp.as_ref(),
             self.headers.contains_key("authorization"),
             parts.basic_auth.is_some(),
             parts.oauth2.is_some(),
@@ -268,6 +292,7 @@ mod tests {
             ],
             basic_auth: None,
             trace_context: true,
+            amqp: None,
             oauth2: Some(OAuth2 {
                 token_url: "https://idp.example/token".parse().unwrap(),
                 client_id: "c".into(),

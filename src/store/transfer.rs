@@ -102,6 +102,8 @@ struct EntryOut {
     filter: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     trace_context: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    amqp: Option<crate::subscriptions::AmqpTarget>,
 }
 
 #[derive(Serialize)]
@@ -251,6 +253,7 @@ pub async fn export(
             oauth2,
             tls,
             filter: sub.payload_filter.as_ref().map(|f| f.as_json().clone()),
+            amqp: sub.amqp.clone(),
             trace_context: sub.trace_context,
         });
     }
@@ -264,16 +267,7 @@ fn all_references(sub: &Subscription) -> Vec<(String, SecretRef)> {
         .iter()
         .map(|s| (request::SIGNING.to_owned(), s.reference.clone()))
         .collect();
-    all.extend(
-        StoredRequest::of(&RequestParts {
-            headers: sub.headers.clone(),
-            basic_auth: sub.basic_auth.clone(),
-            oauth2: sub.oauth2.clone(),
-            tls: sub.tls.clone(),
-            trace_context: sub.trace_context,
-        })
-        .1,
-    );
+    all.extend(StoredRequest::of(&RequestParts::of(sub)).1);
     all
 }
 

@@ -106,15 +106,17 @@ impl OAuth2 {
 }
 
 /// What a subscription's ways of authenticating cannot be together, as (field, why): two
-/// sources of `Authorization`, or a client certificate for an endpoint that is not https.
+/// sources of `Authorization`, a client certificate for an endpoint that is not TLS, or a
+/// destination's own conflicts ([`super::destination::conflicts`]).
 pub fn conflicts(
     url: &reqwest::Url,
+    amqp: Option<&super::AmqpTarget>,
     authorization_header: bool,
     basic: bool,
     oauth2: bool,
     tls: bool,
 ) -> Vec<(&'static str, String)> {
-    let mut out = Vec::new();
+    let mut out = super::destination::conflicts(url, amqp, oauth2);
     let sources = [
         (authorization_header, "an \"authorization\" header"),
         (basic, "basic_auth"),
@@ -130,11 +132,8 @@ pub fn conflicts(
             ),
         ));
     }
-    if tls && url.scheme() != "https" {
-        out.push((
-            "tls",
-            "a client certificate is presented over TLS only: the url must be https://".into(),
-        ));
+    if tls && !super::destination::is_tls(url) {
+        out.push(("tls", TLS_ONLY.into()));
     }
     out
 }
@@ -147,3 +146,7 @@ pub struct ClientTls {
     pub key: SecretRef,
     pub ca: Option<SecretRef>,
 }
+
+/// Why a client certificate is refused for a URL without TLS.
+pub const TLS_ONLY: &str =
+    "a client certificate is presented over TLS only: the url must be https:// or amqps://";

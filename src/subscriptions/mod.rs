@@ -7,6 +7,7 @@
 //! - [`secrets`]: secret references and their resolution.
 //! - [`seal`]: secrets at rest, encrypted with the store's keys.
 //! - [`headers`]: a subscription's own request headers, and the reserved names.
+//! - [`destination`]: where deliveries go: an HTTP endpoint or a partner's RabbitMQ exchange.
 //! - [`auth`]: how it authenticates to its endpoint: basic auth, OAuth2, a client certificate.
 //! - [`payload`]: payload filters: which events it is sent, by what their payload holds.
 //! - [`live`]: the version in force, reloaded as the file changes.
@@ -14,6 +15,7 @@
 
 pub mod auth;
 pub mod cache;
+pub mod destination;
 pub mod headers;
 pub mod live;
 pub mod parse;
@@ -23,6 +25,7 @@ pub mod secrets;
 pub mod subscription;
 
 pub use auth::{BasicAuth, ClientAuthMethod, ClientTls, OAuth2};
+pub use destination::AmqpTarget;
 pub use headers::{ExtraHeader, HeaderValueSpec};
 pub use live::{LiveSubscriptions, Reload};
 pub use parse::{SubscriptionError, SubscriptionErrors};

@@ -69,6 +69,9 @@ struct Entry {
     filter: Option<Spanned<serde_json::Value>>,
     #[serde(default)]
     trace_context: bool,
+    /// For an `amqp://` or `amqps://` url: `{ exchange = "...", routing_key = "..." }`.
+    #[serde(default)]
+    amqp: Option<Spanned<AmqpTarget>>,
 }
 
 /// A header's value in the file: `"static"`, or `{ secret = "env:NAME" }`.
@@ -136,6 +139,8 @@ pub enum UrlError {
     NotAUrl(url::ParseError),
     #[error("{0:?}: expected an http:// or https:// URL with a host")]
     NotHttp(String),
+    #[error("{0:?}: expected an http://, https://, amqp:// or amqps:// URL with a host")]
+    NotDestination(String),
     /// The credentials are to move where `instead` says.
     #[error(
         "{shown:?} has credentials in it, which would be stored and shown as the URL is; {instead}"
@@ -151,6 +156,21 @@ pub fn parse_url(raw: &str) -> Result<reqwest::Url, UrlError> {
     match reqwest::Url::parse(raw) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(url),
         Ok(other) => Err(UrlError::NotHttp(crate::config::shown_url(&other))),
+        Err(e) => Err(UrlError::NotAUrl(e)),
+    }
+}
+
+/// A subscription's destination: an http(s):// endpoint, or an amqp(s):// broker (the vhost
+/// its path) with a host.
+pub fn parse_destination(raw: &str) -> Result<reqwest::Url, UrlError> {
+    match reqwest::Url::parse(raw) {
+        Ok(url)
+            if matches!(url.scheme(), "http" | "https" | "amqp" | "amqps")
+                && url.host().is_some() =>
+        {
+            Ok(url)
+        }
+        Ok(other) => Err(UrlError::NotDestination(crate::config::shown_url(&other))),
         Err(e) => Err(UrlError::NotAUrl(e)),
     }
 }
@@ -400,6 +420,16 @@ fn read_entry(
             }
         });
     let tls = read_tls(&entry, url.as_ref(), problems);
+    let amqp = entry.amqp.as_ref().map(|a| a.get_ref().clone());
+    if let Some(url) = &url {
+        let at = entry
+            .amqp
+            .as_ref()
+            .map_or(entry.url.span().start, |a| a.span().start);
+        for (field, why) in super::destination::conflicts(url, amqp.as_ref(), oauth2.is_some()) {
+            problems.at(at, field, why);
+        }
+    }
     let payload_filter = entry.filter.as_ref().and_then(|f| {
         match super::payload::PayloadFilter::compile(f.get_ref()) {
             Ok(filter) => Some(filter),
@@ -413,6 +443,7 @@ fn read_entry(
         id: id.clone(),
         tenant: entry.tenant.into_inner(),
         url: url?,
+        amqp,
         event_types,
         secrets,
         enabled: entry.enabled,
@@ -429,7 +460,7 @@ fn read_entry(
 }
 
 fn read_url(entry: &Entry, problems: &mut Problems<'_>) -> Option<reqwest::Url> {
-    match parse_url(entry.url.get_ref())
+    match parse_destination(entry.url.get_ref())
         .and_then(|url| refuse_credentials(&url, URL_CREDENTIALS_INSTEAD).map(|()| url))
     {
         Ok(url) => Some(url),
@@ -609,12 +640,8 @@ fn read_tls(
                 None
             }
         });
-    if tls.is_some() && url.is_some_and(|u| u.scheme() != "https") {
-        problems.at(
-            entry.url.span().start,
-            "tls",
-            "a client certificate is presented over TLS only: the url must be https://".into(),
-        );
+    if tls.is_some() && url.is_some_and(|u| !super::destination::is_tls(u)) {
+        problems.at(entry.url.span().start, "tls", super::auth::TLS_ONLY.into());
     }
     tls
 }
@@ -839,6 +866,26 @@ secrets = ["env:X"]
         assert!(!orders.accepts("invoice.sent"));
         assert!(!orders.accepts("orders"));
         assert!(subs.get("sub_all").unwrap().accepts("anything"));
+    }
+
+    #[test]
+    fn an_amqp_destination_is_read_with_its_exchange_and_checked() {
+        let text = "[[subscription]]\nid = \"s\"\ntenant = \"t\"\n\
+                    url = \"amqps://broker.partner.example/orders\"\nsecrets = [\"env:X\"]\n\
+                    basic_auth = { username = \"hookrelay\", password = \"env:P\" }\n\
+                    amqp = { exchange = \"webhooks\" }\n";
+        let subs = Subscriptions::parse("s.toml", text).unwrap();
+        let s = subs.get("s").unwrap();
+        assert_eq!(s.amqp.as_ref().unwrap().routing_key_for("a.b"), "a.b");
+        let without = text.replace("amqp = { exchange = \"webhooks\" }\n", "");
+        let err = Subscriptions::parse("s.toml", &without).unwrap_err();
+        assert_eq!(err.0[0].field, "amqp", "{err}");
+        let http = text.replace("amqps://broker.partner.example/orders", "https://h.example");
+        let err = Subscriptions::parse("s.toml", &http).unwrap_err();
+        assert!(err.to_string().contains("this url is HTTP"), "{err}");
+        let ftp = text.replace("amqps://", "ftp://");
+        let err = Subscriptions::parse("s.toml", &ftp).unwrap_err();
+        assert!(err.to_string().contains("amqp:// or amqps://"), "{err}");
     }
 
     #[test]

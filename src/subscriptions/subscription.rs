@@ -62,7 +62,10 @@ impl std::fmt::Display for EventFilter {
 pub struct Subscription {
     pub id: String,
     pub tenant: String,
+    /// An HTTP endpoint, or a partner's broker (`amqp://`, `amqps://`) published to at `amqp`.
     pub url: reqwest::Url,
+    /// The exchange and routing key of an `amqp://` or `amqps://` url; `None` for HTTP.
+    pub amqp: Option<AmqpTarget>,
     /// `None`: every event type.
     pub event_types: Option<Vec<EventFilter>>,
     /// Newest first.
@@ -99,6 +102,7 @@ impl std::fmt::Debug for Subscription {
             .field("id", &self.id)
             .field("tenant", &self.tenant)
             .field("url", &crate::config::shown_url(&self.url))
+            .field("amqp", &self.amqp)
             .field("event_types", &self.event_types)
             .field("secrets", &self.secrets)
             .field("enabled", &self.enabled)
@@ -125,6 +129,7 @@ impl Subscription {
             id: id.to_owned(),
             tenant: tenant.to_owned(),
             url,
+            amqp: None,
             event_types: None,
             secrets: vec![SecretSpec::new(secret)],
             enabled: true,

@@ -6,6 +6,7 @@
 //! - [`hostile`]: the table of messages that break the contract.
 //! - [`egress`]: a permissive egress policy and a resolver with fixed answers.
 //! - [`node`]: RabbitMQ nodes of a test's own, for the fault suite.
+//! - [`pki`]: a test CA and the certificates it signs (rcgen).
 //! - [`pg`]: PostgreSQL databases and servers of a test's own, for the store.
 //! - [`site`]: the API with its pages over a database of the test's own.
 //! - [`browser`]: a headless Chromium of the test's own, driven through its ChromeDriver.
@@ -17,6 +18,7 @@ pub mod egress;
 pub mod hostile;
 pub mod node;
 pub mod pg;
+pub mod pki;
 pub mod site;
 
 // Not every test binary uses each of these.

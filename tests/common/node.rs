@@ -30,6 +30,11 @@ impl Node {
         Node(node::Node::start(tag).unwrap_or_else(|e| panic!("{e}")))
     }
 
+    /// [`Node::start`] with `extra` lines in its `rabbitmq.conf`.
+    pub fn start_with(tag: &str, extra: &str) -> Node {
+        Node(node::Node::start_with(tag, extra).unwrap_or_else(|e| panic!("{e}")))
+    }
+
     /// Starts the node process again, after [`node::Node::stop`], and waits for it.
     pub fn boot(&self) {
         self.0.boot().unwrap_or_else(|e| panic!("{e}"));

@@ -51,6 +51,7 @@ use crate::kit::{
     Percentiles, file_secret, ladder_toml, subscription_toml, wait_until, worker_command,
 };
 
+pub mod amqp;
 pub mod cpu;
 pub mod history;
 pub mod noisy;

@@ -223,7 +223,13 @@ struct BenchArgs {
     /// The paced replay's rate for --replay-isolation, per second.
     #[arg(long, default_value_t = 2_000, value_name = "N")]
     replay_rate: u32,
-    /// Runs of each combination (--shards, --fleet-cap, --store, --streams, --replay).
+    /// AMQP destinations: deliveries per second into a partner's RabbitMQ (a node of the
+    /// bench's own, started on free ports) against a raw lapin loop publishing the same bodies
+    /// with confirms to the same node, --repeat pairs. The main run is skipped.
+    #[arg(long)]
+    amqp_destination: bool,
+    /// Runs of each combination (--shards, --fleet-cap, --store, --streams, --replay,
+    /// --amqp-destination).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     /// Fleet-wide cap: two worker processes, one subscription with max_concurrent = --cap,
@@ -368,6 +374,34 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
                     println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if args.amqp_destination {
+                let pairs =
+                    bench::amqp::run(&config, &options, &binaries, args.repeat.max(1)).await?;
+                if args.json {
+                    println!("{}", serde_json::json!({ "pairs": pairs }));
+                } else {
+                    println!(
+                        "AMQP destination against a raw confirmed publish loop ({} events per \
+                         run, {} in flight, {})",
+                        options.events,
+                        bench::amqp::IN_FLIGHT,
+                        bench::machine()
+                    );
+                    for (i, p) in pairs.iter().enumerate() {
+                        println!(
+                            "run {}: raw {:.0}/s, hookrelay {:.0}/s, ratio {:.2}",
+                            i + 1,
+                            p.raw,
+                            p.hookrelay,
+                            p.ratio
+                        );
+                    }
+                    let (min, median, max) =
+                        hookrelay_tools::kit::spread(pairs.iter().map(|p| p.ratio).collect());
+                    println!("ratio hookrelay/raw: min {min:.2}, median {median:.2}, max {max:.2}");
                 }
                 return Ok(ExitCode::SUCCESS);
             }

@@ -108,21 +108,27 @@ pub struct Node {
 impl Node {
     /// Starts a node and waits until it serves AMQP and the management API.
     pub fn start(tag: &str) -> Result<Node, NodeError> {
+        Self::start_with(tag, "")
+    }
+
+    /// [`Node::start`] with `extra` lines added to its `rabbitmq.conf` (a TLS listener, say).
+    pub fn start_with(tag: &str, extra: &str) -> Result<Node, NodeError> {
         let dir = tempfile::tempdir()?;
         // The server may run as the rabbitmq user.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))?;
         let amqp_port = free_port()?;
         let mgmt_port = free_port()?;
         let dist_port = free_port()?;
-        let conf = CONF
-            .replace(
+        let conf =
+            CONF.replace(
                 "listeners.tcp.default = 5672",
                 &format!("listeners.tcp.default = {amqp_port}"),
             )
             .replace(
                 "management.tcp.port = 15672",
                 &format!("management.tcp.port = {mgmt_port}"),
-            );
+            ) + "\n"
+                + extra;
         std::fs::write(dir.path().join("rabbitmq.conf"), conf)?;
         std::fs::write(dir.path().join("advanced.config"), ADVANCED)?;
         // Management and the consistent-hash exchange (sharded ladders), not prometheus: the

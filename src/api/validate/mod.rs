@@ -11,7 +11,7 @@ use tracing::debug;
 use crate::contract::envelope::{check_event_type, check_id, check_tenant};
 use crate::delivery::egress::{EgressDenied, EgressPolicy, GuardedResolver, Lookup, ResolveError};
 use crate::subscriptions::parse::{
-    URL_CREDENTIALS_INSTEAD, parse_event_types, parse_url, refuse_credentials,
+    URL_CREDENTIALS_INSTEAD, parse_destination, parse_event_types, refuse_credentials,
 };
 use crate::subscriptions::{EventFilter, PayloadFilter};
 use crate::units::Rate;
@@ -113,7 +113,7 @@ impl Checked {
         let id = row.id;
         let bad =
             |what: String| ApiError::internal(format!("subscription {id:?} in the store: {what}"));
-        let url = parse_url(&row.url).map_err(|e| bad(format!("url: {e}")))?;
+        let url = parse_destination(&row.url).map_err(|e| bad(format!("url: {e}")))?;
         let event_types = row
             .event_types
             .map(|t| parse_event_types(&t))
@@ -189,7 +189,9 @@ fn url(raw: &str, problems: &mut Problems) -> Option<reqwest::Url> {
         problems.add("url", format!("longer than {MAX_URL_LEN} characters"));
         return None;
     }
-    match parse_url(raw).and_then(|u| refuse_credentials(&u, URL_CREDENTIALS_INSTEAD).map(|()| u)) {
+    match parse_destination(raw)
+        .and_then(|u| refuse_credentials(&u, URL_CREDENTIALS_INSTEAD).map(|()| u))
+    {
         Ok(u) => Some(u),
         Err(e) => {
             problems.add("url", e.to_string());
@@ -352,6 +354,7 @@ pub async fn create(
     self::description(&description, &mut problems);
     let mut request = (StoredRequest::default(), Vec::new());
     request.0.trace_context = req.trace_context.unwrap_or(false);
+    request.0.amqp = req.amqp.clone();
     if let Some(raw) = &req.headers {
         headers(raw, &mut problems, &mut request);
     }
@@ -426,6 +429,9 @@ pub async fn update(
     }
     if let Some(trace_context) = req.trace_context {
         current.request.trace_context = trace_context;
+    }
+    if let Some(amqp) = &req.amqp {
+        current.request.amqp = amqp.clone();
     }
     if let Some(n) = req.max_concurrent {
         current.max_concurrent = n.and_then(|n| max_concurrent(n, &mut problems));
@@ -575,7 +581,25 @@ mod tests {
             tls: None,
             filter: None,
             trace_context: None,
+            amqp: None,
         }
+    }
+
+    #[tokio::test]
+    async fn an_amqp_destination_needs_its_exchange_and_no_oauth2() {
+        let url = "amqps://93.184.216.34/orders";
+        let mut with = request(url);
+        with.amqp = Some(crate::subscriptions::AmqpTarget {
+            exchange: "webhooks.in".into(),
+            routing_key: Some("acme".into()),
+        });
+        let made = create(with, &Scope::Admin, &egress()).await.unwrap();
+        assert_eq!(made.request.amqp.unwrap().exchange, "webhooks.in");
+        let Err(ApiError::Invalid(problems)) = create(request(url), &Scope::Admin, &egress()).await
+        else {
+            panic!("an amqp url without an exchange was accepted");
+        };
+        assert_eq!(problems[0].field, "amqp", "{problems:?}");
     }
 
     #[tokio::test]

@@ -188,6 +188,7 @@ pub(super) fn request_conflicts(
 ) {
     for (field, why) in conflicts(
         url,
+        request.amqp.as_ref(),
         request.headers.contains_key("authorization"),
         request.basic_auth.is_some(),
         request.oauth2.is_some(),

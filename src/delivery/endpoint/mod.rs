@@ -234,7 +234,7 @@ impl EndpointKey {
         let host = format!(
             "{}:{}",
             url.host_str().unwrap_or_default(),
-            url.port_or_known_default().unwrap_or(0)
+            crate::subscriptions::destination::port(url).unwrap_or(0)
         );
         Self {
             endpoint: format!("{}://{host}{}", url.scheme(), url.path()),

@@ -38,6 +38,7 @@ use crate::broker::publish::{PublishError, Publisher};
 use crate::catalog::{Catalog, LiveCatalog};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
+use crate::delivery::amqp::AmqpSender;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
 use crate::delivery::http::HttpSender;
@@ -219,7 +220,9 @@ impl Worker {
             ));
         }
         let policy = EgressPolicy::from_config(&config.egress);
-        let http = HttpSender::new(&config.http, Arc::new(policy), lookup)?;
+        let policy = Arc::new(policy);
+        let amqp = AmqpSender::new(&config.http, Arc::clone(&policy), Arc::clone(&lookup));
+        let http = HttpSender::new(&config.http, policy, lookup)?;
         let publisher = Arc::new(
             Publisher::connect(
                 &config.amqp.url,
@@ -258,7 +261,7 @@ impl Worker {
             ladder,
             Arc::new(subscriptions),
             Arc::new(secrets),
-            http,
+            (http, amqp),
             settler,
             store.as_ref().map(|f| f.store.clone()),
         );

@@ -236,6 +236,15 @@ pub async fn show(
             h2 { "Settings" }
             dl {
                 dt { "URL" } dd.mono { (view.url) }
+                @if let Some(amqp) = &view.request.amqp {
+                    dt { "Publishes to" }
+                    dd {
+                        "exchange " code { @if amqp.exchange.is_empty() { "(default)" } @else { (amqp.exchange) } }
+                        ", routing key "
+                        @match &amqp.routing_key { Some(k) => code { (k) }, None => span.muted { "the event type" } }
+                        @if let Some(b) = &view.request.basic_auth { ", as " code { (b.username) } }
+                    }
+                }
                 dt { "Description" } dd { @if view.description.is_empty() { span.muted { "none" } } @else { (view.description) } }
                 dt { "Event types" }
                 dd { @match &view.event_types {
