@@ -273,7 +273,7 @@ mod tests {
         let one = record("evt_1", "delivered", Some("acme"));
         let two = record("evt_2", "delivered", Some("acme"));
         let alone = serde_json::to_vec(&one).unwrap();
-        assert_eq!(read_message(&alone).unwrap(), [one.clone()]);
+        assert_eq!(read_message(&alone).unwrap(), std::slice::from_ref(&one));
         let array = serde_json::to_vec(&[&one, &two]).unwrap();
         assert_eq!(read_message(&array).unwrap(), [one, two]);
         // Written by a release before this one, byte for byte.
