@@ -396,7 +396,7 @@ fn subscriptions_check_explains_each_problem() {
     );
     assert!(
         stdout.contains(&format!(
-            "{path}:4: url: \"gopher://x\": expected an http:// or https:// URL"
+            "{path}:4: url: \"gopher://x\": expected an http://, https://, amqp:// or amqps:// URL"
         )),
         "{stdout}"
     );

@@ -22,16 +22,11 @@ use crate::delivery::endpoint::Endpoints;
 use crate::delivery::health::EndpointHealth;
 use crate::delivery::http::{AttemptReport, ClientPem, HttpSender, WebhookRequest};
 use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{
-    AttemptResult, DeferCause, Outcome, Route, Screen, decide, defer, route, screen,
-};
+use crate::delivery::route::{AttemptResult, Outcome, Route, Screen, decide, defer, route, screen};
 use crate::delivery::settle::{Settlement, Settler};
 use crate::delivery::spans;
 use crate::observe::events::OperationalEvent;
-use crate::subscriptions::cache::{Key, Served};
-use crate::subscriptions::{
-    HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription, Subscriptions,
-};
+use crate::subscriptions::{HeaderValueSpec, LiveSubscriptions, SecretStore, Subscription};
 use crate::units::now_ms;
 use opentelemetry::KeyValue;
 
@@ -67,7 +62,7 @@ pub(crate) struct Attempted {
 }
 
 impl Attempted {
-    fn without_attempt(outcome: Outcome) -> Self {
+    pub(super) fn without_attempt(outcome: Outcome) -> Self {
         Self {
             outcome,
             endpoint: None,
@@ -306,84 +301,6 @@ impl Dispatcher {
         }
     }
 
-    /// The subscriptions to route `envelope` with: the version in force, or, from a large
-    /// store, what the cache holds (or reads) for it. A read the store does not answer in
-    /// time defers an envelope of a subscription (waiting as for an endpoint's outage, which
-    /// never expires it) and returns a fan-out to its lane.
-    async fn subscriptions_for(
-        &self,
-        lane: &Lane,
-        envelope: &Envelope,
-    ) -> Result<Arc<Subscriptions>, Attempted> {
-        let Some(cache) = self.subscriptions.cache() else {
-            return Ok(self.subscriptions.current());
-        };
-        let key = match &envelope.subscription {
-            Some(id) => Key::id(id),
-            // Only a fresh event of a first-attempt lane fans out; routing refuses any other.
-            None if lane.kind == LaneKind::First
-                && envelope.attempts_made == 0
-                && envelope.event_id.is_none() =>
-            {
-                Key::tenant(&envelope.tenant)
-            }
-            None => return Ok(Arc::new(Subscriptions::default())),
-        };
-        let metrics = &self.settler.metrics;
-        let counted = |result: &str| {
-            metrics
-                .subscription_lookups
-                .with_label_values(&[key.kind(), result])
-                .inc();
-        };
-        let miss = match cache.lookup(&key, &envelope.tenant).await {
-            Ok((view, Served::Hit)) => {
-                counted("hit");
-                return Ok(view);
-            }
-            Ok((view, Served::Miss(waited))) => {
-                counted("miss");
-                metrics
-                    .subscription_miss_seconds
-                    .with_label_values(&[key.kind()])
-                    .observe(waited.as_secs_f64());
-                return Ok(view);
-            }
-            Err(miss) => miss,
-        };
-        let reason = miss.to_string();
-        if !miss.retry_helps() {
-            counted("refused");
-            return Err(Attempted::without_attempt(Outcome::invalid(
-                reason,
-                envelope.attempts_made,
-            )));
-        }
-        counted("failed");
-        if let Key::Tenant(_) = key {
-            return Err(Attempted::without_attempt(Outcome::Returned { reason }));
-        }
-        let cause = DeferCause::Outage {
-            probe_in: Duration::ZERO,
-            failed_try_ms: None,
-            failed_in_a_row: 0,
-        };
-        let outcome = defer(
-            &self.ladder,
-            envelope,
-            &reason,
-            cause,
-            self.horizon(),
-            now_ms(),
-        );
-        Err(Attempted {
-            outcome,
-            endpoint: None,
-            result: Some(AttemptResult::Deferred { reason, cause }),
-            latency: None,
-        })
-    }
-
     /// Counts a payload its schema refused, and says so on the events exchange
     /// (`delivery.schema_invalid`, reason the mode) for the producer's owners to act on.
     fn schema_invalid(
@@ -435,7 +352,7 @@ impl Dispatcher {
     }
 
     /// The delivery horizon: as configured, or the schedule's span.
-    fn horizon(&self) -> Duration {
+    pub(super) fn horizon(&self) -> Duration {
         self.ladder.horizon(self.config.endpoints.horizon)
     }
 

@@ -4,6 +4,8 @@
 //! - [`lane`]: a ready queue as the worker consumes it, the budget shards share, and every lane
 //!   it has consumed.
 //! - [`dispatch`]: one delivery: read the envelope, route, sign, send, decide, settle.
+//! - [`lookup`]: the subscriptions a delivery is routed with, from the bounded cache on a
+//!   large store, a miss never holding the lane.
 //! - [`route`]: the pure decision, before the attempt and after it.
 //! - [`spans`]: the delivery's trace spans: process, attempt, settle.
 //! - [`settle`]: what replaces a delivery, confirmed before the ack, and the settler that
@@ -30,6 +32,7 @@ pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod lane;
+mod lookup;
 pub mod oauth;
 pub mod parking;
 pub mod poll;
