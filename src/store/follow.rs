@@ -349,11 +349,7 @@ impl State {
         match self.store.load_some(&ids).await {
             Ok((changes, problems)) => {
                 self.report(&problems, false);
-                let bad: BTreeSet<&str> = problems.iter().map(|p| p.id.as_str()).collect();
-                let changes: Vec<_> = changes
-                    .into_iter()
-                    .filter(|(id, _)| !bad.contains(id.as_str()))
-                    .collect();
+                let changes = valid_only(changes, &problems);
                 let applied = changes.len();
                 let replaced = cache.apply(changes);
                 self.forget_held(cache, &replaced);
@@ -392,12 +388,7 @@ impl State {
         match self.store.load_some(&ids).await {
             Ok((changes, problems)) => {
                 self.report(&problems, false);
-                // A row that does not validate keeps its last good version.
-                let bad: BTreeSet<&str> = problems.iter().map(|p| p.id.as_str()).collect();
-                let changes: Vec<_> = changes
-                    .into_iter()
-                    .filter(|(id, _)| !bad.contains(id.as_str()))
-                    .collect();
+                let changes = valid_only(changes, &problems);
                 let applied = changes.len();
                 let before = self.live.current();
                 self.live.apply(changes);
@@ -489,4 +480,16 @@ pub async fn open(url: &str, timeout: Duration) -> Result<PgStore, StoreError> {
     let store = PgStore::connect(url, timeout).await?;
     store.check_schema().await?;
     Ok(store)
+}
+/// The changes read, without the rows that do not validate: such a row keeps its last good
+/// version.
+fn valid_only(
+    changes: Vec<(String, Option<Subscription>)>,
+    problems: &[RowProblem],
+) -> Vec<(String, Option<Subscription>)> {
+    let bad: BTreeSet<&str> = problems.iter().map(|p| p.id.as_str()).collect();
+    changes
+        .into_iter()
+        .filter(|(id, _)| !bad.contains(id.as_str()))
+        .collect()
 }
