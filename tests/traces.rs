@@ -121,12 +121,13 @@ impl Lines {
 /// The worker's JSON log lines (debug and up, the delivery's trace ids among their spans)
 /// written to `lines`, for this thread.
 fn install_json_logs(lines: &Lines) -> tracing::subscriber::DefaultGuard {
-    use tracing_subscriber::Layer as _;
     let writer = lines.clone();
-    let json = tracing_subscriber::fmt::layer()
-        .json()
-        .with_writer(move || writer.clone())
-        .with_filter(tracing_subscriber::EnvFilter::new("hookrelay=debug"));
+    let json = hookrelay::observe::logs::lines(
+        true,
+        true,
+        tracing_subscriber::EnvFilter::new("hookrelay=debug"),
+        move || writer.clone(),
+    );
     let subscriber = tracing_subscriber::registry().with(json);
     tracing::subscriber::set_default(subscriber)
 }
@@ -336,7 +337,8 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
         "the first attempt is the root"
     );
     assert_eq!(process[1].parent_span_id, process[0].span_id);
-    // The JSON log line of each attempt carries the ids of the span it was written in.
+    // The JSON log line of each attempt carries the ids of the span it was written in, at the
+    // top level and in its span.
     let attempt_lines: Vec<serde_json::Value> = lines
         .parsed()
         .into_iter()
@@ -344,8 +346,9 @@ async fn an_event_without_context_starts_one_trace_for_all_its_attempts() {
         .collect();
     assert_eq!(attempt_lines.len(), 2, "{:?}", lines.parsed());
     for (line, span) in attempt_lines.iter().zip(&process) {
+        assert_eq!(line["trace_id"], hex(&span.trace_id), "{line}");
+        assert_eq!(line["span_id"], hex(&span.span_id), "{line}");
         assert_eq!(line["span"]["trace_id"], hex(&span.trace_id), "{line}");
-        assert_eq!(line["span"]["span_id"], hex(&span.span_id), "{line}");
     }
     // Not opted in: no trace context reached the receiver.
     assert!(
@@ -491,4 +494,103 @@ async fn spans_travel_over_grpc_too_with_the_configured_resource() {
     assert_eq!(names.len(), 3, "{names:?}");
     assert!(names.contains(&"POST"), "{names:?}");
     assert!(spans.iter().all(|s| hex(&s.trace_id) == PRODUCER_TRACE));
+}
+
+/// An attempt into a partner's RabbitMQ (here the test's own broker) is a messaging
+/// `publish <exchange>` span, not an HTTP one: a confirm is a success without a status, a
+/// missing exchange is `error.type=exchange_not_found`.
+#[tokio::test]
+async fn an_amqp_destination_attempt_is_a_publish_span() {
+    use hookrelay::subscriptions::{AmqpTarget, BasicAuth, SecretRef, Subscription};
+    let collector = Collector::start().await;
+    let t = TestLadder::apply("traces-amqp", &["300ms"], &["300ms"]).await;
+    let traces = traced(&t.config, &format!("http://{}", collector.addr));
+    let inbox = format!("{}.partner-inbox", t.ladder.prefix);
+    t.channel
+        .queue_declare(
+            inbox.as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    t.owns_queue(&inbox);
+    let s = secret();
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("pw");
+    std::fs::write(&password, "guest").unwrap();
+    let partner = |id: &str, exchange: &str, routing_key: Option<&str>| {
+        let url = "amqp://127.0.0.1:5672/%2f".parse().unwrap();
+        let mut sub = Subscription::new(id, id, url, s.reference.clone());
+        sub.amqp = Some(AmqpTarget {
+            exchange: exchange.into(),
+            routing_key: routing_key.map(Into::into),
+        });
+        sub.basic_auth = Some(BasicAuth {
+            username: "guest".into(),
+            password: SecretRef::File(password.clone()),
+        });
+        sub
+    };
+    let missing = format!("{}.removed", t.ladder.prefix);
+    let subs = vec![
+        partner("sub_inbox", "", Some(&inbox)),
+        partner("sub_removed", &missing, None),
+    ];
+    let worker = RunningWorker::start(&t, subs).await;
+    t.publish(&event("evt_to_inbox", "sub_inbox", "sub_inbox"))
+        .await;
+    t.publish(&event("evt_to_removed", "sub_removed", "sub_removed"))
+        .await;
+    assert!(
+        t.wait_dead(1, WAIT).await,
+        "the missing exchange's event is gone"
+    );
+    assert!(
+        common::wait_until(WAIT, async || t.depth(&inbox).await == 1).await,
+        "the other reached the partner's queue"
+    );
+    worker.stop().await;
+    shut(traces).await;
+    let spans = collector.spans();
+    assert!(
+        spans.iter().all(|s| s.name != "POST"),
+        "no HTTP span for a publish"
+    );
+    let publish = |exchange: &str| -> Span {
+        let name = format!("publish {exchange}");
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{name}: {:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        found[0].clone()
+    };
+    let delivered = publish("amq.default");
+    let a = attrs(&delivered);
+    assert_eq!(delivered.kind, 4, "producer");
+    assert_eq!(a["messaging.system"], "rabbitmq");
+    assert_eq!(a["messaging.rabbitmq.destination.routing_key"], inbox);
+    assert_eq!(a["messaging.message.id"], "evt_to_inbox");
+    assert_eq!(a["server.address"], "127.0.0.1");
+    assert!(!a.contains_key("http.response.status_code"), "{a:?}");
+    assert!(!a.contains_key("error.type"), "{a:?}");
+    let refused = publish(&missing);
+    let a = attrs(&refused);
+    assert_eq!(a["error.type"], "exchange_not_found");
+    assert_eq!(
+        a["messaging.rabbitmq.destination.routing_key"],
+        "order.paid"
+    );
+    assert_eq!(refused.status.as_ref().map(|s| s.code), Some(2), "ERROR");
+    // The parent of each is the delivery's process span.
+    for span in [&delivered, &refused] {
+        assert!(
+            spans
+                .iter()
+                .any(|p| p.name.starts_with("process ") && p.span_id == span.parent_span_id)
+        );
+    }
 }

@@ -41,8 +41,12 @@ pub enum TraceSampler {
 #[serde(default, deny_unknown_fields)]
 pub struct TracesConfig {
     /// The collector's OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`), such as
-    /// `http://otel-collector:4317`; empty: no traces.
+    /// `http://otel-collector:4317`; empty: no traces. Over HTTP the traces path
+    /// `/v1/traces` is added to it.
     pub endpoint: String,
+    /// The traces endpoint itself (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), used as written,
+    /// such as `http://otel-collector:4318/v1/traces`; wins over `endpoint` when set.
+    pub traces_endpoint: String,
     pub protocol: OtlpProtocol,
     /// `service.name` of the spans (`OTEL_SERVICE_NAME`).
     pub service_name: String,
@@ -68,6 +72,7 @@ impl Default for TracesConfig {
     fn default() -> Self {
         Self {
             endpoint: String::new(),
+            traces_endpoint: String::new(),
             protocol: OtlpProtocol::Grpc,
             service_name: "hookrelay".into(),
             sampler: TraceSampler::ParentbasedAlwaysOn,
@@ -84,7 +89,22 @@ impl Default for TracesConfig {
 impl TracesConfig {
     /// Whether spans are exported at all.
     pub fn enabled(&self) -> bool {
-        !self.endpoint.trim().is_empty()
+        self.export_url().is_some()
+    }
+
+    /// Where spans are sent: the traces endpoint as written, else the general endpoint (with
+    /// `/v1/traces` over HTTP, as the specification says); `None` when neither is set.
+    pub fn export_url(&self) -> Option<String> {
+        let traces = self.traces_endpoint.trim();
+        if !traces.is_empty() {
+            return Some(traces.to_owned());
+        }
+        let base = self.endpoint.trim().trim_end_matches('/');
+        match (base.is_empty(), self.protocol) {
+            (true, _) => None,
+            (false, OtlpProtocol::Grpc) => Some(base.to_owned()),
+            (false, OtlpProtocol::HttpProtobuf) => Some(format!("{base}/v1/traces")),
+        }
     }
 
     /// `OTEL_RESOURCE_ATTRIBUTES` as pairs; values are percent-decoded, as the specification
@@ -115,19 +135,25 @@ impl TracesConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.enabled() {
-            match reqwest::Url::parse(self.endpoint.trim()) {
+        for (field, value) in [
+            ("traces.endpoint", &self.endpoint),
+            ("traces.traces_endpoint", &self.traces_endpoint),
+        ] {
+            if value.trim().is_empty() {
+                continue;
+            }
+            match reqwest::Url::parse(value.trim()) {
                 Ok(url) if matches!(url.scheme(), "http" | "https") => {}
                 Ok(url) => {
                     return Err(ConfigError::invalid(
-                        "traces.endpoint",
+                        field,
                         format!("{} is not an http:// or https:// URL", shown_url(&url)),
                     ));
                 }
                 // Not a URL, so nothing in it can be told apart as a credential: not shown.
                 Err(e) => {
                     return Err(ConfigError::invalid(
-                        "traces.endpoint",
+                        field,
                         format!("not a URL ({e}); write it as http://collector:4317"),
                     ));
                 }
@@ -165,7 +191,10 @@ pub(super) fn otel_overlay(env: &dyn Env) -> Result<toml::Table, ConfigError> {
         }
     };
     set("endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT");
+    set("traces_endpoint", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     set("protocol", "OTEL_EXPORTER_OTLP_PROTOCOL");
+    // The signal's own variables win over the general ones, as the specification says.
+    set("protocol", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL");
     set("service_name", "OTEL_SERVICE_NAME");
     set("sampler", "OTEL_TRACES_SAMPLER");
     set("resource_attributes", "OTEL_RESOURCE_ATTRIBUTES");
@@ -184,7 +213,9 @@ pub(super) fn otel_overlay(env: &dyn Env) -> Result<toml::Table, ConfigError> {
             .var("OTEL_TRACES_EXPORTER")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
     if disabled {
-        t.insert("endpoint".into(), toml::Value::String(String::new()));
+        for key in ["endpoint", "traces_endpoint"] {
+            t.insert(key.into(), toml::Value::String(String::new()));
+        }
     }
     Ok(t)
 }
@@ -239,6 +270,39 @@ mod tests {
         )
         .unwrap();
         assert!(!off.traces.enabled());
+    }
+
+    #[test]
+    fn the_traces_endpoint_is_used_as_written_and_wins_over_the_general_one() {
+        let load = |vars: &[(&str, &str)]| Config::load(None, &env(vars)).unwrap().traces;
+        let http = ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318/");
+        assert_eq!(
+            load(&[general, http]).export_url().as_deref(),
+            Some("http://a:4318/v1/traces")
+        );
+        let traces = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:4318/spans");
+        assert_eq!(
+            load(&[general, traces, http]).export_url().as_deref(),
+            Some("http://b:4318/spans")
+        );
+        assert_eq!(
+            load(&[traces]).export_url().as_deref(),
+            Some("http://b:4318/spans")
+        );
+        assert_eq!(
+            load(&[general]).export_url().as_deref(),
+            Some("http://a:4318")
+        );
+        let grpc_for_traces = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc");
+        assert_eq!(load(&[http, grpc_for_traces]).protocol, OtlpProtocol::Grpc);
+        assert!(!load(&[traces, ("OTEL_TRACES_EXPORTER", "none")]).enabled());
+        let bad = Config::load(
+            None,
+            &env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "b:4318")]),
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("traces.traces_endpoint"), "{bad}");
     }
 
     #[test]

@@ -574,7 +574,10 @@ impl Dispatcher {
             timestamp,
             body,
         );
-        let attempt_span = spans::attempt(span, &sub.url, envelope.attempts_made + 1);
+        let attempt_span = match &sub.amqp {
+            None => spans::attempt(span, &sub.url, envelope.attempts_made + 1),
+            Some(target) => spans::publish_attempt(span, &sub.url, target, envelope),
+        };
         if sub.trace_context {
             for (name, value) in spans::webhook_headers(&attempt_span) {
                 if let (Ok(name), Ok(value)) = (
@@ -602,7 +605,7 @@ impl Dispatcher {
                     .await
             }
         };
-        spans::attempt_result(&attempt_span, &report.result);
+        spans::attempt_result(&attempt_span, &report.result, sub.amqp.is_none());
         drop(attempt_span);
         let mut report = report;
         if let (Some(token), AttemptResult::Response { status: 401, .. }) = (&token, &report.result)

@@ -16,11 +16,13 @@ use lapin::BasicProperties;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanBuilder, SpanKind, Status, TraceContextExt as _, Tracer as _};
 
+use crate::contract::envelope::Envelope;
 use crate::contract::trace_context;
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome};
 pub(crate) use crate::observe::traces::Traced;
 use crate::observe::traces::redacted_url;
+use crate::subscriptions::AmqpTarget;
 
 /// The span of one delivery's processing, child of the context its headers carry.
 pub(crate) fn process(lane: &Lane, properties: &BasicProperties) -> Traced {
@@ -72,9 +74,49 @@ pub(crate) fn attempt(parent: &Traced, url: &url::Url, attempt: u32) -> Traced {
     })
 }
 
+/// The span of an attempt into a partner's RabbitMQ (an AMQP destination), a child of
+/// `parent`: a messaging `publish <exchange>` producer span.
+pub(crate) fn publish_attempt(
+    parent: &Traced,
+    url: &url::Url,
+    target: &AmqpTarget,
+    envelope: &Envelope,
+) -> Traced {
+    parent.child(|tracer| {
+        let exchange = match target.exchange.as_str() {
+            "" => "amq.default",
+            named => named,
+        };
+        tracer
+            .span_builder(format!("publish {exchange}"))
+            .with_kind(SpanKind::Producer)
+            .with_attributes([
+                KeyValue::new("messaging.system", "rabbitmq"),
+                KeyValue::new("messaging.operation.type", "send"),
+                KeyValue::new("messaging.operation.name", "publish"),
+                KeyValue::new("messaging.destination.name", exchange.to_owned()),
+                KeyValue::new(
+                    "messaging.rabbitmq.destination.routing_key",
+                    target.routing_key_for(&envelope.event_type).to_owned(),
+                ),
+                KeyValue::new("messaging.message.id", envelope.id.as_str().to_owned()),
+                KeyValue::new(
+                    "server.address",
+                    url.host_str().unwrap_or_default().to_owned(),
+                ),
+                KeyValue::new(
+                    "server.port",
+                    i64::from(url.port_or_known_default().unwrap_or(5672)),
+                ),
+                KeyValue::new("hookrelay.attempt", i64::from(envelope.attempts_made + 1)),
+            ])
+    })
+}
+
 /// Records what the attempt came to: the status, or the kind of failure (never its text,
-/// which may quote the response).
-pub(crate) fn attempt_result(span: &Traced, result: &AttemptResult) {
+/// which may quote the response). A publish has no HTTP status: a confirm records nothing,
+/// and an exchange the partner does not have is `error.type=exchange_not_found`.
+pub(crate) fn attempt_result(span: &Traced, result: &AttemptResult, http: bool) {
     let Some(cx) = span.context() else {
         return;
     };
@@ -83,6 +125,12 @@ pub(crate) fn attempt_result(span: &Traced, result: &AttemptResult) {
         return;
     }
     match result {
+        AttemptResult::Response { status, .. } if !http => {
+            if *status >= 400 {
+                span.set_attribute(KeyValue::new("error.type", "exchange_not_found"));
+                span.set_status(Status::error(""));
+            }
+        }
         AttemptResult::Response { status, .. } => {
             span.set_attribute(KeyValue::new(
                 "http.response.status_code",

@@ -368,19 +368,19 @@ impl SpanProcessor for QueueProcessor {
 
 /// The OTLP exporter the settings describe.
 fn exporter(config: &TracesConfig) -> Result<opentelemetry_otlp::SpanExporter, TracesError> {
-    let endpoint = config.endpoint.trim().trim_end_matches('/');
+    let Some(url) = config.export_url() else {
+        return Err(TracesError::Exporter("no endpoint".into()));
+    };
     let built = match config.protocol {
         OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
-            .with_endpoint(endpoint)
+            .with_endpoint(url)
             .with_timeout(config.export_timeout)
             .build(),
         OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            // The general endpoint is a base: the traces path is added, as the specification
-            // says for `OTEL_EXPORTER_OTLP_ENDPOINT`.
-            .with_endpoint(format!("{endpoint}/v1/traces"))
+            .with_endpoint(url)
             .with_timeout(config.export_timeout)
             .build(),
     };
