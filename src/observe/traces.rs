@@ -9,7 +9,7 @@
 //! which is why this one exists.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -22,7 +22,7 @@ use opentelemetry_sdk::trace::{
     Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
 };
 use prometheus::{IntCounter, IntCounterVec, Opts};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::config::{OtlpProtocol, TraceSampler, TracesConfig};
 
@@ -229,11 +229,57 @@ enum Control {
     Shutdown(std::sync::mpsc::SyncSender<()>),
 }
 
+/// Finished spans waiting for the export thread, at most `capacity`. The thread is woken when
+/// a batch is full (or at its interval), never for each span: a wake per span cost the worker a
+/// context switch per span, more than the span itself.
+#[derive(Debug)]
+struct Queue<T = SpanData> {
+    spans: Mutex<Vec<T>>,
+    capacity: usize,
+    batch: usize,
+    full: Notify,
+}
+
+impl<T> Queue<T> {
+    fn new(config: &TracesConfig) -> Self {
+        Self {
+            spans: Mutex::new(Vec::new()),
+            capacity: config.queue as usize,
+            batch: config.batch as usize,
+            full: Notify::new(),
+        }
+    }
+
+    /// Adds `span`, or gives it back when the queue is full.
+    fn push(&self, span: T) -> Result<(), T> {
+        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        if spans.len() >= self.capacity {
+            return Err(span);
+        }
+        spans.push(span);
+        let wake = spans.len() == self.batch;
+        drop(spans);
+        if wake {
+            self.full.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Everything queued, in the order it came.
+    fn take(&self) -> Vec<T> {
+        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *spans, Vec::with_capacity(self.batch))
+    }
+}
+
 /// Hands finished spans to the export thread through a bounded queue, never waiting.
 #[derive(Debug)]
 struct QueueProcessor {
-    spans: mpsc::Sender<SpanData>,
+    queue: Arc<Queue>,
     control: mpsc::UnboundedSender<Control>,
+    /// `hookrelay_trace_spans_dropped_total`'s two series, looked up once.
+    queue_full: IntCounter,
+    export_failed: IntCounter,
     /// Until when (ms since the epoch) the collector is taken to be down: spans finished
     /// before then are dropped at once, rather than queued and encoded for a collector that
     /// refused the last batch ([`Backoff`]).
@@ -282,7 +328,8 @@ impl QueueProcessor {
     /// Builds the exporter on a thread of its own (gRPC and HTTP clients need a runtime, and
     /// the worker's is for deliveries) and returns once it is built or has failed.
     fn start(config: TracesConfig, resource: Resource) -> Result<Self, TracesError> {
-        let (spans, span_rx) = mpsc::channel(config.queue as usize);
+        let queue = Arc::new(Queue::new(&config));
+        let queued = Arc::clone(&queue);
         let down_until = Arc::new(AtomicU64::new(0));
         let down = Arc::clone(&down_until);
         let (control, control_rx) = mpsc::unbounded_channel();
@@ -310,13 +357,15 @@ impl QueueProcessor {
                     };
                     exporter.set_resource(&resource);
                     let _ = built_tx.send(Ok(()));
-                    export_loop(exporter, &config, span_rx, control_rx, &down).await;
+                    export_loop(exporter, &config, &queued, control_rx, &down).await;
                 });
             })?;
         match built_rx.recv() {
             Ok(Ok(())) => Ok(Self {
-                spans,
+                queue,
                 control,
+                queue_full: metrics().dropped.with_label_values(&["queue_full"]),
+                export_failed: metrics().dropped.with_label_values(&["export_failed"]),
                 down_until,
             }),
             Ok(Err(e)) => Err(e),
@@ -346,14 +395,11 @@ impl SpanProcessor for QueueProcessor {
             return;
         }
         if crate::units::now_ms() < self.down_until.load(Ordering::Relaxed) {
-            metrics()
-                .dropped
-                .with_label_values(&["export_failed"])
-                .inc();
+            self.export_failed.inc();
             return;
         }
-        if self.spans.try_send(span).is_err() {
-            metrics().dropped.with_label_values(&["queue_full"]).inc();
+        if self.queue.push(span).is_err() {
+            self.queue_full.inc();
         }
     }
 
@@ -387,35 +433,28 @@ fn exporter(config: &TracesConfig) -> Result<opentelemetry_otlp::SpanExporter, T
     built.map_err(|e| TracesError::Exporter(e.to_string()))
 }
 
-/// Batches what arrives and sends it: when a batch is full, at every interval, and when asked.
+/// Sends what is queued: when a batch is full, at every interval, and when asked.
 async fn export_loop(
     exporter: opentelemetry_otlp::SpanExporter,
     config: &TracesConfig,
-    mut spans: mpsc::Receiver<SpanData>,
+    queue: &Queue,
     mut control: mpsc::UnboundedReceiver<Control>,
     down_until: &AtomicU64,
 ) {
-    let max = config.batch as usize;
     let mut out = Sender {
         exporter: &exporter,
         timeout: config.export_timeout,
+        batch: config.batch as usize,
         backoff: Backoff::new(config.export_interval),
         down_until,
     };
-    let mut batch = Vec::with_capacity(max);
     let mut tick = tokio::time::interval(config.export_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             asked = control.recv() => {
-                while let Ok(span) = spans.try_recv() {
-                    batch.push(span);
-                    if batch.len() >= max {
-                        out.send(&mut batch).await;
-                    }
-                }
-                out.send(&mut batch).await;
+                out.send_all(queue.take()).await;
                 match asked {
                     Some(Control::Flush(done)) => {
                         let _ = done.send(());
@@ -425,22 +464,12 @@ async fn export_loop(
                         let _ = done.send(());
                         return;
                     }
+                    // The processor is gone: nothing more can come.
                     None => return,
                 }
             }
-            span = spans.recv() => match span {
-                Some(span) => {
-                    batch.push(span);
-                    if batch.len() >= max {
-                        out.send(&mut batch).await;
-                    }
-                }
-                None => {
-                    out.send(&mut batch).await;
-                    return;
-                }
-            },
-            _ = tick.tick() => out.send(&mut batch).await,
+            () = queue.full.notified() => out.send_all(queue.take()).await,
+            _ = tick.tick() => out.send_all(queue.take()).await,
         }
     }
 }
@@ -449,16 +478,23 @@ async fn export_loop(
 struct Sender<'a> {
     exporter: &'a opentelemetry_otlp::SpanExporter,
     timeout: Duration,
+    /// Spans in one request at most.
+    batch: usize,
     backoff: Backoff,
     down_until: &'a AtomicU64,
 }
 
 impl Sender<'_> {
-    async fn send(&mut self, batch: &mut Vec<SpanData>) {
-        if batch.is_empty() {
-            return;
+    /// Sends `spans` in requests of a batch at most.
+    async fn send_all(&mut self, mut spans: Vec<SpanData>) {
+        while !spans.is_empty() {
+            let rest = spans.split_off(spans.len().min(self.batch));
+            self.send(spans).await;
+            spans = rest;
         }
-        let spans = std::mem::take(batch);
+    }
+
+    async fn send(&mut self, spans: Vec<SpanData>) {
         let n = spans.len() as u64;
         if crate::units::now_ms() < self.down_until.load(Ordering::Relaxed) {
             // Queued before the collector failed: not worth encoding for it now.
@@ -570,6 +606,32 @@ mod tests {
         assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30]);
         b.succeeded();
         assert_eq!(b.failed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn the_queue_is_bounded_and_wakes_its_thread_once_a_batch_is_full() {
+        let config = TracesConfig {
+            queue: 5,
+            batch: 2,
+            ..TracesConfig::default()
+        };
+        let queue = Queue::<u32>::new(&config);
+        let woken = || {
+            let notified = queue.full.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable()
+        };
+        assert_eq!(queue.push(1), Ok(()));
+        assert!(!woken(), "one span is not a batch");
+        assert_eq!(queue.push(2), Ok(()));
+        assert!(woken(), "a full batch wakes the thread");
+        for n in 3..=5 {
+            assert_eq!(queue.push(n), Ok(()));
+        }
+        assert_eq!(queue.push(6), Err(6), "beyond the queue's size, given back");
+        assert_eq!(queue.take(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(queue.push(7), Ok(()));
+        assert_eq!(queue.take(), vec![7]);
     }
 
     #[test]
