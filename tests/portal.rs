@@ -251,6 +251,71 @@ async fn a_tenant_creates_edits_pauses_resumes_and_deletes_an_endpoint() {
 }
 
 #[tokio::test]
+async fn a_tenant_adds_an_endpoint_that_publishes_into_its_own_rabbitmq() {
+    let site = Site::start(None).await;
+    let acme = session(&site, ACME, json!({})).await;
+    let (_, form) = get(&site, "/portal/endpoints/new", &acme).await;
+    for field in ["exchange", "routing_key", "username", "password"] {
+        assert!(
+            form.contains(&format!(r#"name="{field}""#)),
+            "{field}: {form}"
+        );
+    }
+    const PASSWORD: &str = "pw-never-shown-7c1";
+    // An exchange named for an HTTP URL is refused with why, and the password not echoed.
+    let (status, _, refused) = post(
+        &site,
+        "/portal/endpoints",
+        &acme,
+        &[
+            ("url", "https://hooks.acme.example/in"),
+            ("exchange", "partner.webhooks"),
+            ("username", "relay"),
+            ("password", PASSWORD),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert!(refused.contains("amqp"), "{refused}");
+    assert!(
+        refused.contains("partner.webhooks"),
+        "the form comes back filled"
+    );
+    assert!(!refused.contains(PASSWORD), "{refused}");
+
+    let (status, _, created) = post(
+        &site,
+        "/portal/endpoints",
+        &acme,
+        &[
+            ("url", "amqps://broker.acme.example/orders"),
+            ("exchange", "partner.webhooks"),
+            ("routing_key", ""),
+            ("username", "relay"),
+            ("password", PASSWORD),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert!(!created.contains(PASSWORD));
+    let sub = only_endpoint(&site, ACME).await;
+    assert_eq!(sub["url"], "amqps://broker.acme.example/orders");
+    assert_eq!(
+        sub["amqp"],
+        json!({ "exchange": "partner.webhooks" }),
+        "{sub}"
+    );
+    assert_eq!(sub["basic_auth"]["username"], "relay", "{sub}");
+    assert!(!sub.to_string().contains(PASSWORD), "{sub}");
+    let id = sub["id"].as_str().unwrap();
+    let (_, detail) = get(&site, &format!("/portal/endpoints/{id}"), &acme).await;
+    assert!(detail.contains("partner.webhooks"), "{detail}");
+    assert!(detail.contains("the event type"), "{detail}");
+    assert!(!detail.contains(PASSWORD));
+    site.stop().await;
+}
+
+#[tokio::test]
 async fn a_rotated_secret_is_shown_once_on_the_answer_and_never_after() {
     let site = Site::start(None).await;
     let id = create_by_api(&site, ACME, json!({"url": "https://hooks.acme.example/in"})).await;

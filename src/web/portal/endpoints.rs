@@ -97,7 +97,7 @@ pub fn filled(text: &str) -> Option<&str> {
 }
 
 /// The create form's fields (no `deny_unknown_fields`: the CSRF token is in the body too).
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Default, serde::Deserialize)]
 pub struct NewEndpoint {
     #[serde(default)]
     url: String,
@@ -108,6 +108,31 @@ pub struct NewEndpoint {
     /// `v1`, `v1a` or `both`.
     #[serde(default)]
     signatures: String,
+    /// For an `amqp://` or `amqps://` URL: the partner's exchange (empty: its default one).
+    #[serde(default)]
+    exchange: String,
+    /// For an `amqp://` or `amqps://` URL: a fixed routing key (empty: each event's type).
+    #[serde(default)]
+    routing_key: String,
+    /// The login the endpoint asks for: `Authorization: Basic` over HTTP, the broker's user
+    /// for an AMQP URL.
+    #[serde(default)]
+    username: String,
+    /// Never written back into a form.
+    #[serde(default)]
+    password: String,
+}
+
+impl NewEndpoint {
+    /// Whether the URL names a partner's RabbitMQ rather than an HTTP endpoint.
+    fn is_amqp(&self) -> bool {
+        let url = self.url.trim();
+        url.get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("amqp://"))
+            || url
+                .get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
+    }
 }
 
 /// The create form, filled with what was sent when it comes back refused.
@@ -116,7 +141,9 @@ fn new_form(visitor: &Visitor, sent: &NewEndpoint) -> Markup {
         form method="post" action="/portal/endpoints" {
             (visitor.csrf_field())
             label for="url" { "URL" }
-            input #url type="url" name="url" required value=(sent.url) placeholder="https://example.com/webhooks";
+            input #url type="url" name="url" required value=(sent.url) placeholder="https://example.com/webhooks"
+                aria-describedby="url_help";
+            p #url_help .muted { "An " code { "https://" } " endpoint, or a RabbitMQ of yours to publish into: " code { "amqps://broker.example.com/vhost" } "." }
             label for="description" { "Description" }
             input #description type="text" name="description" value=(sent.description);
             label for="event_types" { "Event types" }
@@ -128,6 +155,25 @@ fn new_form(visitor: &Visitor, sent: &NewEndpoint) -> Markup {
                 option value="v1" selected[sent.signatures != "v1a" && sent.signatures != "both"] { "v1: HMAC-SHA256, a shared secret" }
                 option value="v1a" selected[sent.signatures == "v1a"] { "v1a: ed25519, you hold only the public key" }
                 option value="both" selected[sent.signatures == "both"] { "both, side by side" }
+            }
+            fieldset {
+                legend { "Into your RabbitMQ (an amqp:// or amqps:// URL only)" }
+                label for="exchange" { "Exchange" }
+                input #exchange type="text" name="exchange" value=(sent.exchange) placeholder="webhooks"
+                    aria-describedby="exchange_help";
+                p #exchange_help .muted { "Empty: the broker's default exchange, the routing key naming a queue." }
+                label for="routing_key" { "Routing key" }
+                input #routing_key type="text" name="routing_key" value=(sent.routing_key)
+                    aria-describedby="routing_key_help";
+                p #routing_key_help .muted { "Empty: each event's type, such as " code { "order.paid" } "." }
+            }
+            fieldset {
+                legend { "Sign-in (optional)" }
+                p.muted { "Sent as " code { "Authorization: Basic" } " to an HTTP endpoint; the broker's user for a RabbitMQ. The password is kept encrypted and never shown." }
+                label for="username" { "Username" }
+                input #username type="text" name="username" autocomplete="off" value=(sent.username);
+                label for="password" { "Password" }
+                input #password type="password" name="password" autocomplete="new-password";
             }
             p.actions { button type="submit" { "Create the endpoint" } }
         }
@@ -169,6 +215,18 @@ pub async fn create(
     });
     if let Some(types) = event_types_of(&value.event_types) {
         request["event_types"] = json!(types);
+    }
+    // Sent for an HTTP URL too when filled, so the API says why it does not apply.
+    if value.is_amqp() || filled(&value.exchange).is_some() || filled(&value.routing_key).is_some()
+    {
+        let mut target = json!({ "exchange": value.exchange.trim() });
+        if let Some(key) = filled(&value.routing_key) {
+            target["routing_key"] = json!(key);
+        }
+        request["amqp"] = target;
+    }
+    if let Some(username) = filled(&value.username) {
+        request["basic_auth"] = json!({ "username": username, "password": value.password });
     }
     let created = match crate::api::subscriptions::create(
         State(state.api.clone()),
