@@ -29,7 +29,7 @@ pub struct StoreConfig {
     /// tenant with more enabled subscriptions is not fanned out to (dead-lettered `invalid`).
     pub cache_per_tenant: usize,
     /// The longest a delivery waits for a subscription not held to be read; then it is
-    /// deferred (or, a fan-out, returned to its lane) with the reason.
+    /// deferred into a tier with the reason, an event to fan out as well.
     #[serde(with = "humantime_serde")]
     pub cache_load_timeout: Duration,
 }
