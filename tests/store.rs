@@ -541,6 +541,43 @@ async fn a_fan_out_the_store_cannot_serve_waits_in_a_tier_and_holds_no_slot() {
     drop(db);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_reads_while_every_connection_of_the_followers_pool_is_taken() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-lookup-pool", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub", "acme", &receiver.url("/"), &s),
+    )
+    .await;
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    let w = RunningWorker::start_cached(&t, config, store.clone(), Keyring::empty()).await;
+    // The follower's pool (the worker's store is a clone of this one) fully taken: its
+    // listener keeps one, this test the others, as a burst of change reads or a full read
+    // would.
+    let pool = store.pool();
+    let most = pool.options().get_max_connections();
+    let mut taken = Vec::new();
+    while pool.size() < most || pool.num_idle() > 0 {
+        taken.push(pool.acquire().await.unwrap());
+    }
+    t.publish(&event("evt_1", "acme", "sub")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await,
+        "a subscription not held is read while the follower's pool is taken ({} of {most} \
+         held here)",
+        taken.len()
+    );
+    drop(taken);
+    w.stop().await;
+}
+
 #[tokio::test]
 async fn an_endpoint_failing_for_disable_after_has_its_subscriptions_disabled_and_parked() {
     let db = TestDb::create().await;
