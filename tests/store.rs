@@ -457,6 +457,127 @@ async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_ret
     drop(db);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_the_store_cannot_serve_waits_in_a_tier_and_holds_no_slot() {
+    let port = common::node::free_port();
+    let node = Arc::new(
+        tokio::task::spawn_blocking(move || PgNode::start(port))
+            .await
+            .unwrap(),
+    );
+    let db = TestDb::create_on(&node.url()).await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-miss-slot", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    for (id, tenant) in [("held", "acme"), ("f0", "fan"), ("f1", "fan")] {
+        put(
+            &store,
+            &common::subscription(id, tenant, &receiver.url("/"), &s),
+        )
+        .await;
+    }
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    // One slot on the first-attempt lane: whatever holds it holds the lane.
+    config.worker.in_flight = 2;
+    let w = RunningWorker::start_cached(&t, config, store.clone(), Keyring::empty()).await;
+    t.publish(&event("evt_warm", "acme", "held")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+
+    // The store goes away: the fan-out's tenant is not held, `held` is.
+    let n = Arc::clone(&node);
+    tokio::task::spawn_blocking(move || n.stop()).await.unwrap();
+    let mut fan = event("evt_fan", "fan", "f0");
+    fan.subscription = None;
+    t.publish(&fan).await;
+    t.publish(&event("evt_behind", "acme", "held")).await;
+    // The event behind the fan-out gets the lane's only slot while the store is still down:
+    // the fan-out waits in a tier, not in the slot.
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| !r.records_for("evt_behind").is_empty())
+            .await,
+        "the event behind a fan-out the store cannot serve is delivered while the store is down"
+    );
+    assert!(
+        w.metrics.count(
+            "hookrelay_subscription_lookups_total",
+            &[("kind", "tenant"), ("result", "failed")]
+        ) >= 1
+    );
+    assert!(
+        w.metrics
+            .count("hookrelay_outcomes_total", &[("outcome", "retried")])
+            >= 1,
+        "the fan-out was deferred into a tier"
+    );
+    assert_eq!(receiver.delivered_count(), 2);
+
+    // Back: the deferred event fans out from the retry lane, once per subscription, under
+    // the ids its fan-out always gives.
+    let n = Arc::clone(&node);
+    tokio::task::spawn_blocking(move || n.resume())
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 4)
+            .await,
+        "{:?}",
+        receiver.delivered()
+    );
+    for sub in ["f0", "f1"] {
+        let id = hookrelay::contract::envelope::derived_id("evt_fan", sub).to_string();
+        assert_eq!(receiver.records_for(&id).len(), 1, "{sub}");
+    }
+    assert_eq!(receiver.duplicates(), 0);
+    w.stop().await;
+    drop(store);
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_reads_while_every_connection_of_the_followers_pool_is_taken() {
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let t = TestLadder::apply("store-lookup-pool", &["1s"], &["1s", "1s"]).await;
+    let s = secret();
+    let receiver = common::ok_receiver(&s).await;
+    put(
+        &store,
+        &common::subscription("sub", "acme", &receiver.url("/"), &s),
+    )
+    .await;
+    let mut config = t.config.clone();
+    config.store.resync = Duration::from_secs(600);
+    let w = RunningWorker::start_cached(&t, config, store.clone(), Keyring::empty()).await;
+    // The follower's pool (the worker's store is a clone of this one) fully taken: its
+    // listener keeps one, this test the others, as a burst of change reads or a full read
+    // would.
+    let pool = store.pool();
+    let most = pool.options().get_max_connections();
+    let mut taken = Vec::new();
+    while pool.size() < most || pool.num_idle() > 0 {
+        taken.push(pool.acquire().await.unwrap());
+    }
+    t.publish(&event("evt_1", "acme", "sub")).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await,
+        "a subscription not held is read while the follower's pool is taken ({} of {most} \
+         held here)",
+        taken.len()
+    );
+    drop(taken);
+    w.stop().await;
+}
+
 #[tokio::test]
 async fn an_endpoint_failing_for_disable_after_has_its_subscriptions_disabled_and_parked() {
     let db = TestDb::create().await;

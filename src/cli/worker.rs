@@ -29,7 +29,10 @@ pub(super) async fn run(args: WorkerArgs, config: Config) -> anyhow::Result<Exit
             if let Some(limits) = crate::subscriptions::cache::CacheLimits::of(&config.store) {
                 // Held as deliveries need them: the store's size does not bound the worker's
                 // memory, and nothing is read at start.
-                let loader = crate::store::held::StoreLoader(store.clone());
+                let loader = crate::store::held::StoreLoader::own_pool(
+                    &store,
+                    config.store.lookup_connections,
+                );
                 let cache =
                     crate::subscriptions::cache::SubscriptionCache::new(limits, Arc::new(loader));
                 let opened = crate::store::follow::Opened::listen(store).await?;

@@ -45,22 +45,7 @@ impl Config {
                 return Err(ConfigError::invalid(field, "must be longer than zero"));
             }
         }
-        if self.store.cache_entries > 0 {
-            if self.store.cache_per_tenant == 0
-                || self.store.cache_per_tenant > self.store.cache_entries
-            {
-                return Err(ConfigError::invalid(
-                    "store.cache_per_tenant",
-                    "must be at least 1 and at most store.cache_entries",
-                ));
-            }
-            if self.store.cache_bytes < 64 * 1024 {
-                return Err(ConfigError::invalid(
-                    "store.cache_bytes",
-                    "must be at least 65536 (64 KiB)",
-                ));
-            }
-        }
+        self.store.validate_cache()?;
         for key in &self.store.keys {
             SecretSource::parse(key)
                 .map_err(|e| ConfigError::invalid("store.keys", e.to_string()))?;

@@ -657,7 +657,10 @@ pub fn with_shard(properties: BasicProperties, shard: Option<u16>) -> BasicPrope
 }
 
 /// Properties for one delivery of a fan-out: the event's properties with the derived id, the
-/// subscription, and the event id.
+/// subscription, and the event id. An event fanned out from the retry lane (deferred while its
+/// tenant's subscriptions could not be read) carries the accounting of its wait and its shard:
+/// left out, since each delivery is a first attempt, on the first-attempt lane, which refuses
+/// them.
 pub fn fanout_properties(
     original: &BasicProperties,
     derived: &EnvelopeId,
@@ -665,6 +668,19 @@ pub fn fanout_properties(
     event_id: &str,
 ) -> BasicProperties {
     let (props, mut headers) = carried(original);
+    for waited in [
+        ATTEMPTS_HEADER,
+        DUE_HEADER,
+        DEFERRALS_HEADER,
+        BUSY_DEFERRALS_HEADER,
+        FIRST_TRY_HEADER,
+        WAITING_SINCE_HEADER,
+        LAST_ERROR_HEADER,
+        ENDPOINT_HEADER,
+        SHARD_HEADER,
+    ] {
+        remove(&mut headers, waited);
+    }
     put_str(&mut headers, SUBSCRIPTION_HEADER, subscription);
     put_str(&mut headers, EVENT_ID_HEADER, event_id);
     props
@@ -677,6 +693,49 @@ mod tests {
     use super::*;
     use crate::contract::envelope::Envelope;
     use crate::contract::envelope::tests::event;
+
+    #[test]
+    fn a_fan_out_of_a_deferred_event_is_a_first_attempt() {
+        let original = event().properties();
+        let deferred = with_shard(
+            retry_properties(
+                &original,
+                "acme",
+                0,
+                9,
+                "the subscription store cannot be read",
+                None,
+                Some(Deferrals {
+                    count: 2,
+                    first_try_ms: Some(1),
+                    busy: 0,
+                    waiting_since_ms: Some(5),
+                }),
+            ),
+            Some(3),
+        );
+        let derived = crate::contract::envelope::derived_id("evt_1", "sub_a");
+        let copy = fanout_properties(&deferred, &derived, "sub_a", "evt_1");
+        let headers = copy.headers().clone().unwrap_or_default();
+        for gone in [
+            ATTEMPTS_HEADER,
+            DUE_HEADER,
+            DEFERRALS_HEADER,
+            FIRST_TRY_HEADER,
+            WAITING_SINCE_HEADER,
+            LAST_ERROR_HEADER,
+            SHARD_HEADER,
+        ] {
+            assert!(!headers.inner().contains_key(gone), "{gone}");
+        }
+        let read = |name| header_str(Some(&headers), name).ok().flatten();
+        assert_eq!(read(TENANT_HEADER), Some("acme"));
+        assert_eq!(read(EVENT_ID_HEADER), Some("evt_1"));
+        assert_eq!(
+            copy.message_id().as_ref().map(|m| m.as_str()),
+            Some(derived.to_string().as_str())
+        );
+    }
 
     #[test]
     fn every_copy_carries_the_trace_context() {

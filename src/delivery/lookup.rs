@@ -1,14 +1,14 @@
 //! Which subscriptions a delivery is routed with: the version in force, or, from a large
 //! store, what the worker's bounded cache holds or reads for it, without a miss ever holding
-//! the lane ([`crate::subscriptions::cache`]).
+//! the lane's slot past `store.cache_load_timeout` ([`crate::subscriptions::cache`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::contract::envelope::Envelope;
 use crate::delivery::dispatch::{Attempted, Dispatcher};
-use crate::delivery::lane::{Lane, LaneKind};
-use crate::delivery::route::{AttemptResult, DeferCause, Outcome, defer};
+use crate::delivery::lane::Lane;
+use crate::delivery::route::{AttemptResult, DeferCause, Outcome, defer, fans_out};
 use crate::subscriptions::Subscriptions;
 use crate::subscriptions::cache::{Key, Served};
 use crate::units::now_ms;
@@ -16,8 +16,11 @@ use crate::units::now_ms;
 impl Dispatcher {
     /// The subscriptions to route `envelope` with: the version in force, or, from a large
     /// store, what the cache holds (or reads) for it. A read the store does not answer in
-    /// time defers an envelope of a subscription (waiting as for an endpoint's outage, which
-    /// never expires it) and returns a fan-out to its lane.
+    /// time, or cannot give, defers the envelope, an event to fan out as well as a delivery:
+    /// republished into a tier with the reason, not an attempt, its id unchanged, waiting as
+    /// for an endpoint's outage (longer with each deferral, never expired by it: the store
+    /// being away is no evidence against the endpoint). Its slot is free as soon as the
+    /// deferral is confirmed.
     pub(super) async fn subscriptions_for(
         &self,
         lane: &Lane,
@@ -28,13 +31,8 @@ impl Dispatcher {
         };
         let key = match &envelope.subscription {
             Some(id) => Key::id(id),
-            // Only a fresh event of a first-attempt lane fans out; routing refuses any other.
-            None if lane.kind == LaneKind::First
-                && envelope.attempts_made == 0
-                && envelope.event_id.is_none() =>
-            {
-                Key::tenant(&envelope.tenant)
-            }
+            // Routing refuses any other envelope without a subscription.
+            None if fans_out(envelope, lane.kind) => Key::tenant(&envelope.tenant),
             None => return Ok(Arc::new(Subscriptions::default())),
         };
         let metrics = &self.settler.metrics;
@@ -68,9 +66,6 @@ impl Dispatcher {
             )));
         }
         counted("failed");
-        if let Key::Tenant(_) = key {
-            return Err(Attempted::without_attempt(Outcome::Returned { reason }));
-        }
         let cause = DeferCause::Outage {
             probe_in: Duration::ZERO,
             failed_try_ms: None,

@@ -195,10 +195,6 @@ pub enum Outcome {
     /// The subscription is paused: republish the delivery as it is (same id, same attempt
     /// count) into the subscription's parking queue, then acknowledge.
     Parked { subscription: String },
-    /// Nothing to publish: back to its lane, unacked, after a pause (a fan-out whose tenant's
-    /// subscriptions the store could not give in time; it cannot wait in a tier, which
-    /// returns to the retry lane, where events do not fan out).
-    Returned { reason: String },
     /// Publish to the dead sink with the reason, then acknowledge.
     Dead {
         reason: DeadReason,
@@ -226,7 +222,6 @@ impl Outcome {
             Outcome::Cancelled { .. } => "cancelled",
             Outcome::FanOut { .. } => "fanned_out",
             Outcome::Parked { .. } => "parked",
-            Outcome::Returned { .. } => "returned",
             Outcome::Dead { reason, .. } => reason.as_str(),
         }
     }
@@ -427,15 +422,27 @@ fn check_provenance(envelope: &Envelope, lane: LaneKind) -> Result<(), Forged> {
     Ok(())
 }
 
-/// An event without a subscription, fresh from a first-attempt lane, becomes one delivery per
-/// matching subscription; anywhere else it is invalid.
+/// Whether `envelope` is an event to fan out where it came from: one without a subscription,
+/// never attempted and not itself a fan-out's delivery, fresh on a first-attempt lane or, on a
+/// retry lane, back from a deferral (its tenant's subscriptions could not be read in time, so it
+/// waited in a tier, which returns to the retry lane). Such an event is fanned out once: its
+/// deliveries go to the first-attempt lane, never to a tier.
+pub fn fans_out(envelope: &Envelope, lane: LaneKind) -> bool {
+    envelope.subscription.is_none()
+        && envelope.attempts_made == 0
+        && envelope.event_id.is_none()
+        && (lane == LaneKind::First || envelope.deferrals > 0)
+}
+
+/// An event without a subscription ([`fans_out`]) becomes one delivery per matching
+/// subscription; anywhere else it is invalid.
 fn fan_out(
     envelope: &Envelope,
     body: &[u8],
     lane: LaneKind,
     subscriptions: &Subscriptions,
 ) -> Outcome {
-    if lane != LaneKind::First || envelope.attempts_made > 0 || envelope.event_id.is_some() {
+    if !fans_out(envelope, lane) {
         return Outcome::invalid(
             InvalidEnvelope::MissingSubscription.to_string(),
             envelope.attempts_made,
@@ -1456,7 +1463,7 @@ mod tests {
         }
 
         #[test]
-        fn an_event_fans_out_only_when_fresh_on_a_first_attempt_lane() {
+        fn an_event_fans_out_only_when_fresh_on_a_first_attempt_lane_or_back_from_a_deferral() {
             let all = subs(vec![
                 sub("s2", "acme"),
                 sub("s1", "acme"),
@@ -1485,6 +1492,16 @@ mod tests {
                 )
             };
             assert!(invalid(&envelope(None), LaneKind::Retry));
+            // Back from a deferral (the store could not give its tenant's list in time): it
+            // fans out from the retry lane; attempted, or a fan-out's delivery, it never does.
+            let mut deferred = envelope(None);
+            deferred.deferrals = 1;
+            assert!(matches!(
+                settled(route(&deferred, b"{}", LaneKind::Retry, &all, &ladder())),
+                Outcome::FanOut { .. }
+            ));
+            deferred.attempts_made = 1;
+            assert!(invalid(&deferred, LaneKind::Retry));
             let mut retried = envelope(None);
             retried.attempts_made = 1;
             assert!(invalid(&retried, LaneKind::First));

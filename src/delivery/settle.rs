@@ -164,7 +164,6 @@ pub fn replacement(
                 }],
             }
         }
-        Outcome::Returned { .. } => return Err(Unsettleable("returned to its lane")),
         // Exactly as it came: its id, body and attempt count are what resume returns.
         Outcome::Parked { subscription } => {
             let envelope = envelope.ok_or(Unsettleable("parking without envelope"))?;
@@ -265,14 +264,6 @@ impl Settler {
             .as_ref()
             .map_or("(none)", |m| m.as_str());
         let outcome = &attempted.outcome;
-        if let Outcome::Returned { reason } = outcome {
-            info!(envelope = %id, reason = %reason, "Returned to its lane");
-            self.metrics
-                .outcomes
-                .with_label_values(&[lane.label(), outcome.kind()])
-                .inc();
-            return self.requeue(acker, reason, self.requeue_delay).await;
-        }
         let replacement = match replacement(
             &self.ladder,
             outcome,
@@ -392,7 +383,6 @@ impl Settler {
             Outcome::Parked { subscription } => {
                 debug!(envelope = %id, subscription = %subscription, "Parked: the subscription is paused");
             }
-            Outcome::Returned { .. } => {}
             Outcome::FanOut {
                 subscriptions,
                 filtered,

@@ -23,6 +23,15 @@ const CHUNK: usize = 2_000;
 #[derive(Debug, Clone)]
 pub struct StoreLoader(pub PgStore);
 
+impl StoreLoader {
+    /// Reads through a pool of `connections` of their own (`store.lookup_connections`): with
+    /// one pool, a burst of misses queued behind the follower's reads, or held them up, and
+    /// lookups timed out with 8 connections for everything.
+    pub fn own_pool(store: &PgStore, connections: u32) -> Self {
+        Self(store.with_own_pool(connections))
+    }
+}
+
 impl Loader for StoreLoader {
     fn load(&self, key: &Key, limit: usize) -> BoxFuture<'static, Result<Loaded, String>> {
         let store = self.0.clone();

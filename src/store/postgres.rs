@@ -110,6 +110,20 @@ impl PgStore {
         &self.pool
     }
 
+    /// The same store through a pool of its own, of at most `connections`, opened as they are
+    /// needed: what reads through it never waits for this pool's connections (one of which a
+    /// change follower's listener keeps), nor holds them.
+    pub fn with_own_pool(&self, connections: u32) -> Self {
+        let pool = PgPoolOptions::new()
+            .max_connections(connections.max(1))
+            .acquire_timeout(self.pool.options().get_acquire_timeout())
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        Self {
+            pool,
+            shown: self.shown.clone(),
+        }
+    }
+
     /// The URL without its password.
     pub fn shown(&self) -> &str {
         &self.shown

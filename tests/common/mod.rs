@@ -586,7 +586,8 @@ impl RunningWorker {
     ) -> Self {
         use hookrelay::subscriptions::cache::{CacheLimits, SubscriptionCache};
         let limits = CacheLimits::of(&config.store).expect("store.cache_entries above 0");
-        let loader = hookrelay::store::held::StoreLoader(store.clone());
+        let loader =
+            hookrelay::store::held::StoreLoader::own_pool(&store, config.store.lookup_connections);
         let cache = Arc::new(SubscriptionCache::new(limits, Arc::new(loader)));
         let opened = hookrelay::store::follow::Opened::listen(store)
             .await

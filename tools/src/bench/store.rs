@@ -286,7 +286,10 @@ impl Measure<'_> {
         let opened = hookrelay::store::follow::Opened::listen(self.store.clone()).await?;
         let cache = Arc::new(SubscriptionCache::new(
             self.limits()?,
-            Arc::new(hookrelay::store::held::StoreLoader(self.store.clone())),
+            Arc::new(hookrelay::store::held::StoreLoader::own_pool(
+                self.store,
+                self.config.store.lookup_connections,
+            )),
         ));
         let live = Arc::new(LiveSubscriptions::cached(cache));
         let stop = CancellationToken::new();
@@ -386,7 +389,10 @@ impl Measure<'_> {
     ) -> Result<(Percentiles, Percentiles), BenchError> {
         let cache = Arc::new(SubscriptionCache::new(
             self.limits()?,
-            Arc::new(hookrelay::store::held::StoreLoader(self.store.clone())),
+            Arc::new(hookrelay::store::held::StoreLoader::own_pool(
+                self.store,
+                self.config.store.lookup_connections,
+            )),
         ));
         let tenants = tenants_for(n);
         let mut by_id = Vec::with_capacity(count);
