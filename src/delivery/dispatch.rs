@@ -185,8 +185,12 @@ impl Dispatcher {
             span.set(|| KeyValue::new("hookrelay.tier", tier.to_owned()));
         }
         let settle_span = spans::settle(span, &lane, &attempted.outcome, tier);
-        // Every copy of a message that came without a trace context carries this one's.
-        let carried = spans::carried(&properties, span);
+        // Every copy of a message that came without a trace context carries this one's; a
+        // delivered message is only acked, so it makes no copy.
+        let carried = match attempted.outcome {
+            Outcome::Delivered { .. } => None,
+            _ => spans::carried(&properties, span),
+        };
         self.settler
             .settle(Settlement {
                 lane: &lane,
