@@ -58,6 +58,7 @@ pub mod noisy;
 pub mod pages;
 pub mod shards;
 pub mod soak;
+pub mod spans;
 pub mod store;
 
 #[derive(Debug, thiserror::Error)]

@@ -47,6 +47,24 @@ enum Command {
     /// process (`hookrelay worker`, found beside this binary unless --worker-bin says otherwise),
     /// with signing, lookups, egress checks and metrics on.
     Bench(Box<BenchArgs>),
+    /// Measure what tracing costs one delivery, apart from the rest of the worker.
+    ///
+    /// Builds a delivery's three spans (process, POST, settle, with a delivery's attributes)
+    /// --rate times a second through hookrelay's tracer, queue and export thread, and counts
+    /// the CPU of the building thread and the export thread per delivery: traces off, the
+    /// collector gone (a closed port), and a collector answering (an OTLP/HTTP sink on loopback
+    /// whose own CPU is not counted). Needs no broker.
+    SpanCost {
+        /// Deliveries per mode.
+        #[arg(long, default_value_t = 100_000)]
+        deliveries: u64,
+        /// Deliveries per second, as a worker under load makes them.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The bench's ceiling loop (started by `hookrelay-dev bench`).
     #[command(hide = true)]
     BenchCeiling {
@@ -546,6 +564,29 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("{}", report.table());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::SpanCost {
+            deliveries,
+            rate,
+            json,
+        } => {
+            let costs = bench::spans::run(deliveries, rate).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&costs)?);
+            } else {
+                println!("mode       deliveries  CPU µs/delivery  spans exported  dropped");
+                for c in &costs {
+                    println!(
+                        "{:<10} {:>10}  {:>15.2}  {:>14}  {:>7}",
+                        c.mode,
+                        c.deliveries,
+                        c.cpu_us_per_delivery,
+                        c.exported_spans,
+                        c.dropped_spans
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
