@@ -165,19 +165,27 @@ pub fn routing_key(outcome: &str, tenant: Option<&str>) -> String {
 /// One exchange notices go to, and the routing keys it recently had no queue for.
 struct Route {
     exchange: String,
+    /// The ladder binds a stream to every key of the exchange (the attempt log's, when on): a
+    /// return then means the broker cannot route right now (it is starting up, or the binding
+    /// is gone), not that nobody keeps the notices, so they are kept and sent again.
+    kept: bool,
     unrouted: Mutex<HashMap<String, Instant>>,
 }
 
 impl Route {
-    fn new(exchange: String) -> Arc<Self> {
+    fn new(exchange: String, kept: bool) -> Arc<Self> {
         Arc::new(Self {
             exchange,
+            kept,
             unrouted: Mutex::new(HashMap::new()),
         })
     }
 
     /// Whether a notice with `key` would reach a queue, as far as the broker last said.
     fn routed(&self, key: &str) -> bool {
+        if self.kept {
+            return true;
+        }
         let unrouted = self.unrouted.lock().unwrap_or_else(|p| p.into_inner());
         unrouted
             .get(key)
@@ -221,16 +229,19 @@ impl std::fmt::Debug for Notices {
 
 impl Notices {
     /// Starts the publishing task on a publisher of its own. It ends once every `Notices` clone
-    /// is dropped and what was buffered has been sent, closing the publisher.
+    /// is dropped and what was buffered has been sent, closing the publisher. `attempts_kept`:
+    /// the ladder's attempt-log stream is on (bound to every key), so a record the broker
+    /// returns is sent again rather than given up.
     pub fn start(
         publisher: Arc<Publisher>,
         events_exchange: String,
         attempts_exchange: String,
+        attempts_kept: bool,
         metrics: Metrics,
     ) -> (Self, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let events = Route::new(events_exchange);
-        let attempts = Route::new(attempts_exchange);
+        let events = Route::new(events_exchange, false);
+        let attempts = Route::new(attempts_exchange, attempts_kept);
         let task = tokio::spawn(drain(
             Arc::clone(&publisher),
             rx,
@@ -272,7 +283,8 @@ impl Notices {
 
     /// Publishes an attempt-log record and an operational event that are the only trace of a
     /// terminal state (a cancellation), and waits for both confirms. Nobody being bound to
-    /// either is fine: the broker then drops them.
+    /// either is fine (the broker then drops them), except the record when the ladder's stream
+    /// keeps the attempt log: a return then is an error, so the delivery tries again.
     pub async fn store(
         &self,
         record: &AttemptRecord,
@@ -290,7 +302,7 @@ impl Notices {
                 &record.routing_key(),
                 &record_body,
                 props.clone(),
-                false,
+                self.attempts.kept,
             )
             .await?;
         let announced = self
@@ -546,6 +558,13 @@ async fn drain(
                 };
                 batches_out -= 1;
                 match done {
+                    // A broker starting up returns messages for a stream it has not brought
+                    // back yet: kept, they are sent again like those it did not confirm.
+                    Err(e) if open && attempts.kept && matches!(e, PublishError::Unroutable { .. }) => {
+                        warn!(error = %e, records = notices, "Attempt records returned although the ladder's stream keeps the attempt log (the broker is starting up, or the binding is gone); sending them again shortly");
+                        gathering.again(sent.records);
+                        resend_at = Some(Instant::now() + RESEND_AFTER);
+                    }
                     Err(e) if open && !matches!(e, PublishError::Unroutable { .. }) => {
                         warn!(error = %e, records = notices, "Attempt records not confirmed; sending them again shortly");
                         gathering.again(sent.records);

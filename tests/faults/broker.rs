@@ -25,6 +25,12 @@ async fn broker_app_restart_under_load_loses_nothing() {
     let view = sc.view(node.config()).await;
     let a = sc.account(&view, &published).await;
     let reconnects = worker.metrics.count("hookrelay_reconnects_total", &[]);
+    let notices = ["dropped", "unroutable", "failed"].map(|k| {
+        worker
+            .metrics
+            .count(&format!("hookrelay_notices_{k}_total"), &[])
+    });
+    println!("NOTICES | dropped, unroutable, failed: {notices:?}");
     worker.stop().await;
     assert!(reconnects >= 1, "the worker reconnected");
     // At most what was in flight when the broker went away (worker and producer) is delivered
