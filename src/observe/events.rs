@@ -2,12 +2,14 @@
 //! operational events on `<prefix>.events` (`subscription.gone`, `delivery.exhausted`,
 //! `delivery.cancelled`, `delivery.schema_invalid`, `subscriptions.reload_failed`) for owning
 //! systems to act on, and the attempt log on `<prefix>.attempts` (one record per settled
-//! delivery, routing key `<outcome>.<tenant>`) for operators to keep in a queue or stream. Publishing them never blocks
-//! or fails a delivery: they pass through a bounded buffer, and what does not fit is counted as
-//! dropped. Attempt records travel together whatever their routing keys, in the compact form of
-//! [`attempt_log`](crate::observe::attempt_log), flushed when a batch is full or its first
-//! record has waited [`LINGER`]: a message into a stream costs the broker far more than the bytes
-//! of one more record in it.
+//! delivery, routing key `<outcome>.<tenant>`) for operators to keep in a queue or stream.
+//! Publishing an event never blocks or fails a delivery: events pass through a bounded buffer,
+//! and what does not fit is counted as dropped. A delivery waits for its attempt record instead
+//! ([`Notices::log`]): it is acked once the broker confirmed the record, so no record is lost to
+//! a killed worker or a broker restart. Attempt records travel together whatever their routing
+//! keys, in the compact form of [`attempt_log`](crate::observe::attempt_log), flushed when a
+//! batch is full or its first record has waited [`LINGER`]: a message into a stream costs the
+//! broker far more than the bytes of one more record in it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -18,7 +20,7 @@ use futures_util::stream::FuturesUnordered;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
@@ -204,7 +206,19 @@ impl Route {
 /// attempt record, which joins a batch.
 enum Notice {
     Event { routing_key: String, body: Vec<u8> },
-    Attempt(Box<AttemptRecord>),
+    Attempt(Box<AttemptRecord>, Waiter),
+}
+
+/// Told whether an attempt record is stored (or, when nobody keeps the log, needs not be):
+/// `false` when the worker stops before the broker took it.
+type Waiter = oneshot::Sender<bool>;
+
+/// Tells each waiter of a batch what became of it.
+fn tell(waiters: Vec<Waiter>, stored: bool) {
+    for w in waiters {
+        // The delivery may have stopped waiting (its lease ran out): nothing to tell.
+        let _ = w.send(stored);
+    }
 }
 
 /// The sending side, cheap to clone into every task.
@@ -267,9 +281,31 @@ impl Notices {
         self.attempts.routed(routing_key)
     }
 
-    /// Queues an attempt-log record; drops (and counts) it when the buffer is full.
-    pub fn attempt(&self, record: &AttemptRecord) {
-        self.enqueue(Notice::Attempt(Box::new(record.clone())));
+    /// Queues attempt-log records and resolves once the broker confirmed every batch holding
+    /// them (`true`; also when nobody keeps the log), or `false` once the worker stops before
+    /// the broker took one. A delivery is acked only after its records are stored, so a worker
+    /// killed in between leaves the delivery unacked, never a delivery without its record. A
+    /// full buffer makes this wait, rather than drop a record.
+    pub async fn log(&self, records: Vec<AttemptRecord>) -> bool {
+        let mut told = Vec::with_capacity(records.len());
+        for record in records {
+            let (waiter, outcome) = oneshot::channel();
+            if self
+                .tx
+                .send(Notice::Attempt(Box::new(record), waiter))
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            told.push(outcome);
+        }
+        for outcome in told {
+            if !outcome.await.unwrap_or(false) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Queues an operational event; drops (and counts) it when the buffer is full.
@@ -334,6 +370,8 @@ const UNROUTED_SAID_EVERY: Duration = Duration::from_secs(60);
 /// Attempt records waiting to leave in one message, whatever their routing keys.
 struct Batch {
     records: Vec<AttemptRecord>,
+    /// One per record: the deliveries waiting to be acked.
+    waiters: Vec<Waiter>,
     /// About the body's size ([`attempt_log::estimated_size`]).
     bytes: usize,
     /// When its first record arrived.
@@ -372,15 +410,17 @@ struct Gathering {
 }
 
 impl Gathering {
-    fn add(&mut self, record: AttemptRecord, now: Instant) {
+    fn add(&mut self, record: AttemptRecord, waiter: Waiter, now: Instant) {
         self.records += 1;
         let batch = self.open.get_or_insert_with(|| Batch {
             records: Vec::new(),
+            waiters: Vec::new(),
             bytes: 0,
             opened: now,
         });
         batch.bytes += attempt_log::estimated_size(&record);
         batch.records.push(record);
+        batch.waiters.push(waiter);
         if batch.full()
             && let Some(full) = self.open.take()
         {
@@ -406,24 +446,20 @@ impl Gathering {
     }
 
     /// A batch the broker did not take, back at the front to be sent again.
-    fn again(&mut self, records: Vec<AttemptRecord>) {
-        self.records += records.len();
-        self.closed.push_front(Batch {
-            bytes: records.iter().map(attempt_log::estimated_size).sum(),
-            records,
-            opened: Instant::now(),
-        });
+    fn again(&mut self, batch: Batch) {
+        self.records += batch.records.len();
+        self.closed.push_front(batch);
     }
 }
 
 /// How long the attempt log waits before sending again a batch the broker did not take.
 const RESEND_AFTER: Duration = Duration::from_secs(1);
 
-/// An attempt-log batch awaiting its confirm: its routing keys, and its records to send again
+/// An attempt-log batch awaiting its confirm: its routing keys, and the batch to send again
 /// should the broker not take it.
 struct Sent {
     keys: Vec<String>,
-    records: Vec<AttemptRecord>,
+    batch: Batch,
 }
 
 /// Publishes notices, pipelining confirms. A notice the broker returns as unroutable (no queue is
@@ -523,23 +559,21 @@ async fn drain(
                     if keys.is_empty() {
                         keys.push(first);
                     }
-                    let sent = Sent {
-                        keys,
-                        records: batch.records,
-                    };
+                    let sent = Sent { keys, batch };
                     pending.push(tagged(confirm, notices, Some(sent)));
                 }
                 // While the worker runs, a batch the broker did not take is sent again (a
                 // record may then be stored twice, never lost); a stopping worker gives up.
                 Err(e) if open => {
                     warn!(error = %e, records = notices, "Attempt records not published; sending them again shortly");
-                    gathering.again(batch.records);
+                    gathering.again(batch);
                     resend_at = Some(Instant::now() + RESEND_AFTER);
                     break;
                 }
                 Err(e) => {
                     metrics.notices_failed.inc_by(notices as u64);
                     warn!(error = %e, "Notice not published");
+                    tell(batch.waiters, false);
                 }
             }
         }
@@ -562,23 +596,35 @@ async fn drain(
                     // back yet: kept, they are sent again like those it did not confirm.
                     Err(e) if open && attempts.kept && matches!(e, PublishError::Unroutable { .. }) => {
                         warn!(error = %e, records = notices, "Attempt records returned although the ladder's stream keeps the attempt log (the broker is starting up, or the binding is gone); sending them again shortly");
-                        gathering.again(sent.records);
+                        gathering.again(sent.batch);
                         resend_at = Some(Instant::now() + RESEND_AFTER);
                     }
                     Err(e) if open && !matches!(e, PublishError::Unroutable { .. }) => {
                         warn!(error = %e, records = notices, "Attempt records not confirmed; sending them again shortly");
-                        gathering.again(sent.records);
+                        gathering.again(sent.batch);
                         resend_at = Some(Instant::now() + RESEND_AFTER);
                     }
-                    done => settle(done, notices, sent.keys),
+                    done => {
+                        // Returned while nobody keeps the log: nothing was there to lose.
+                        let stored = match &done {
+                            Ok(()) => true,
+                            Err(PublishError::Unroutable { .. }) => !attempts.kept,
+                            Err(_) => false,
+                        };
+                        settle(done, notices, sent.keys);
+                        tell(sent.batch.waiters, stored);
+                    }
                 }
             }
             notice = rx.recv(), if open && pending.len() < IN_FLIGHT && gathering.records < BUFFER => {
                 match notice {
                     None => open = false,
-                    Some(Notice::Attempt(record)) => {
+                    Some(Notice::Attempt(record, waiter)) => {
                         if attempts.routed(&record.routing_key()) {
-                            gathering.add(*record, Instant::now());
+                            gathering.add(*record, waiter, Instant::now());
+                        } else {
+                            // Nobody keeps the log: the delivery need not wait.
+                            let _ = waiter.send(true);
                         }
                     }
                     Some(Notice::Event { routing_key, body }) => {
@@ -643,13 +689,26 @@ mod tests {
         }
     }
 
+    /// A waiter nobody listens to.
+    fn waiter() -> Waiter {
+        oneshot::channel().0
+    }
+
     #[test]
     fn records_of_many_keys_share_a_batch_that_leaves_after_its_linger() {
         let start = Instant::now();
         let mut g = Gathering::default();
-        g.add(record("evt_1", "retried", "a"), start);
-        g.add(record("evt_2", "delivered", "b"), start + LINGER / 2);
-        g.add(record("evt_3", "retried", "a"), start + LINGER / 2);
+        g.add(record("evt_1", "retried", "a"), waiter(), start);
+        g.add(
+            record("evt_2", "delivered", "b"),
+            waiter(),
+            start + LINGER / 2,
+        );
+        g.add(
+            record("evt_3", "retried", "a"),
+            waiter(),
+            start + LINGER / 2,
+        );
         assert_eq!(g.records, 3);
         // Not yet: the first record has not waited its linger.
         assert!(g.take(start + LINGER / 2, false).is_none());
@@ -662,7 +721,7 @@ mod tests {
         let ids: Vec<_> = read.iter().filter_map(|r| r.envelope.as_deref()).collect();
         assert_eq!(ids, ["evt_1", "evt_2", "evt_3"]);
         // A stopping worker sends what it holds at once.
-        g.add(record("evt_4", "delivered", "b"), start);
+        g.add(record("evt_4", "delivered", "b"), waiter(), start);
         assert!(g.take(start, true).is_some());
         assert!(g.due().is_none());
     }
@@ -672,7 +731,7 @@ mod tests {
         let now = Instant::now();
         let mut g = Gathering::default();
         for i in 0..MAX_BATCH_RECORDS + 1 {
-            g.add(record(&format!("evt_{i}"), "delivered", "a"), now);
+            g.add(record(&format!("evt_{i}"), "delivered", "a"), waiter(), now);
         }
         let full = g.take(now, false).unwrap();
         assert_eq!(full.records.len(), MAX_BATCH_RECORDS);
@@ -680,8 +739,8 @@ mod tests {
         assert_eq!(g.take(now + LINGER, false).unwrap().records.len(), 1);
         let mut big = record("evt_big", "retried", "a");
         big.error = Some("x".repeat(MAX_BATCH_BYTES * 4));
-        g.add(big, now);
-        g.add(record("evt_next", "retried", "a"), now);
+        g.add(big, waiter(), now);
+        g.add(record("evt_next", "retried", "a"), waiter(), now);
         assert_eq!(g.take(now, false).unwrap().records.len(), 1);
         assert!(g.take(now, false).is_none());
     }

@@ -482,6 +482,21 @@ impl Records {
         this
     }
 
+    /// Waits (at most [`SETTLE`]) until every envelope the endpoint got has its `delivered`
+    /// record. A delivery a killed worker made but never acked is delivered again, perhaps
+    /// late (deferred behind a full endpoint cap), and recorded only then: the account counts
+    /// it delivered already.
+    pub async fn wait(view: &TestLadder, receiver: &Receiver) {
+        wait_until(SETTLE, async || {
+            let records = Self::read(view).await;
+            receiver
+                .delivered()
+                .keys()
+                .all(|id| records.delivered.contains(id))
+        })
+        .await;
+    }
+
     /// Every envelope the endpoint got has its `delivered` record: no record lost. (A record
     /// may be stored twice, when a batch is sent again after a lost confirm.)
     pub fn check(&self, scenario: &str, receiver: &Receiver) {
