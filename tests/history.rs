@@ -321,3 +321,114 @@ async fn trace_tells_two_tiers_a_dead_letter_a_redrive_and_the_delivery() {
     let ids: BTreeSet<String> = ids.into_iter().collect();
     assert_eq!(ids, BTreeSet::from(["evt_traced".to_owned()]));
 }
+
+#[tokio::test]
+async fn an_attempt_log_in_every_form_reads_the_same_into_history_and_trace() {
+    // Records as releases before the compact batch wrote them (one object; an array of one
+    // routing key), and a compact batch of two tenants, in one attempt log.
+    let t = TestLadder::apply("history_forms", &["1s"], &["1s"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let db = TestDb::create().await;
+    let store = db.store().await;
+    let pool = store.pool().clone();
+    let exchange = t.ladder.attempts_exchange();
+    let mut bigco = record(5);
+    bigco.tenant = Some("bigco".into());
+    bigco.outcome = "retried".into();
+    bigco.status = Some(503);
+    bigco.error = Some("HTTP 503".into());
+    bigco.tier = Some("retry-1s".into());
+    let old_one = serde_json::to_vec(&record(1)).unwrap();
+    let old_array = serde_json::to_vec(&[record(2), record(3)]).unwrap();
+    let compact = hookrelay::observe::attempt_log::encode_batch(&[record(4), bigco.clone()]);
+    let publisher = t.publisher().await;
+    for (key, body) in [
+        ("delivered.acme", old_one),
+        ("delivered.acme", old_array),
+        ("delivered.acme", compact),
+    ] {
+        publisher
+            .send(&exchange, key, &body, BasicProperties::default(), true)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    publisher.close().await;
+
+    let mut history = history_process(&t, &ladder, &db.url);
+    let done = wait_until(WAIT, async || {
+        count(
+            &pool,
+            "SELECT coalesce(max(next_offset), 0) FROM history_progress WHERE stream LIKE '%attempts'",
+        )
+        .await
+            >= 3
+    })
+    .await;
+    history.start_kill().unwrap();
+    history.wait().await.unwrap();
+    assert!(done, "history did not read the three messages");
+    let envelopes: Vec<String> =
+        sqlx::query_scalar("SELECT envelope FROM history_attempts ORDER BY envelope")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        envelopes,
+        (1..=5).map(|i| format!("evt_{i:06}")).collect::<Vec<_>>()
+    );
+    // The compact batch's second record, whole: its tenant, error and tier, from the database
+    // and from the stream alone.
+    let story = trace::story(&pool, "evt_000005", None)
+        .await
+        .unwrap()
+        .unwrap();
+    let a = &story.attempts[0];
+    assert_eq!(
+        (a.outcome.as_str(), a.status, a.tier.as_deref()),
+        ("retried", Some(503), Some("retry-1s"))
+    );
+    assert!(
+        trace::story(&pool, "evt_000005", Some("acme"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the record is bigco's"
+    );
+    let ladder_arg = ladder.to_str().unwrap();
+    let (code, from_db, err) = hookrelay(
+        &["trace", "evt_000005"],
+        &[("HOOKRELAY_HISTORY_DATABASE", db.url.as_str())],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, from_streams, err) = hookrelay(
+        &[
+            "trace",
+            "evt_000005",
+            "--since",
+            "10m",
+            "--ladder",
+            ladder_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(from_streams, from_db);
+    for i in [1, 2, 3, 4] {
+        let (code, out, err) = hookrelay(
+            &[
+                "trace",
+                &format!("evt_{i:06}"),
+                "--since",
+                "10m",
+                "--ladder",
+                ladder_arg,
+            ],
+            &[],
+        );
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.contains("delivered, HTTP 204"), "{out}");
+    }
+}

@@ -26,10 +26,14 @@ pub(super) async fn run(cmd: AttemptsCommand, config: &Config) -> anyhow::Result
         outcome.as_deref(),
         tenant.as_deref(),
         |body| {
-            // One line a record, also for a message that carries several.
+            // One line a record, also for a message that carries several; a batch carries
+            // other outcomes' and tenants' records beside those the binding asked for.
             match crate::observe::events::AttemptRecord::read_message(body) {
                 Ok(records) => {
-                    for r in records {
+                    for r in records
+                        .into_iter()
+                        .filter(|r| r.matches(outcome.as_deref(), tenant.as_deref()))
+                    {
                         if count.is_some_and(|c| seen >= c) {
                             break;
                         }

@@ -7,6 +7,7 @@
 //! - [`lookup`]: the subscriptions a delivery is routed with, from the bounded cache on a
 //!   large store, a miss never holding the lane.
 //! - [`route`]: the pure decision, before the attempt and after it.
+//! - [`records`]: a settled delivery's attempt-log records, stored before its ack.
 //! - [`spans`]: the delivery's trace spans: process, attempt, settle.
 //! - [`settle`]: what replaces a delivery, confirmed before the ack, and the settler that
 //!   publishes it.
@@ -36,6 +37,7 @@ mod lookup;
 pub mod oauth;
 pub mod parking;
 pub mod poll;
+mod records;
 pub mod route;
 pub mod settle;
 pub(crate) mod spans;

@@ -22,10 +22,10 @@ use crate::contract::headers::{self, DeadLetter};
 use crate::contract::ladder::Ladder;
 use crate::delivery::dispatch::Attempted;
 use crate::delivery::lane::Lane;
-use crate::delivery::route::{AttemptResult, CancelReason, DeadReason, Outcome};
-use crate::observe::events::{self, AttemptRecord, Notices, OperationalEvent};
+use crate::delivery::route::{CancelReason, DeadReason, Outcome};
+use crate::observe::events::{Notices, OperationalEvent};
 use crate::observe::metrics::Metrics;
-use crate::units::{now_ms, now_rfc3339};
+use crate::units::now_ms;
 
 /// One message to publish, confirmed, before the original is acked. Its body is the
 /// original's.
@@ -199,7 +199,8 @@ pub fn replacement(
 }
 
 /// Carries decisions out: publishes what replaces a delivery, waits for the broker's confirms,
-/// acks, and records the outcome (logs, metrics, the attempt log, operational events).
+/// stores its attempt records, acks, and records the outcome (logs, metrics, operational
+/// events).
 pub struct Settler {
     pub(crate) ladder: Ladder,
     pub(crate) publisher: Arc<Publisher>,
@@ -248,7 +249,8 @@ impl Settler {
         }
     }
 
-    /// Carries the decision out. Acks only after what replaces the delivery was confirmed.
+    /// Carries the decision out. Acks only after what replaces the delivery and its attempt
+    /// records were confirmed.
     pub(crate) async fn settle(&self, settlement: Settlement<'_>) {
         let Settlement {
             lane,
@@ -314,53 +316,33 @@ impl Settler {
                 .await;
         }
         self.settled(lane, id, envelope, &attempted);
+        // Its records before its ack (a cancellation's are stored above): acked first, a
+        // delivery would be left without a record should the worker die before the broker
+        // took them. (Counted already: one not stored is counted again when delivered again,
+        // as one whose ack is lost is.)
+        let cancelled = matches!(outcome, Outcome::Cancelled { .. });
+        if !cancelled
+            && !self
+                .log(lane, properties, envelope, &attempted, lease_end)
+                .await
+        {
+            warn!(envelope = %id, "Attempt record not stored (lease nearly spent, or the worker is stopping); returning the message to its lane");
+            let pause = if self.abandon.is_cancelled() {
+                Duration::ZERO
+            } else {
+                self.requeue_delay
+            };
+            return self
+                .requeue(acker, "attempt record not stored", pause)
+                .await;
+        }
         if let Err(e) = acker.ack(BasicAckOptions::default()).await {
             // The channel is gone; the broker redelivers the message (a duplicate, never a
             // loss).
             warn!(envelope = %id, error = %e, "Ack failed; the broker will redeliver");
         }
-        if matches!(outcome, Outcome::Cancelled { .. }) {
-            return;
-        }
-        if let Some(envelope) = envelope {
+        if let (false, Some(envelope)) = (cancelled, envelope) {
             self.announce(envelope, outcome);
-        }
-        let key = events::routing_key(outcome.kind(), envelope.map(|e| e.tenant.as_str()));
-        if self.notices.attempt_wanted(&key) {
-            self.notices
-                .attempt(&self.record(lane, properties, envelope, &attempted));
-        }
-        if let (Outcome::FanOut { filtered, .. }, Some(envelope)) = (outcome, envelope) {
-            self.record_filtered(lane, envelope, filtered);
-        }
-    }
-
-    /// The subscriptions a fan-out left out by their payload filters, in the attempt log as
-    /// cancelled deliveries of the event (attempt 0: no request made), beside its fan-out.
-    fn record_filtered(&self, lane: &Lane, envelope: &Envelope, filtered: &[String]) {
-        let key = events::routing_key("cancelled", Some(&envelope.tenant));
-        if filtered.is_empty() || !self.notices.attempt_wanted(&key) {
-            return;
-        }
-        for sub in filtered {
-            self.notices.attempt(&AttemptRecord {
-                envelope: Some(envelope::derived_id(envelope.id.as_str(), sub).to_string()),
-                event: Some(envelope.id.to_string()),
-                tenant: Some(envelope.tenant.clone()),
-                subscription: Some(sub.clone()),
-                attempt: 0,
-                status: None,
-                error: Some(format!(
-                    "the payload filter of subscription {sub:?} excludes it"
-                )),
-                latency_ms: None,
-                outcome: "cancelled".into(),
-                tier: None,
-                lane: lane.queue.clone(),
-                redrives: 0,
-                replay: None,
-                at: now_rfc3339(),
-            });
         }
     }
 
@@ -426,71 +408,6 @@ impl Settler {
             .outcomes
             .with_label_values(&[lane.label(), outcome.kind()])
             .inc();
-    }
-
-    /// The attempt-log record of a settled delivery.
-    fn record(
-        &self,
-        lane: &Lane,
-        properties: &BasicProperties,
-        envelope: Option<&Envelope>,
-        attempted: &Attempted,
-    ) -> AttemptRecord {
-        let (status, error) = match (&attempted.result, &attempted.outcome) {
-            (Some(AttemptResult::Response { status, .. }), o) => (
-                Some(*status),
-                (!matches!(o, Outcome::Delivered { .. })).then(|| format!("HTTP {status}")),
-            ),
-            (Some(other), _) => (None, Some(other.describe())),
-            (None, Outcome::Dead { error, .. }) => (None, Some(error.clone())),
-            (None, Outcome::Cancelled { detail, .. }) => (None, Some(detail.clone())),
-            (None, _) => (None, None),
-        };
-        // A deferral made no request: attempt 0, as for no attempt at all.
-        let attempt = match &attempted.result {
-            Some(AttemptResult::Deferred { .. }) | None => 0,
-            Some(_) => envelope.map_or(0, |e| e.attempts_made + 1),
-        };
-        AttemptRecord {
-            envelope: properties.message_id().as_ref().map(|m| m.to_string()),
-            event: envelope.and_then(|e| e.event_id.clone()),
-            tenant: envelope.map(|e| e.tenant.clone()),
-            subscription: envelope.and_then(|e| e.subscription.clone()),
-            attempt,
-            status,
-            error,
-            latency_ms: attempted.latency.map(|l| l.as_millis() as u64),
-            outcome: attempted.outcome.kind().to_owned(),
-            tier: match &attempted.outcome {
-                Outcome::Retry { tier, .. } => Some(self.ladder.tier(*tier).name.clone()),
-                _ => None,
-            },
-            lane: lane.queue.clone(),
-            redrives: headers::read_u64_header(properties, headers::REDRIVES_HEADER)
-                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            replay: crate::contract::headers::replay_of(properties).map(str::to_owned),
-            at: now_rfc3339(),
-        }
-    }
-
-    /// Stores a cancellation's attempt-log record and `delivery.cancelled` event through the
-    /// notices path, waiting for both confirms.
-    async fn record_cancellation(
-        &self,
-        lane: &Lane,
-        properties: &BasicProperties,
-        envelope: Option<&Envelope>,
-        attempted: &Attempted,
-    ) -> Result<(), PublishError> {
-        let Outcome::Cancelled { reason, detail } = &attempted.outcome else {
-            return Ok(());
-        };
-        let record = self.record(lane, properties, envelope, attempted);
-        let mut event = OperationalEvent::new("delivery.cancelled", reason.as_str()).detail(detail);
-        if let Some(e) = envelope {
-            event = event.about(&e.tenant, e.subscription.as_deref(), e.id.as_str());
-        }
-        self.notices.store(&record, &event).await
     }
 
     /// The operational events an outcome calls for.

@@ -78,7 +78,7 @@ pub struct Metrics {
     pub subscription_lookups: IntCounterVec,
     /// How long a delivery waited for a miss to be read, by key (`id`, `tenant`).
     pub subscription_miss_seconds: HistogramVec,
-    /// Notices (operational events, attempt log) dropped because the buffer was full.
+    /// Operational events dropped because the buffer was full (attempt records wait for room).
     pub notices_dropped: IntCounter,
     /// Notices the broker returned because no queue is bound for them (nobody keeps them).
     pub notices_unroutable: IntCounter,
@@ -415,7 +415,7 @@ impl Metrics {
                 &r,
                 IntCounter::new(
                     "hookrelay_notices_dropped_total",
-                    "Operational events and attempt-log entries dropped because the buffer was full",
+                    "Operational events dropped because the buffer was full (attempt records wait for room)",
                 )
                 .expect("valid metric"),
             ),

@@ -39,7 +39,8 @@ pub fn format_record(r: &AttemptRecord) -> String {
 
 /// Follows the attempt log through a queue of its own (exclusive, gone when the connection
 /// closes), calling `each` with every record until it returns `false` or the stream ends.
-/// `outcome` and `tenant` narrow the binding (`*` when absent).
+/// `outcome` and `tenant` narrow the binding (`*` when absent); a batch the binding selects
+/// also carries other records, which the caller leaves out ([`AttemptRecord::matches`]).
 pub async fn tail_attempts(
     channel: &lapin::Channel,
     exchange: &str,

@@ -320,7 +320,13 @@ impl TestLadder {
                 None,
                 Some(&of_tenant),
                 |body| {
-                    records.extend(AttemptRecord::read_message(body).unwrap());
+                    // A batch bound for this tenant carries other tenants' records too.
+                    records.extend(
+                        AttemptRecord::read_message(body)
+                            .unwrap()
+                            .into_iter()
+                            .filter(|r| r.matches(None, Some(&of_tenant))),
+                    );
                     records.len() < n
                 },
             )

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::common::Counters;
 use crate::common::node::Node;
-use crate::harness::{N, Scenario};
+use crate::harness::{N, Records, Scenario};
 
 // One thread on purpose: `rabbitmqctl` blocks it, so the producer's work is in flight, unpolled,
 // when the broker drops the connection. That once left a channel open lapin 4.12 never
@@ -25,11 +25,21 @@ async fn broker_app_restart_under_load_loses_nothing() {
     let view = sc.view(node.config()).await;
     let a = sc.account(&view, &published).await;
     let reconnects = worker.metrics.count("hookrelay_reconnects_total", &[]);
+    let notices = ["dropped", "unroutable", "failed"].map(|k| {
+        worker
+            .metrics
+            .count(&format!("hookrelay_notices_{k}_total"), &[])
+    });
+    println!("NOTICES | dropped, unroutable, failed: {notices:?}");
     worker.stop().await;
     assert!(reconnects >= 1, "the worker reconnected");
     // At most what was in flight when the broker went away (worker and producer) is delivered
     // again.
     a.check("broker stop_app/start_app", sc.duplicate_bound(1));
+    // The attempt records of batches the broker did not take were sent again.
+    Records::read(&view)
+        .await
+        .check("broker stop_app/start_app", &sc.receiver);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,6 +58,9 @@ async fn broker_node_restart_under_load_loses_nothing() {
     let a = sc.account(&view, &published).await;
     worker.stop().await;
     a.check("broker node stop/start", sc.duplicate_bound(1));
+    Records::read(&view)
+        .await
+        .check("broker node stop/start", &sc.receiver);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,10 +168,13 @@ async fn account(
             .await
             .unwrap()
         {
+            // A batch bound for `cancelled.*` may carry other outcomes' records too.
             for r in
                 hookrelay::observe::events::AttemptRecord::read_message(&m.delivery.data).unwrap()
             {
-                cancelled.insert(r.envelope.unwrap());
+                if r.outcome == "cancelled" {
+                    cancelled.insert(r.envelope.unwrap());
+                }
             }
         }
         let delivered = receiver.delivered();
@@ -433,5 +436,86 @@ impl Scenario {
     /// The account of `published`, read through `view` (see [`account`]).
     pub async fn account(&self, view: &TestLadder, published: &[String]) -> Account {
         account(view, &self.receiver, published, &self.cancelled).await
+    }
+}
+
+/// What the attempt log's stream holds of a scenario: the envelopes with a `delivered` record,
+/// and the records in all, read through `view` once the worker has stopped.
+pub struct Records {
+    pub delivered: HashSet<String>,
+    pub records: usize,
+}
+
+impl Records {
+    pub async fn read(view: &TestLadder) -> Self {
+        use hookrelay::broker::streams::{StreamReadError, end_of, read_window};
+        let stream = view
+            .ladder
+            .stream(hookrelay::contract::retention::StreamKind::Attempts);
+        let mut this = Self {
+            delivered: HashSet::new(),
+            records: 0,
+        };
+        let Some(end) = end_of(&view.conn, &stream, None).await.unwrap() else {
+            return this;
+        };
+        read_window::<StreamReadError>(
+            &view.conn,
+            &stream,
+            std::time::UNIX_EPOCH,
+            end,
+            |_| (),
+            async |d| {
+                for r in hookrelay::observe::events::AttemptRecord::read_message(&d.data).unwrap() {
+                    this.records += 1;
+                    if r.outcome == "delivered"
+                        && let Some(id) = r.envelope
+                    {
+                        this.delivered.insert(id);
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+        this
+    }
+
+    /// Waits (at most [`SETTLE`]) until every envelope the endpoint got has its `delivered`
+    /// record. A delivery a killed worker made but never acked is delivered again, perhaps
+    /// late (deferred behind a full endpoint cap), and recorded only then: the account counts
+    /// it delivered already.
+    pub async fn wait(view: &TestLadder, receiver: &Receiver) {
+        wait_until(SETTLE, async || {
+            let records = Self::read(view).await;
+            receiver
+                .delivered()
+                .keys()
+                .all(|id| records.delivered.contains(id))
+        })
+        .await;
+    }
+
+    /// Every envelope the endpoint got has its `delivered` record: no record lost. (A record
+    /// may be stored twice, when a batch is sent again after a lost confirm.)
+    pub fn check(&self, scenario: &str, receiver: &Receiver) {
+        let delivered = receiver.delivered();
+        let unrecorded: Vec<&String> = delivered
+            .keys()
+            .filter(|id| !self.delivered.contains(*id))
+            .collect();
+        println!(
+            "RECORD-TABLE | {scenario} | delivered {} | records {} | delivered without a record {} |",
+            delivered.len(),
+            self.records,
+            unrecorded.len()
+        );
+        assert!(
+            unrecorded.is_empty(),
+            "{scenario}: {} deliveries without their record: {:?}",
+            unrecorded.len(),
+            &unrecorded[..unrecorded.len().min(10)]
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The worker process is killed mid-load and started again.
 
 use crate::common;
-use crate::harness::{N, Scenario};
+use crate::harness::{N, Records, Scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_load_loses_nothing() {
@@ -26,7 +26,17 @@ async fn a_worker_killed_mid_load_loses_nothing() {
     let mut second = spawn();
     let published = load.await.unwrap();
     let a = sc.account(&sc.t, &published).await;
-    second.start_kill().unwrap();
+    Records::wait(&sc.t, &sc.receiver).await;
+    // The second worker stops as it is told to (SIGTERM), so the records it holds leave: only
+    // the first one's kill is under test.
+    let pid = second.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let _ = second.wait().await;
     // Only what the killed worker had in flight (its prefetch) can be delivered twice, and the
     // endpoint saw each duplicate with its envelope's own webhook-id.
@@ -34,4 +44,9 @@ async fn a_worker_killed_mid_load_loses_nothing() {
     for r in sc.receiver.records() {
         assert_eq!(r.id, r.idempotency_key);
     }
+    // A delivery is acked only once its record is stored: the killed worker's unrecorded
+    // deliveries were still unacked, and the second worker delivered and recorded them.
+    Records::read(&sc.t)
+        .await
+        .check("worker kill -9 and restart", &sc.receiver);
 }

@@ -52,6 +52,7 @@ use crate::kit::{
 };
 
 pub mod amqp;
+pub mod beside;
 pub mod cpu;
 pub mod history;
 pub mod noisy;
@@ -107,6 +108,12 @@ pub struct BenchOptions {
     /// The ladders of the throughput and failure-path runs without their streams (archive
     /// and attempt log), so hookrelay publishes no more per delivery than the raw loops do.
     pub streams_off: bool,
+    /// The ladders without the archive alone (`--no-archive`) or the attempt log alone
+    /// (`--no-attempt-log`), to tell each stream's share.
+    pub archive_off: bool,
+    pub attempt_log_off: bool,
+    /// `hookrelay history` runs beside the worker in the success path (`--with-history`).
+    pub with_history: bool,
     /// The success path's events carry a realistic payload ([`realistic_body`]) whose type the
     /// subscriptions file's catalog lists with [`REALISTIC_SCHEMA`] in this mode: `enforce`
     /// validates every event, `off` is the same run without validation. `None`: the usual
@@ -117,8 +124,10 @@ pub struct BenchOptions {
 impl BenchOptions {
     /// `ladder`, without its streams if the options say so.
     fn streams(&self, mut ladder: Ladder) -> Ladder {
-        if self.streams_off {
+        if self.streams_off || self.archive_off {
             ladder.archive = None;
+        }
+        if self.streams_off || self.attempt_log_off {
             ladder.attempts = None;
         }
         ladder
@@ -141,6 +150,9 @@ impl Default for BenchOptions {
             keep_attempt_log: false,
             failure_path: false,
             streams_off: false,
+            archive_off: false,
+            attempt_log_off: false,
+            with_history: false,
             schema: None,
         }
     }
@@ -188,6 +200,10 @@ pub struct BenchReport {
     pub attempt_log_kept: bool,
     /// Whether the ladders had no streams (`--streams-off`).
     pub streams_off: bool,
+    /// Whether the ladders had no archive (`--no-archive`) or no attempt log
+    /// (`--no-attempt-log`).
+    pub archive_off: bool,
+    pub attempt_log_off: bool,
     /// Only throughput was measured.
     pub throughput_only: bool,
     /// Every attempt answered 503: messages into their next queue per second, the raw loop's
@@ -202,6 +218,10 @@ pub struct BenchReport {
     pub failure_retry_ratio: f64,
     /// The catalog's mode for the success path's realistic payload (`--schema`), if any.
     pub schema: Option<String>,
+    /// What the success path's streams gained: messages, bytes, records, per delivery.
+    pub streams: Option<beside::StreamCounts>,
+    /// `hookrelay history` beside the worker (`--with-history`): rows, and its lag at the end.
+    pub history_beside: Option<beside::HistoryBesideReport>,
 }
 
 /// The sink: answers 204, counts, and (when asked) records publish-to-arrival latency from the
@@ -608,6 +628,8 @@ pub async fn run(
         isolation_backlog: options.isolation_backlog,
         attempt_log_kept: options.keep_attempt_log,
         streams_off: options.streams_off,
+        archive_off: options.archive_off,
+        attempt_log_off: options.attempt_log_off,
         schema: options.schema.map(|m| m.as_str().to_owned()),
         throughput_only: options.throughput_only,
         ..BenchReport::default()
@@ -681,6 +703,11 @@ pub async fn run(
             )
             .await?;
     }
+    let history_beside = if options.with_history {
+        Some(beside::HistoryBeside::start(&binaries.worker, config, &ladder).await?)
+    } else {
+        None
+    };
     let result = run_hookrelay(
         config,
         options,
@@ -693,6 +720,16 @@ pub async fn run(
         &mut report,
     )
     .await;
+    if result.is_ok() && options.throughput_only {
+        // What the streams took, once the last records are in.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let counts = beside::count(&conn, &ladder, report.hookrelay.deliveries).await;
+        if let Some(history) = history_beside {
+            let end = counts.attempts.map_or(0, |a| a.messages);
+            report.history_beside = Some(history.finish(end).await);
+        }
+        report.streams = Some(counts);
+    }
     let _ = topology.delete(&channel).await;
     let result = match result {
         Ok(()) if options.failure_path => {
@@ -1776,6 +1813,10 @@ impl BenchReport {
                 "; a queue keeps the attempt log".to_owned()
             } else if self.streams_off {
                 "; ladders without streams (no archive, no attempt log)".to_owned()
+            } else if self.archive_off {
+                "; ladders without the archive".to_owned()
+            } else if self.attempt_log_off {
+                "; ladders without the attempt log".to_owned()
             } else {
                 String::new()
             } + &self
@@ -1795,7 +1836,16 @@ impl BenchReport {
                 &self.ceiling,
                 "hookrelay worker",
                 &self.hookrelay
-            ),
+            ) + &self
+                .streams
+                .as_ref()
+                .map(beside::StreamCounts::line)
+                .unwrap_or_default()
+                + &self
+                    .history_beside
+                    .as_ref()
+                    .map(beside::HistoryBesideReport::line)
+                    .unwrap_or_default(),
             rate = self.latency_rate_per_s,
             lp50 = self.latency.p50_ms,
             lp99 = self.latency.p99_ms,

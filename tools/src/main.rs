@@ -123,6 +123,16 @@ struct BenchArgs {
     /// failure-path runs: hookrelay then publishes no more per delivery than the raw loops.
     #[arg(long, conflicts_with = "keep_attempt_log")]
     streams_off: bool,
+    /// Ladders without the archive alone: with --no-attempt-log, each stream's share.
+    #[arg(long)]
+    no_archive: bool,
+    /// Ladders without the attempt log alone.
+    #[arg(long)]
+    no_attempt_log: bool,
+    /// `hookrelay history` beside the worker in the success path (--throughput-only), into a
+    /// database of its own: its cost shows in the ratio, its lag after the last delivery below.
+    #[arg(long)]
+    with_history: bool,
     /// Measure throughput only (skips latency, promotion precision and isolation).
     #[arg(long)]
     throughput_only: bool,
@@ -333,6 +343,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 precision_rate: args.precision_rate,
                 keep_attempt_log: args.keep_attempt_log,
                 streams_off: args.streams_off,
+                archive_off: args.no_archive,
+                attempt_log_off: args.no_attempt_log,
+                with_history: args.with_history,
                 failure_path: args.failure_path,
                 schema: args.schema,
                 ..Default::default()

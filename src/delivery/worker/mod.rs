@@ -38,6 +38,7 @@ use crate::broker::publish::{PublishError, Publisher};
 use crate::catalog::{Catalog, LiveCatalog};
 use crate::config::Config;
 use crate::contract::ladder::Ladder;
+use crate::contract::retention::StreamKind;
 use crate::delivery::amqp::AmqpSender;
 use crate::delivery::dispatch::Dispatcher;
 use crate::delivery::egress::{EgressPolicy, Lookup, SystemLookup};
@@ -247,6 +248,10 @@ impl Worker {
             notice_publisher,
             ladder.events_exchange(),
             ladder.attempts_exchange(),
+            ladder
+                .streams()
+                .iter()
+                .any(|(kind, _)| *kind == StreamKind::Attempts),
             metrics.clone(),
         );
         let listed = list_queues(&config).await;
