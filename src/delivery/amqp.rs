@@ -593,3 +593,72 @@ fn classify(e: &lapin::Error, target: &AmqpTarget) -> (AttemptResult, String) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EgressConfig;
+    use crate::delivery::egress::SystemLookup;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Attempts that find no link wait for the one connect under way and share its failure:
+    /// a partner that takes TCP and never answers gets one connection, not one per attempt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_attempts_share_one_connect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = Arc::clone(&accepted);
+        let hang = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let config = HttpConfig {
+            connect_timeout: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(10),
+            ..HttpConfig::default()
+        };
+        let policy = Arc::new(EgressPolicy::from_config(&EgressConfig {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..EgressConfig::default()
+        }));
+        let sender = AmqpSender::new(&config, policy, Arc::new(SystemLookup));
+        let url: reqwest::Url = format!("amqp://127.0.0.1:{port}/%2f").parse().unwrap();
+        let target = AmqpTarget {
+            exchange: "hooks".into(),
+            routing_key: None,
+        };
+        let id = EnvelopeId::parse("evt_1").unwrap();
+        let attempts = (0..8).map(|_| {
+            sender.send(AmqpMessage {
+                subscription: "sub_1",
+                url: &url,
+                target: &target,
+                event_type: "order.created",
+                id: &id,
+                attempt: 1,
+                timestamp: 0,
+                signature: String::new(),
+                body: Bytes::from_static(b"{}"),
+                extra: Vec::new(),
+                login: None,
+                client_tls: None,
+            })
+        });
+        let reports = futures_util::future::join_all(attempts).await;
+        for r in &reports {
+            assert!(
+                matches!(&r.result, AttemptResult::Transport(e)
+                    if e.contains("did not complete the connection")),
+                "{:?}",
+                r.result
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(sender.retain_live(|_| true), 0, "no link is left");
+        hang.abort();
+    }
+}
