@@ -31,12 +31,13 @@ use crate::delivery::route::AttemptResult;
 use crate::subscriptions::AmqpTarget;
 use crate::subscriptions::destination;
 
-/// Idle connections kept per destination: as many as the default endpoint cap lets be in use,
-/// so a destination kept busy at its cap reuses every connection instead of opening one per
-/// publish (the bench measured that at 2 % of a raw loop). More are opened while more attempts
-/// are out (a higher cap) and closed when they come back to a full pool.
-pub const MAX_IDLE_PER_DESTINATION: usize = 64;
-/// An idle connection this old is closed: a partner is not held open for nothing.
+/// Links (a connection and its confirm-mode channel) per destination. Publishes are pipelined:
+/// every attempt on a link publishes at once and waits for its own confirm, so a few links
+/// carry a destination at its cap; a new one is opened only while every link has a publish
+/// out, one connect at a time.
+pub const LINKS_PER_DESTINATION: usize = 4;
+/// A link with nothing in flight for this long is closed: a partner is not held open for
+/// nothing.
 pub const IDLE_CLOSE: Duration = Duration::from_secs(60);
 
 /// One publish, ready to send.
@@ -134,23 +135,46 @@ impl Drop for Shutter {
     }
 }
 
-/// An open connection and its confirm-mode channel.
+/// An open connection and its confirm-mode channel, shared by the attempts in flight on it.
 struct Link {
     connection: Connection,
     channel: Channel,
     fingerprint: [u8; 32],
-    idle_since: Instant,
     _shutter: Shutter,
 }
 
 impl Link {
+    /// False once the broker closed the channel (a 404 does) or the connection broke.
     fn usable(&self) -> bool {
         self.connection.status().connected() && self.channel.status().connected()
     }
 }
 
+/// A link in a pool; the pool's `Arc` plus one per attempt in flight on it.
+struct Pooled {
+    link: Arc<Link>,
+    last_used: Instant,
+}
+
+impl Pooled {
+    fn in_flight(&self) -> usize {
+        Arc::strong_count(&self.link) - 1
+    }
+}
+
+/// How a connect round ended, as its waiters learn it.
+type RoundResult = Option<Result<(), ConnectError>>;
+
+/// A destination's links, and the connect under way if there is one (the connect guard:
+/// attempts that find no link wait for it instead of each opening a connection).
+#[derive(Default)]
+struct Pool {
+    links: Vec<Pooled>,
+    connecting: Option<tokio::sync::watch::Receiver<RoundResult>>,
+}
+
 /// Why a connection was not made.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum ConnectError {
     Denied(String),
     Failed(String),
@@ -162,8 +186,8 @@ pub struct AmqpSender {
     config: HttpConfig,
     policy: Arc<EgressPolicy>,
     resolver: GuardedResolver,
-    /// Idle links by subscription id.
-    pools: Arc<Mutex<HashMap<String, Vec<Link>>>>,
+    /// Links by subscription id.
+    pools: Arc<Mutex<HashMap<String, Pool>>>,
 }
 
 impl std::fmt::Debug for AmqpSender {
@@ -185,35 +209,86 @@ impl AmqpSender {
         }
     }
 
-    /// Closes the idle connections of subscriptions `is_live` no longer knows, and those idle
-    /// longer than [`IDLE_CLOSE`]; returns how many stay open.
+    /// Closes the links of subscriptions `is_live` no longer knows, those with nothing in
+    /// flight for [`IDLE_CLOSE`] and those the broker closed; returns how many stay open. A
+    /// closed link's socket is shut when its last attempt lets go of it.
     pub fn retain_live(&self, is_live: impl Fn(&str) -> bool) -> usize {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.retain(|id, links| {
-            links.retain(|l| l.idle_since.elapsed() < IDLE_CLOSE && l.usable());
-            is_live(id) && !links.is_empty()
+        pools.retain(|id, pool| {
+            pool.links.retain(|l| {
+                (l.in_flight() > 0 || l.last_used.elapsed() < IDLE_CLOSE) && l.link.usable()
+            });
+            is_live(id) && (!pool.links.is_empty() || pool.connecting.is_some())
         });
-        pools.values().map(Vec::len).sum()
+        pools.values().map(|p| p.links.len()).sum()
     }
 
-    fn take(&self, subscription: &str, fingerprint: [u8; 32]) -> Option<Link> {
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let links = pools.get_mut(subscription)?;
-        links.retain(|l| l.fingerprint == fingerprint && l.usable());
-        while let Some(link) = links.pop() {
-            if link.idle_since.elapsed() < IDLE_CLOSE {
-                return Some(link);
-            }
+    /// A link to publish on: the least busy one, a new one while all are busy and the pool is
+    /// not full, or the one another attempt is opening. Waits hold no lock; the caller's
+    /// timeout bounds them.
+    async fn lease(
+        &self,
+        message: &AmqpMessage<'_>,
+        fingerprint: [u8; 32],
+    ) -> Result<Lease, ConnectError> {
+        loop {
+            let (mut round, guard) = {
+                let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+                let pool = pools.entry(message.subscription.to_owned()).or_default();
+                pool.links
+                    .retain(|l| l.link.fingerprint == fingerprint && l.link.usable());
+                let least = pool.links.iter().min_by_key(|l| l.in_flight());
+                if let Some(l) = least
+                    && (l.in_flight() == 0
+                        || pool.links.len() >= LINKS_PER_DESTINATION
+                        || pool.connecting.is_some())
+                {
+                    return Ok(self.lease_of(message.subscription, Arc::clone(&l.link)));
+                }
+                match &pool.connecting {
+                    Some(round) => (round.clone(), None),
+                    None => {
+                        let (tx, rx) = tokio::sync::watch::channel(None);
+                        pool.connecting = Some(rx.clone());
+                        let guard = ConnectGuard {
+                            pools: Arc::clone(&self.pools),
+                            subscription: message.subscription.to_owned(),
+                            round: tx,
+                        };
+                        (rx, Some(guard))
+                    }
+                }
+            };
+            let Some(guard) = guard else {
+                // Another attempt connects: its failure is this attempt's too (no stampede on
+                // a partner that is down); after a success, or if it gave up, look again.
+                if let Ok(ended) = round.wait_for(Option::is_some).await
+                    && let Some(Err(e)) = &*ended
+                {
+                    return Err(e.clone());
+                }
+                continue;
+            };
+            return match self.connect(message, fingerprint).await {
+                Ok(link) => {
+                    let link = Arc::new(link);
+                    guard.finish(Ok(()), Some(Arc::clone(&link)));
+                    Ok(self.lease_of(message.subscription, link))
+                }
+                Err(e) => {
+                    guard.finish(Err(e.clone()), None);
+                    Err(e)
+                }
+            };
         }
-        None
     }
 
-    fn give_back(&self, subscription: &str, mut link: Link) {
-        link.idle_since = Instant::now();
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let links = pools.entry(subscription.to_owned()).or_default();
-        if links.len() < MAX_IDLE_PER_DESTINATION {
-            links.push(link);
+    fn lease_of(&self, subscription: &str, link: Arc<Link>) -> Lease {
+        Lease {
+            pools: Arc::clone(&self.pools),
+            subscription: subscription.to_owned(),
+            link,
+            healthy: false,
         }
     }
 
@@ -241,21 +316,19 @@ impl AmqpSender {
 
     async fn send_unbounded(&self, message: &AmqpMessage<'_>) -> (AttemptResult, String) {
         let fingerprint = message.fingerprint();
-        let link = match self.take(message.subscription, fingerprint) {
-            Some(link) => link,
-            None => match self.connect(message, fingerprint).await {
-                Ok(link) => link,
-                Err(ConnectError::Denied(why)) => {
-                    return (AttemptResult::EgressDenied(why), String::new());
-                }
-                Err(ConnectError::Failed(why)) => {
-                    return (AttemptResult::Transport(why), String::new());
-                }
-            },
+        let mut lease = match self.lease(message, fingerprint).await {
+            Ok(lease) => lease,
+            Err(ConnectError::Denied(why)) => {
+                return (AttemptResult::EgressDenied(why), String::new());
+            }
+            Err(ConnectError::Failed(why)) => {
+                return (AttemptResult::Transport(why), String::new());
+            }
         };
         let routing_key = message.target.routing_key_for(message.event_type);
         let published = async {
-            let confirm = link
+            let confirm = lease
+                .link
                 .channel
                 .basic_publish(
                     message.target.exchange.as_str().into(),
@@ -297,9 +370,11 @@ impl AmqpSender {
                 AttemptResult::NotSent("the channel is not in confirm mode".into()),
                 String::new(),
             ),
+            // The lease, not kept, takes the link out of the pool: the next attempt gets a
+            // fresh one.
             Err(e) => return classify(&e, message.target),
         };
-        self.give_back(message.subscription, link);
+        lease.healthy = true;
         (result, excerpt)
     }
 
@@ -363,7 +438,6 @@ impl AmqpSender {
             connection,
             channel,
             fingerprint,
-            idle_since: Instant::now(),
             _shutter: shutter,
         })
     }
@@ -385,6 +459,74 @@ impl AmqpSender {
             .into_iter()
             .map(|ip| SocketAddr::new(ip, port))
             .collect())
+    }
+}
+
+/// An attempt's hold on a link. Dropped unhealthy (the publish failed, or the attempt timed
+/// out and was dropped mid-publish) it takes the link out of the pool, so no later attempt
+/// waits on it; the link's socket is shut when the last attempt on it lets go.
+struct Lease {
+    pools: Arc<Mutex<HashMap<String, Pool>>>,
+    subscription: String,
+    link: Arc<Link>,
+    healthy: bool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pool) = pools.get_mut(&self.subscription) else {
+            return;
+        };
+        if self.healthy {
+            if let Some(l) = pool
+                .links
+                .iter_mut()
+                .find(|l| Arc::ptr_eq(&l.link, &self.link))
+            {
+                l.last_used = Instant::now();
+            }
+        } else {
+            pool.links.retain(|l| !Arc::ptr_eq(&l.link, &self.link));
+        }
+    }
+}
+
+/// The connect under way for a destination. However it ends (done, failed, or dropped with
+/// its attempt's timeout) the pool stops waiting on it and its waiters wake.
+struct ConnectGuard {
+    pools: Arc<Mutex<HashMap<String, Pool>>>,
+    subscription: String,
+    round: tokio::sync::watch::Sender<RoundResult>,
+}
+
+impl ConnectGuard {
+    /// Puts the new link in the pool and tells the waiters how the connect went.
+    fn finish(self, result: Result<(), ConnectError>, link: Option<Arc<Link>>) {
+        if let Some(link) = link {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(pool) = pools.get_mut(&self.subscription) {
+                pool.links.push(Pooled {
+                    link,
+                    last_used: Instant::now(),
+                });
+            }
+        }
+        self.round.send_replace(Some(result));
+    }
+}
+
+impl Drop for ConnectGuard {
+    fn drop(&mut self) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = pools.get_mut(&self.subscription)
+            && pool
+                .connecting
+                .as_ref()
+                .is_some_and(|r| r.same_channel(&self.round.subscribe()))
+        {
+            pool.connecting = None;
+        }
     }
 }
 
@@ -449,5 +591,74 @@ fn classify(e: &lapin::Error, target: &AmqpTarget) -> (AttemptResult, String) {
             AttemptResult::Transport(format!("the publish failed: {e}")),
             String::new(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EgressConfig;
+    use crate::delivery::egress::SystemLookup;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Attempts that find no link wait for the one connect under way and share its failure:
+    /// a partner that takes TCP and never answers gets one connection, not one per attempt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_attempts_share_one_connect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = Arc::clone(&accepted);
+        let hang = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let config = HttpConfig {
+            connect_timeout: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(10),
+            ..HttpConfig::default()
+        };
+        let policy = Arc::new(EgressPolicy::from_config(&EgressConfig {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..EgressConfig::default()
+        }));
+        let sender = AmqpSender::new(&config, policy, Arc::new(SystemLookup));
+        let url: reqwest::Url = format!("amqp://127.0.0.1:{port}/%2f").parse().unwrap();
+        let target = AmqpTarget {
+            exchange: "hooks".into(),
+            routing_key: None,
+        };
+        let id = EnvelopeId::parse("evt_1").unwrap();
+        let attempts = (0..8).map(|_| {
+            sender.send(AmqpMessage {
+                subscription: "sub_1",
+                url: &url,
+                target: &target,
+                event_type: "order.created",
+                id: &id,
+                attempt: 1,
+                timestamp: 0,
+                signature: String::new(),
+                body: Bytes::from_static(b"{}"),
+                extra: Vec::new(),
+                login: None,
+                client_tls: None,
+            })
+        });
+        let reports = futures_util::future::join_all(attempts).await;
+        for r in &reports {
+            assert!(
+                matches!(&r.result, AttemptResult::Transport(e)
+                    if e.contains("did not complete the connection")),
+                "{:?}",
+                r.result
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(sender.retain_live(|_| true), 0, "no link is left");
+        hang.abort();
     }
 }
