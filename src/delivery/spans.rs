@@ -21,7 +21,7 @@ use crate::contract::trace_context;
 use crate::delivery::lane::{Lane, LaneKind};
 use crate::delivery::route::{AttemptResult, Outcome};
 pub(crate) use crate::observe::traces::Traced;
-use crate::observe::traces::redacted_url;
+use crate::observe::traces::{publish_builder, redacted_url};
 use crate::subscriptions::AmqpTarget;
 
 /// The span of one delivery's processing, child of the context its headers carry.
@@ -87,19 +87,15 @@ pub(crate) fn publish_attempt(
             "" => "amq.default",
             named => named,
         };
-        tracer
-            .span_builder(format!("publish {exchange}"))
-            .with_kind(SpanKind::Producer)
-            .with_attributes([
-                KeyValue::new("messaging.system", "rabbitmq"),
-                KeyValue::new("messaging.operation.type", "send"),
-                KeyValue::new("messaging.operation.name", "publish"),
-                KeyValue::new("messaging.destination.name", exchange.to_owned()),
+        publish_builder(
+            tracer,
+            exchange,
+            envelope.id.as_str(),
+            [
                 KeyValue::new(
                     "messaging.rabbitmq.destination.routing_key",
                     target.routing_key_for(&envelope.event_type).to_owned(),
                 ),
-                KeyValue::new("messaging.message.id", envelope.id.as_str().to_owned()),
                 KeyValue::new(
                     "server.address",
                     url.host_str().unwrap_or_default().to_owned(),
@@ -109,7 +105,8 @@ pub(crate) fn publish_attempt(
                     i64::from(url.port_or_known_default().unwrap_or(5672)),
                 ),
                 KeyValue::new("hookrelay.attempt", i64::from(envelope.attempts_made + 1)),
-            ])
+            ],
+        )
     })
 }
 

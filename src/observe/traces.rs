@@ -540,20 +540,31 @@ impl Sender<'_> {
 pub fn publish_span(exchange: &str, id: &str, parent: Option<&Context>) -> Traced {
     let root = Context::new();
     Traced::start(
-        |tracer| {
-            tracer
-                .span_builder(format!("publish {exchange}"))
-                .with_kind(SpanKind::Producer)
-                .with_attributes([
-                    KeyValue::new("messaging.system", "rabbitmq"),
-                    KeyValue::new("messaging.operation.type", "send"),
-                    KeyValue::new("messaging.operation.name", "publish"),
-                    KeyValue::new("messaging.destination.name", exchange.to_owned()),
-                    KeyValue::new("messaging.message.id", id.to_owned()),
-                ])
-        },
+        |tracer| publish_builder(tracer, exchange, id, []),
         parent.unwrap_or(&root),
     )
+}
+
+/// A messaging `publish <exchange>` producer span, with `more` attributes beside the
+/// conventions' own: hookrelay's publish of an event, and an attempt into a partner's broker.
+pub fn publish_builder(
+    tracer: &SdkTracer,
+    exchange: &str,
+    id: &str,
+    more: impl IntoIterator<Item = KeyValue>,
+) -> opentelemetry::trace::SpanBuilder {
+    let mut attributes = vec![
+        KeyValue::new("messaging.system", "rabbitmq"),
+        KeyValue::new("messaging.operation.type", "send"),
+        KeyValue::new("messaging.operation.name", "publish"),
+        KeyValue::new("messaging.destination.name", exchange.to_owned()),
+        KeyValue::new("messaging.message.id", id.to_owned()),
+    ];
+    attributes.extend(more);
+    tracer
+        .span_builder(format!("publish {exchange}"))
+        .with_kind(SpanKind::Producer)
+        .with_attributes(attributes)
 }
 
 /// `url.full` of an attempt: user information and every query value replaced by `REDACTED`
