@@ -268,6 +268,10 @@ impl<T> Queue<T> {
     /// Everything queued, in the order it came.
     fn take(&self) -> Vec<T> {
         let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        // An idle tick takes nothing and leaves the room it has.
+        if spans.is_empty() {
+            return Vec::new();
+        }
         std::mem::replace(&mut *spans, Vec::with_capacity(self.batch))
     }
 }
