@@ -690,7 +690,7 @@ async fn floor(
 }
 
 /// The worker's `hookrelay_deferrals_total`, for one reason or all; 0 when unreadable.
-async fn deferrals(client: &reqwest::Client, url: &str, reason: Option<&str>) -> u64 {
+pub(super) async fn deferrals(client: &reqwest::Client, url: &str, reason: Option<&str>) -> u64 {
     let label = reason.map(|r| format!("reason=\"{r}\""));
     counter(client, url, "hookrelay_deferrals_total", label.as_slice()).await
 }
