@@ -845,7 +845,7 @@ async fn delivered_records(conn: &Connection, stream: &str) -> Option<Kept> {
     .await
     .ok()?;
     let mut outcomes: Vec<(String, u64)> = outcomes.into_iter().collect();
-    outcomes.sort_by(|a, b| b.1.cmp(&a.1));
+    outcomes.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     Some(Kept {
         records,
         delivered: delivered.len(),
