@@ -280,25 +280,43 @@ impl Settler {
                 return self.requeue(acker, why, self.requeue_delay).await;
             }
         };
-        let stored = match replacement {
-            Replacement::Nothing => Ok(()),
-            // A cancellation is a terminal state only the records hold: they are confirmed
-            // before the ack, as a dead letter is.
-            Replacement::Records => {
-                self.store(id, acker, "attempts", vec![()], lease_end, |()| {
-                    self.record_cancellation(lane, properties, envelope, &attempted)
-                })
-                .await
-            }
-            Replacement::Publish { target, messages } => {
-                self.store(id, acker, &target, messages, lease_end, |m| async move {
-                    self.publisher
-                        .publish(&m.exchange, &m.routing_key, body, m.properties)
-                        .await
-                })
-                .await
+        // The replacement and the records are stored side by side, and the ack waits for both:
+        // after the replacement's confirm, the records' linger and confirm would add to every
+        // retry's time in flight. (A record whose replacement was not stored stays: the attempt
+        // it tells of was made, and the delivery's next attempt gets a record of its own.)
+        let cancelled = matches!(outcome, Outcome::Cancelled { .. });
+        let store = async {
+            match replacement {
+                Replacement::Nothing => Ok(()),
+                // A cancellation is a terminal state only the records hold: they are confirmed
+                // before the ack, as a dead letter is.
+                Replacement::Records => {
+                    self.store(id, acker, "attempts", vec![()], lease_end, |()| {
+                        self.record_cancellation(lane, properties, envelope, &attempted)
+                    })
+                    .await
+                }
+                Replacement::Publish { target, messages } => {
+                    self.store(id, acker, &target, messages, lease_end, |m| async move {
+                        self.publisher
+                            .publish(&m.exchange, &m.routing_key, body, m.properties)
+                            .await
+                    })
+                    .await
+                }
             }
         };
+        // Its records before its ack (a cancellation's are stored with its replacement): acked
+        // first, a delivery would be left without a record should the worker die before the
+        // broker took them. (Counted already: one not stored is counted again when delivered
+        // again, as one whose ack is lost is.)
+        let records = async {
+            cancelled
+                || self
+                    .log(lane, properties, envelope, &attempted, lease_end)
+                    .await
+        };
+        let (stored, logged) = tokio::join!(store, records);
         if let Err(why) = stored {
             error!(envelope = %id, error = %why, retry_helps = why.retry_helps(), "Outcome not stored (lease nearly spent, or the drain is over); returning the message to its lane");
             // No pause once the drain is over: the worker is about to close the connection.
@@ -316,16 +334,7 @@ impl Settler {
                 .await;
         }
         self.settled(lane, id, envelope, &attempted);
-        // Its records before its ack (a cancellation's are stored above): acked first, a
-        // delivery would be left without a record should the worker die before the broker
-        // took them. (Counted already: one not stored is counted again when delivered again,
-        // as one whose ack is lost is.)
-        let cancelled = matches!(outcome, Outcome::Cancelled { .. });
-        if !cancelled
-            && !self
-                .log(lane, properties, envelope, &attempted, lease_end)
-                .await
-        {
+        if !logged {
             warn!(envelope = %id, "Attempt record not stored (lease nearly spent, or the worker is stopping); returning the message to its lane");
             let pause = if self.abandon.is_cancelled() {
                 Duration::ZERO
