@@ -368,12 +368,7 @@ async fn a_worker_sees_each_change_of_the_store_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_returns() {
-    let port = common::node::free_port();
-    let node = Arc::new(
-        tokio::task::spawn_blocking(move || PgNode::start(port))
-            .await
-            .unwrap(),
-    );
+    let node = PgNode::started().await;
     let db = TestDb::create_on(&node.url()).await;
     let store = db.store().await;
     let Repointable {
@@ -459,12 +454,7 @@ async fn deliveries_go_on_while_the_store_is_down_and_changes_resume_when_it_ret
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_the_store_cannot_serve_waits_in_a_tier_and_holds_no_slot() {
-    let port = common::node::free_port();
-    let node = Arc::new(
-        tokio::task::spawn_blocking(move || PgNode::start(port))
-            .await
-            .unwrap(),
-    );
+    let node = PgNode::started().await;
     let db = TestDb::create_on(&node.url()).await;
     let store = db.store().await;
     let t = TestLadder::apply("store-miss-slot", &["1s"], &["1s", "1s"]).await;

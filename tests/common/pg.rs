@@ -76,6 +76,17 @@ fn nix_is_root() -> bool {
 }
 
 impl PgNode {
+    /// A node of the test's own on a free port, started off the runtime's threads (`initdb`
+    /// and the server's start take a while); shared, as tests stop and start it from tasks.
+    pub async fn started() -> std::sync::Arc<Self> {
+        let port = super::node::free_port();
+        std::sync::Arc::new(
+            tokio::task::spawn_blocking(move || Self::start(port))
+                .await
+                .unwrap(),
+        )
+    }
+
     pub fn start(port: u16) -> Self {
         let bin = pg_bin();
         let dir =
