@@ -171,6 +171,22 @@ pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
+/// An error with every cause under it, `outer: inner: innermost` (a client library's outer
+/// message alone, "error sending request", does not say what went wrong).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = inner.source();
+    }
+    text
+}
+
 /// At most `max` bytes of `text`, cut back to a character boundary.
 pub fn cut(text: &str, max: usize) -> &str {
     if text.len() <= max {

@@ -12,6 +12,16 @@ use serde_json::{Map, Value};
 use crate::broker::drift::{BrokerBinding, BrokerExchange, BrokerObjects, BrokerQueue};
 use crate::config::SecretUrl;
 
+/// How long an idle connection to the management API is kept for the next request: under the
+/// 5 s after which RabbitMQ 4's listener closes it.
+const POOL_IDLE: Duration = Duration::from_secs(3);
+
+/// A request that failed on its connection before any answer came (not a timeout, not a
+/// refused connect): the server closed a pooled connection as it was reused.
+fn is_stale_connection(e: &reqwest::Error) -> bool {
+    e.is_request() && !e.is_timeout() && !e.is_connect()
+}
+
 /// The pauses before each repeat of a `GET` the API answered with a server error: about 1.5 s
 /// in all, far longer than a stream takes to start.
 const GET_RETRY_PAUSES: [Duration; 5] = [
@@ -80,6 +90,9 @@ impl Management {
         let _ = base.set_password(None);
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
+            // RabbitMQ 4's management listener closes a keep-alive connection after 5 s without
+            // a request (Cowboy's `request_timeout`); one kept longer is gone when reused.
+            .pool_idle_timeout(POOL_IDLE)
             .no_proxy()
             .build()
             .map_err(|e| ManagementError::BadUrl(e.to_string()))?;
@@ -135,9 +148,18 @@ impl Management {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req.send().await.map_err(|e| ManagementError::Unreachable {
+        // A connection the server closed as it was reused fails before any answer: the request
+        // is sent once more on a fresh one. Every request of this client may be repeated (reads,
+        // and writes that put or delete a whole object); a timeout is not repeated.
+        let resend = req.try_clone();
+        let resp = match (req.send().await, resend) {
+            (Ok(resp), _) => Ok(resp),
+            (Err(e), Some(again)) if is_stale_connection(&e) => again.send().await,
+            (Err(e), _) => Err(e),
+        }
+        .map_err(|e| ManagementError::Unreachable {
             url: self.shown.clone(),
-            message: e.to_string(),
+            message: crate::units::error_chain(&e),
         })?;
         let status = resp.status().as_u16();
         if resp.status().is_success() {
