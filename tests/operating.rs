@@ -69,7 +69,14 @@ async fn the_worker_serves_metrics_health_and_readiness() {
     let (mut status, mut text) = (0, String::new());
     wait_until(WAIT, async || {
         (status, text) = http_get(addr, "/metrics").await;
-        sample(&text, "hookrelay_broker_stats_up") == Some(1.0) && text.contains(&tier_gauge)
+        // An outcome is counted once settled (its record confirmed, the delivery acked), a
+        // moment after the endpoint answered.
+        sample(&text, "hookrelay_broker_stats_up") == Some(1.0)
+            && text.contains(&tier_gauge)
+            && text.contains(&format!(
+                "hookrelay_outcomes_total{{lane=\"{}\",outcome=\"delivered\"}}",
+                t.ladder.retry_lane()
+            ))
     })
     .await;
     assert_eq!(status, 200);
