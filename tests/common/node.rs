@@ -24,6 +24,12 @@ impl Deref for Node {
     }
 }
 
+impl From<node::Node> for Node {
+    fn from(node: node::Node) -> Self {
+        Node(node)
+    }
+}
+
 impl Node {
     /// Starts a node and waits until it serves AMQP and the management API.
     pub fn start(tag: &str) -> Node {

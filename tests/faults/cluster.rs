@@ -106,9 +106,12 @@ async fn losing_a_node_that_leads_shards_loses_nothing_and_the_other_shards_keep
     let held = HeldInTiers::measure(&nodes, &view).await;
     worker.stop().await;
     let led = leader_of.values().filter(|n| **n == victim).count();
-    a.check_in_cluster(
-        &format!("cluster: node leading {led} of {SHARDS} shards killed"),
-        sc.duplicate_bound(1),
-        held,
-    );
+    let scenario = format!("cluster: node leading {led} of {SHARDS} shards killed");
+    // RabbitMQ 4 has the fix for the tiers' stranded dead letters (see `check_in_cluster`):
+    // there nothing may be held.
+    if a.broker_major() >= 4 {
+        a.check(&scenario, sc.duplicate_bound(1));
+    } else {
+        a.check_in_cluster(&scenario, sc.duplicate_bound(1), held);
+    }
 }

@@ -281,7 +281,8 @@ async fn endpoint_faults_end_per_the_schedule_without_a_retry_storm() {
         })
         .count();
     println!(
-        "FAULT-TABLE | endpoint faults (refused, hang, trickle, reset, huge, 503 storm) | published {} | delivered {delivered} | dead {} | cancelled {cancelled} | lost {lost} | duplicated {} |",
+        "FAULT-TABLE | {} | endpoint faults (refused, hang, trickle, reset, huge, 503 storm) | published {} | delivered {delivered} | dead {} | cancelled {cancelled} | lost {lost} | duplicated {} |",
+        crate::harness::broker(&t.config).await,
         published.len(),
         unique_dead.len(),
         storm.duplicates() + dead.len() - unique_dead.len()

@@ -134,8 +134,17 @@ async fn publish_load(
     Arc::try_unwrap(ids).unwrap().into_inner().unwrap()
 }
 
+/// The broker a scenario ran on, for its `FAULT-TABLE` line: `RabbitMQ 4.0.5`.
+pub async fn broker(config: &Config) -> String {
+    match common::management(config).broker_version().await {
+        Ok(v) => format!("RabbitMQ {v}"),
+        Err(_) => "RabbitMQ (version unknown)".to_owned(),
+    }
+}
+
 /// Where the published envelopes ended, counted from outside the worker.
 pub struct Account {
+    broker: String,
     published: usize,
     delivered: usize,
     dead: usize,
@@ -197,6 +206,7 @@ async fn account(
         .cloned()
         .collect();
     Account {
+        broker: broker(&t.config).await,
         published: published.len(),
         delivered: delivered.len(),
         dead: dead.len(),
@@ -242,13 +252,22 @@ impl HeldInTiers {
 }
 
 impl Account {
+    /// The broker's major version (0 when unknown).
+    pub fn broker_major(&self) -> u32 {
+        self.broker
+            .strip_prefix("RabbitMQ ")
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The verdict of every scenario but the cluster one: a published envelope in no terminal
     /// state is lost, whatever the broker may still hold.
     pub fn check(&self, scenario: &str, max_duplicates: usize) {
         self.verdict(scenario, max_duplicates, 0);
     }
 
-    /// The cluster scenario's verdict. RabbitMQ 3.10.8 can strand dead-lettered messages in a
+    /// The cluster scenario's verdict on RabbitMQ 3. RabbitMQ 3.10.8 can strand dead-lettered messages in a
     /// tier after a quorum leader is lost (docs/guarantees.md): the broker reports them as
     /// messages of the tier, not ready and not handed out. Missing envelopes, as far as the
     /// tiers hold such messages, count as held rather than lost; a message cannot be told apart
@@ -268,8 +287,8 @@ impl Account {
             String::new()
         };
         println!(
-            "FAULT-TABLE | {scenario} | published {} | delivered {} | dead {} | cancelled {} |{held_column} lost {lost} | duplicated {} |",
-            self.published, self.delivered, self.dead, self.cancelled, self.duplicated
+            "FAULT-TABLE | {} | {scenario} | published {} | delivered {} | dead {} | cancelled {} |{held_column} lost {lost} | duplicated {} |",
+            self.broker, self.published, self.delivered, self.dead, self.cancelled, self.duplicated
         );
         assert_eq!(
             lost,
@@ -328,15 +347,25 @@ impl Scenario {
     /// As [`Scenario::setup`], with `shards` shared lane pairs and, above one, one tenant in
     /// each shard (found by asking the broker where probes land, before any load).
     pub async fn setup_sharded(config: Config, name: &str, shards: u16) -> Self {
-        let ladder = Ladder::build(
+        let ladder = Self::ladder(name).with_shards(shards).unwrap();
+        Self::setup_ladder(config, name, ladder).await
+    }
+
+    /// The scenarios' ladder: quorum queues, tiers of 300 ms and 1 s, four attempts.
+    pub fn ladder(name: &str) -> Ladder {
+        Ladder::build(
             &common::unique(name),
             QueueType::Quorum,
             &["300ms", "1s"],
             &["300ms", "1s", "1s"],
         )
         .unwrap()
-        .with_shards(shards)
-        .unwrap();
+    }
+
+    /// As [`Scenario::setup`], with `ladder` (from [`Scenario::ladder`]), applied again if it
+    /// is already.
+    pub async fn setup_ladder(config: Config, name: &str, ladder: Ladder) -> Self {
+        let shards = ladder.shards;
         let t = TestLadder::apply_ladder(config, ladder).await;
         let tenants = if shards > 1 {
             let candidates: Vec<String> = (0..40).map(|i| format!("tenant-{i}")).collect();
@@ -401,8 +430,13 @@ impl Scenario {
     /// The load, published in the background on the broker `t.config` names; yields the ids
     /// the broker confirmed.
     pub fn start_load(&self) -> JoinHandle<Vec<String>> {
+        self.start_load_via(self.t.config.clone())
+    }
+
+    /// [`Scenario::start_load`] through the broker `config` names (another cluster node).
+    pub fn start_load_via(&self, config: Config) -> JoinHandle<Vec<String>> {
         tokio::spawn(publish_load(
-            self.t.config.clone(),
+            config,
             self.t.ladder.ingress(),
             self.name.clone(),
             self.tenants.clone(),

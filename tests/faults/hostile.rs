@@ -125,7 +125,8 @@ async fn hostile_input_is_dead_lettered_and_good_traffic_keeps_flowing() {
     let lost =
         good_published.saturating_sub(delivered) + hostile_published.saturating_sub(dead_once);
     println!(
-        "FAULT-TABLE | hostile input ({hostile_published} malformed among {good_published} good; good delivered at {good_rate:.0}/s) | published {} | delivered {delivered} | dead {dead_once} | cancelled {} | lost {lost} | duplicated {} |",
+        "FAULT-TABLE | {} | hostile input ({hostile_published} malformed among {good_published} good; good delivered at {good_rate:.0}/s) | published {} | delivered {delivered} | dead {dead_once} | cancelled {} | lost {lost} | duplicated {} |",
+        crate::harness::broker(&t.config).await,
         hostile_published + good_published,
         m.count("hookrelay_outcomes_total", &[("outcome", "cancelled")]),
         duplicated + receiver.duplicates()

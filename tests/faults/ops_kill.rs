@@ -110,8 +110,9 @@ async fn a_redrive_killed_mid_pass_loses_nothing() {
     );
     let duplicates = receiver.duplicates();
     println!(
-        "FAULT-TABLE redrive kill -9 mid-pass: {at_kill} of {} delivered at the kill, lost 0, \
+        "FAULT-TABLE | {} | redrive kill -9 mid-pass: {at_kill} of {} delivered at the kill, lost 0, \
          duplicates {duplicates}, requests {}",
+        crate::harness::broker(&t.config).await,
         M / 2,
         receiver.request_count() - before
     );
@@ -175,8 +176,9 @@ async fn a_tier_release_killed_mid_pass_loses_nothing() {
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
     let duplicates = receiver.duplicates();
     println!(
-        "FAULT-TABLE tier release kill -9 mid-pass: {at_kill} of {M} delivered at the kill, lost 0, \
+        "FAULT-TABLE | {} | tier release kill -9 mid-pass: {at_kill} of {M} delivered at the kill, lost 0, \
          duplicates {duplicates}, requests {}",
+        crate::harness::broker(&t.config).await,
         receiver.request_count()
     );
     assert!(
@@ -263,8 +265,9 @@ async fn a_resume_killed_mid_pass_loses_nothing() {
     assert_eq!(t.depth(&t.ladder.dead()).await, 0);
     let duplicates = receiver.duplicates();
     println!(
-        "FAULT-TABLE subscriptions resume kill -9 mid-pass: {at_kill} of {M} delivered at the kill, \
+        "FAULT-TABLE | {} | subscriptions resume kill -9 mid-pass: {at_kill} of {M} delivered at the kill, \
          lost 0, duplicates {duplicates}, requests {}",
+        crate::harness::broker(&t.config).await,
         receiver.request_count()
     );
     assert!(

@@ -3,6 +3,11 @@
 //! configured from the project's `rabbitmq/` files. Stopped and removed on drop.
 //! [`cluster`] joins three. The fault suite stops, restarts, cuts and alarms such nodes; the
 //! bench's `--cluster` runs the sharded matrix on three.
+//!
+//! The node's programs are the machine's RabbitMQ, or, when `TEST_RABBITMQ_ROOT` names a
+//! folder made by `rabbitmq/v4 install`, the RabbitMQ 4 installed there, run from it (chroot)
+//! with an epmd port of the folder's own, so its nodes never meet the machine's. A node may
+//! also run in a network namespace with an address of its own ([`Host`]), for partitions.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -96,6 +101,53 @@ fn wait_until(timeout: Duration, poll: Duration, mut done: impl FnMut() -> bool)
     }
 }
 
+/// Where a node's programs come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Install {
+    /// `rabbitmq-server` and `rabbitmqctl` on this machine's PATH.
+    Machine,
+    /// A folder made by `rabbitmq/v4 install`: the programs run inside it (chroot).
+    Root(PathBuf),
+}
+
+/// The epmd port of every node run from a `rabbitmq/v4` folder (`rabbitmq/v4`'s default):
+/// nodes of one folder find each other, and never the machine's broker on 4369.
+pub const ROOT_EPMD_PORT: u16 = 4373;
+
+impl Install {
+    /// `TEST_RABBITMQ_ROOT` when set (a `rabbitmq/v4` folder), else the machine's RabbitMQ.
+    pub fn from_env() -> Self {
+        match std::env::var_os("TEST_RABBITMQ_ROOT") {
+            Some(root) if !root.is_empty() => Install::Root(PathBuf::from(root)),
+            _ => Install::Machine,
+        }
+    }
+
+    /// The RabbitMQ version installed, read from the server's library folder.
+    pub fn version(&self) -> Option<String> {
+        let lib = match self {
+            Install::Machine => PathBuf::from("/usr/lib/rabbitmq/lib"),
+            Install::Root(root) => root.join("usr/lib/rabbitmq/lib"),
+        };
+        std::fs::read_dir(lib).ok()?.find_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("rabbitmq_server-")
+                .map(str::to_owned)
+        })
+    }
+}
+
+/// A network namespace the node runs in, with its address there (see `tests/common/netns.rs`).
+/// The node is named for the address (long names) and listens on every address of the
+/// namespace, with the default ports: the namespace is its host.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub netns: String,
+    pub addr: std::net::Ipv4Addr,
+}
+
 #[derive(Debug)]
 pub struct Node {
     pub name: String,
@@ -103,6 +155,8 @@ pub struct Node {
     pub mgmt_port: u16,
     dist_port: u16,
     dir: tempfile::TempDir,
+    install: Install,
+    host: Option<Host>,
 }
 
 impl Node {
@@ -113,22 +167,47 @@ impl Node {
 
     /// [`Node::start`] with `extra` lines added to its `rabbitmq.conf` (a TLS listener, say).
     pub fn start_with(tag: &str, extra: &str) -> Result<Node, NodeError> {
-        let dir = tempfile::tempdir()?;
+        Self::start_on(tag, extra, Install::from_env(), None)
+    }
+
+    /// A node of `install`, on this machine's loopback or (`host`) in a network namespace.
+    pub fn start_on(
+        tag: &str,
+        extra: &str,
+        install: Install,
+        host: Option<Host>,
+    ) -> Result<Node, NodeError> {
+        // A node run from a folder sees only the folder: its files live in the folder's /tmp.
+        let dir = match &install {
+            Install::Machine => tempfile::tempdir()?,
+            Install::Root(root) => tempfile::tempdir_in(root.join("tmp"))?,
+        };
         // The server may run as the rabbitmq user.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))?;
-        let amqp_port = free_port()?;
-        let mgmt_port = free_port()?;
-        let dist_port = free_port()?;
-        let conf =
-            CONF.replace(
+        let (amqp_port, mgmt_port, dist_port) = match host {
+            // The namespace is the node's own host: the standard ports are free there.
+            Some(_) => (5672, 15672, 25672),
+            None => (free_port()?, free_port()?, free_port()?),
+        };
+        let mut conf = CONF
+            .replace(
                 "listeners.tcp.default = 5672",
                 &format!("listeners.tcp.default = {amqp_port}"),
             )
             .replace(
                 "management.tcp.port = 15672",
                 &format!("management.tcp.port = {mgmt_port}"),
-            ) + "\n"
-                + extra;
+            );
+        if host.is_some() {
+            // Reached from the machine over the namespace's link, not over loopback.
+            conf = conf
+                .replace(
+                    "management.tcp.ip = 127.0.0.1",
+                    "management.tcp.ip = 0.0.0.0",
+                )
+                .replace("loopback_users.guest = true", "loopback_users = none");
+        }
+        let conf = conf + "\n" + extra;
         std::fs::write(dir.path().join("rabbitmq.conf"), conf)?;
         std::fs::write(dir.path().join("advanced.config"), ADVANCED)?;
         // Management and the consistent-hash exchange (sharded ladders), not prometheus: the
@@ -137,16 +216,19 @@ impl Node {
             dir.path().join("enabled_plugins"),
             "[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n",
         )?;
-        let name = format!(
-            "hrt-{tag}-{}@localhost",
-            &uuid::Uuid::new_v4().simple().to_string()[..6]
-        );
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        let name = match &host {
+            Some(h) => format!("hrt-{tag}-{suffix}@{}", h.addr),
+            None => format!("hrt-{tag}-{suffix}@localhost"),
+        };
         let node = Node {
             name,
             amqp_port,
             mgmt_port,
             dist_port,
             dir,
+            install,
+            host,
         };
         node.boot()?;
         Ok(node)
@@ -156,9 +238,21 @@ impl Node {
         self.dir.path().join(file)
     }
 
+    /// `file` of the node's directory as its programs see it (inside the folder they run in).
+    fn inner_path(&self, file: &str) -> String {
+        let path = self.path(file);
+        match &self.install {
+            Install::Machine => path.display().to_string(),
+            Install::Root(root) => {
+                let inner = path.strip_prefix(root).unwrap_or(&path);
+                format!("/{}", inner.display())
+            }
+        }
+    }
+
     fn env(&self) -> Vec<(&'static str, String)> {
-        let path = |file: &str| self.path(file).display().to_string();
-        vec![
+        let path = |file: &str| self.inner_path(file);
+        let mut env = vec![
             ("RABBITMQ_NODENAME", self.name.clone()),
             ("RABBITMQ_NODE_PORT", self.amqp_port.to_string()),
             ("RABBITMQ_DIST_PORT", self.dist_port.to_string()),
@@ -168,14 +262,48 @@ impl Node {
             ("RABBITMQ_CONFIG_FILE", path("rabbitmq.conf")),
             ("RABBITMQ_ADVANCED_CONFIG_FILE", path("advanced.config")),
             ("RABBITMQ_ENABLED_PLUGINS_FILE", path("enabled_plugins")),
-        ]
+        ];
+        if self.host.is_some() {
+            env.push(("RABBITMQ_USE_LONGNAME", "true".to_owned()));
+        }
+        if let Install::Root(_) = self.install {
+            env.push(("ERL_EPMD_PORT", ROOT_EPMD_PORT.to_string()));
+        }
+        env
+    }
+
+    /// `program` with the node's environment, run where the node runs: in its network
+    /// namespace, inside its install folder.
+    fn command(&self, program: &str) -> Command {
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(host) = &self.host {
+            argv.extend(["ip", "netns", "exec", &host.netns].map(str::to_owned));
+        }
+        if let Install::Root(root) = &self.install {
+            // `env -i`: the folder's programs see none of this machine's settings.
+            argv.extend(["chroot".to_owned(), root.display().to_string()]);
+            argv.extend(
+                [
+                    "env",
+                    "-i",
+                    "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+                    "LANG=C.UTF-8",
+                ]
+                .map(str::to_owned),
+            );
+            argv.extend(self.env().into_iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        argv.push(program.to_owned());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]).envs(self.env());
+        command
     }
 
     /// Starts the node process (again, after [`Node::stop`]) and waits for it.
     pub fn boot(&self) -> Result<(), NodeError> {
-        let status = Command::new("rabbitmq-server")
+        let status = self
+            .command("rabbitmq-server")
             .arg("-detached")
-            .envs(self.env())
             .status()
             .map_err(|source| NodeError::Run {
                 program: "rabbitmq-server",
@@ -220,7 +348,7 @@ impl Node {
         let overview = format!("{}/api/overview", self.mgmt_url());
         let answers = wait_until(limit, Duration::from_millis(200), || {
             Command::new("curl")
-                .args(["-fsS", "-o", "/dev/null", &overview])
+                .args(["-fsS", "-m", "5", "-o", "/dev/null", &overview])
                 .status()
                 .is_ok_and(|s| s.success())
         });
@@ -238,7 +366,11 @@ impl Node {
 
     /// `rabbitmqctl -n <node> <args>`.
     pub fn ctl(&self, args: &[&str]) -> Result<Output, NodeError> {
-        Command::new("rabbitmqctl")
+        let mut command = self.command("rabbitmqctl");
+        if self.host.is_some() {
+            command.arg("--longnames");
+        }
+        command
             .arg("-n")
             .arg(&self.name)
             .args(args)
@@ -287,12 +419,24 @@ impl Node {
             .ok()
     }
 
+    /// The address clients reach the node at: loopback, or its namespace's address.
+    pub fn addr(&self) -> std::net::Ipv4Addr {
+        self.host
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |h| h.addr)
+    }
+
     pub fn amqp_url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+        format!("amqp://guest:guest@{}:{}/%2f", self.addr(), self.amqp_port)
     }
 
     pub fn mgmt_url(&self) -> String {
-        format!("http://guest:guest@127.0.0.1:{}", self.mgmt_port)
+        format!("http://guest:guest@{}:{}", self.addr(), self.mgmt_port)
+    }
+
+    /// The RabbitMQ version the node runs (its install's).
+    pub fn version(&self) -> Option<String> {
+        self.install.version()
     }
 }
 
@@ -309,6 +453,32 @@ pub fn cluster(tag: &str) -> Result<Vec<Node>, NodeError> {
     let nodes = (0..3)
         .map(|i| Node::start(&format!("{tag}{i}")))
         .collect::<Result<Vec<Node>, NodeError>>()?;
+    join(nodes)
+}
+
+/// `extra` conf lines and a node per host, joined in one cluster; the first is the seed.
+pub fn cluster_on(
+    tag: &str,
+    extra: &str,
+    install: &Install,
+    hosts: &[Host],
+) -> Result<Vec<Node>, NodeError> {
+    let nodes = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            Node::start_on(
+                &format!("{tag}{i}"),
+                extra,
+                install.clone(),
+                Some(h.clone()),
+            )
+        })
+        .collect::<Result<Vec<Node>, NodeError>>()?;
+    join(nodes)
+}
+
+fn join(nodes: Vec<Node>) -> Result<Vec<Node>, NodeError> {
     for node in &nodes[1..] {
         node.ctl_ok(&["stop_app"])?;
         node.ctl_ok(&["reset"])?;
