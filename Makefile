@@ -28,6 +28,7 @@ test: broker broker4 database browser monitoring check
 	cargo nextest run --workspace --all-targets --no-fail-fast -E '$(CORE)'
 	cargo test --doc --workspace --quiet
 	$(ON4) cargo nextest run --test faults --no-fail-fast --no-capture
+	rabbitmq/v4 deprecated
 	cargo nextest run --test faults --no-fail-fast --no-capture -E 'not ($(ONLY4))'
 
 broker:

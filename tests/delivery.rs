@@ -429,3 +429,66 @@ async fn a_warned_schema_delivers_an_invalid_payload_and_counts_it() {
         "{notice}"
     );
 }
+
+/// A producer may send `x-death` itself: RabbitMQ 4 drops it, 3.x keeps it. hookrelay counts
+/// attempts in a header of its own, so a forged history changes nothing on either: attempt 1,
+/// then attempt 2 after one failure, one real promotion counted, delivered once.
+#[tokio::test]
+async fn a_producers_own_x_death_counts_for_nothing() {
+    use lapin::types::{AMQPValue, FieldTable};
+    let t = TestLadder::apply("xdeath", &["300ms"], &["300ms"]).await;
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
+        1 => Reply::Status(503),
+        _ => Reply::Status(200),
+    })
+    .await
+    .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    let tier = t.ladder.tier_queue(t.ladder.tier_at(0).unwrap());
+    // The broker's shape: the ladder's own tier, dead-lettered seven times.
+    let mut death = FieldTable::default();
+    death.insert("queue".into(), AMQPValue::LongString(tier.as_str().into()));
+    death.insert("reason".into(), AMQPValue::LongString("expired".into()));
+    death.insert("count".into(), AMQPValue::LongLongInt(7));
+    let e = event("evt_forged_death", "acme", "sub_a");
+    let props = e.properties();
+    let mut headers = props.headers().clone().unwrap_or_default();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+    );
+    headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(30));
+    t.publisher()
+        .await
+        .publish(
+            &t.ladder.ingress(),
+            "acme",
+            &e.body,
+            props.with_headers(headers),
+        )
+        .await
+        .unwrap();
+    assert!(
+        receiver
+            .wait_until(WAIT, |r| r.delivered_count() == 1)
+            .await
+    );
+    let attempts: Vec<u32> = receiver
+        .records_for("evt_forged_death")
+        .iter()
+        .map(|r| r.attempt)
+        .collect();
+    assert_eq!(attempts, vec![1, 2]);
+    assert!(
+        common::wait_until(WAIT, async || {
+            worker
+                .metrics
+                .count("hookrelay_promotions_total", &[("tier", "retry-300ms")])
+                == 1
+        })
+        .await,
+        "the one real promotion is counted, not the forged seven"
+    );
+    worker.stop().await;
+}

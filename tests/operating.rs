@@ -916,3 +916,59 @@ async fn an_unbound_attempt_log_is_counted_and_said_once_never_dumped_per_record
     let said = log.matches("no queue is bound").count();
     assert_eq!(said, 1, "said once a minute at most: {log}");
 }
+
+/// Every redrive pass returns to the sink what it keeps, and a quorum queue counts each return.
+/// RabbitMQ 4 gives quorum queues a delivery limit of 20 by default and drops a message past it
+/// (the sink has no dead-letter exchange of its own); the ladder's delivery-limit policy lifts
+/// that. A dead letter kept by 25 passes is still in the sink, on 3.x and on 4.x alike.
+#[tokio::test]
+async fn a_dead_letter_kept_by_25_redrive_passes_stays_in_the_sink() {
+    const PASSES: usize = 25;
+    let t = TestLadder::apply("kept25", &["300ms"], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = ladder_file(&t, &dir);
+    let ladder = ladder.to_str().unwrap();
+    let s = secret();
+    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |_| Reply::Status(400))
+        .await
+        .unwrap();
+    let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
+    t.publish(&event("evt_kept", "acme", "sub_a")).await;
+    assert!(t.wait_dead(1, WAIT).await);
+    worker.stop().await;
+    let sink = t.ladder.dead();
+    let api = common::management(&t.config);
+    // The management API shows a queue's policy with its statistics, a moment late.
+    let in_force = wait_until(WAIT, async || {
+        api.queue(&sink)
+            .await
+            .unwrap()
+            .and_then(|q| q.policy)
+            .is_some_and(|p| p == t.ladder.delivery_limit_policy())
+    })
+    .await;
+    assert!(
+        in_force,
+        "the ladder's delivery-limit policy is in force on the sink"
+    );
+    for _ in 0..PASSES {
+        // Another tenant's: the pass examines the dead letter and returns it.
+        let (code, out, err) =
+            hookrelay(&["redrive", "--tenant", "nobody", "--ladder", ladder], &[]);
+        assert_eq!(code, Some(0), "{out}{err}");
+    }
+    let kept = t.drain_dead().await;
+    assert_eq!(kept.len(), 1, "the dead letter survived {PASSES} returns");
+    let returns = kept[0]
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned());
+    let returns = match returns {
+        Some(lapin::types::AMQPValue::LongLongInt(n)) => n,
+        Some(lapin::types::AMQPValue::LongInt(n)) => i64::from(n),
+        other => panic!("a quorum queue counts returns in x-delivery-count: {other:?}"),
+    };
+    assert!(returns >= PASSES as i64, "returned {returns} times");
+}

@@ -66,6 +66,11 @@ use auth::Tokens;
 use problem::ApiError;
 use validate::Egress;
 
+/// How often a test event the broker returned as unroutable is published in all, and the pause
+/// between: a binding just declared on a Khepri cluster routes within moments.
+const UNROUTABLE_TRIES: u32 = 3;
+const UNROUTABLE_PAUSE: Duration = Duration::from_millis(200);
+
 /// What the API needs of the broker: test events and returning a resumed subscription's
 /// parked deliveries.
 #[derive(Debug, Clone)]
@@ -235,15 +240,27 @@ impl ApiState {
         let ingress = broker.ladder.ingress();
         // With traces on, the test event's trace starts here.
         let span = crate::observe::traces::publish_span(&ingress, &event.id, None);
-        publisher
-            .publish_event_in(&ingress, event, broker.max_event_bytes, span.context())
-            .await
-            .map_err(|e| match e {
-                PublishError::Invalid(invalid) => ApiError::field("data", invalid.to_string()),
-                other => ApiError::Unavailable(format!(
-                    "the broker did not take the test event ({other}); try again"
-                )),
-            })
+        // On a Khepri cluster a binding declared a moment ago may not route on every node yet:
+        // a returned publish is tried again a few times before the caller is told.
+        let mut tries = 0;
+        let published = loop {
+            tries += 1;
+            match publisher
+                .publish_event_in(&ingress, event, broker.max_event_bytes, span.context())
+                .await
+            {
+                Err(PublishError::Unroutable { .. }) if tries < UNROUTABLE_TRIES => {
+                    tokio::time::sleep(UNROUTABLE_PAUSE).await;
+                }
+                other => break other,
+            }
+        };
+        published.map_err(|e| match e {
+            PublishError::Invalid(invalid) => ApiError::field("data", invalid.to_string()),
+            other => ApiError::Unavailable(format!(
+                "the broker did not take the test event ({other}); try again"
+            )),
+        })
     }
 
     /// Starts returning `id`'s parked deliveries, after the workers have had time to see it

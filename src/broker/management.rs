@@ -245,6 +245,19 @@ impl Management {
         Ok(flags.into_iter().find(|f| f.name == name).map(|f| f.state))
     }
 
+    /// The deprecated features in use on the broker; `None` where the broker cannot say
+    /// (before 3.13, which has no such endpoint).
+    pub async fn deprecated_features_used(&self) -> Result<Option<Vec<String>>, ManagementError> {
+        let used: Option<Vec<FeatureFlag>> =
+            self.get_optional(&["deprecated-features", "used"]).await?;
+        Ok(used.map(|u| u.into_iter().map(|f| f.name).collect()))
+    }
+
+    /// The consumers of the vhost's queues.
+    pub async fn consumers(&self) -> Result<Vec<ConsumerInfo>, ManagementError> {
+        self.get(&["consumers", &self.vhost]).await
+    }
+
     /// Every queue of the vhost.
     pub async fn queues(&self) -> Result<Vec<QueueInfo>, ManagementError> {
         self.get(&["queues", &self.vhost]).await
@@ -450,6 +463,23 @@ struct Overview {
     rabbitmq_version: Option<String>,
     #[serde(default)]
     exchange_types: Vec<ExchangeType>,
+}
+
+/// A consumer, as `/api/consumers` lists it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ConsumerInfo {
+    pub queue: NameOnly,
+    /// The consumer timeout the broker applies to it, in milliseconds (reported from 3.12).
+    #[serde(deserialize_with = "or_default")]
+    pub consumer_timeout: Option<u64>,
+}
+
+/// An object named in another's answer (`{"name": ..., "vhost": ...}`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NameOnly {
+    pub name: String,
 }
 
 #[derive(Debug, Default, Deserialize)]

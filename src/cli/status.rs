@@ -24,7 +24,9 @@ pub(super) async fn run(args: StatusArgs, config: &Config) -> anyhow::Result<Exi
     use std::io::Write;
     let ladder = load_ladder(&args.ladder, config)?;
     let api = management(config)?;
-    let broker = api.broker_version().await?;
+    let facts = crate::broker::compat::BrokerFacts::read(&api, &ladder).await?;
+    let broker = facts.summary();
+    let notes = crate::broker::compat::notes(&facts, crate::broker::compat::Needs::of(config));
     let mut previous: Option<(std::time::Instant, Vec<crate::ops::status::QueueStatus>)> = None;
     let history = history_pool(config).await;
     let streams: Vec<String> = ladder
@@ -38,6 +40,9 @@ pub(super) async fn run(args: StatusArgs, config: &Config) -> anyhow::Result<Exi
             println!("{}", serde_json::to_string(&rows)?);
         } else {
             let mut table = crate::ops::status::render(&ladder, api.vhost(), &broker, &rows);
+            for note in &notes {
+                table.push_str(&format!("Warning: {note}\n"));
+            }
             if let Some(pool) = &history
                 && !streams.is_empty()
             {

@@ -6,6 +6,7 @@ use anyhow::bail;
 
 use super::args::{EXIT_DRIFT, TopologyCommand};
 use super::common::{connect, load_ladder, management};
+use crate::broker::compat::{BrokerFacts, Needs, notes};
 use crate::broker::topology::{CONSISTENT_HASH, CONSISTENT_HASH_PLUGIN};
 use crate::config::Config;
 use crate::contract::ladder::{QueueRole, QueueType};
@@ -89,6 +90,11 @@ pub(super) async fn run(cmd: TopologyCommand, config: &Config) -> anyhow::Result
         TopologyCommand::Plan(arg) => {
             let ladder = load_ladder(&arg, config)?;
             let api = management(config)?;
+            let facts = BrokerFacts::read(&api, &ladder).await?;
+            println!("Broker: {}.", facts.summary());
+            for note in notes(&facts, Needs::of(config)) {
+                println!("Warning: {note}");
+            }
             let objects = api.objects().await?;
             let topology = ladder.objects();
             let drift = topology.diff(&objects);

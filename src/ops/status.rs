@@ -365,7 +365,7 @@ fn render_fleet(ladder: &Ladder, rows: &[QueueStatus]) -> String {
 /// The table `hookrelay status` prints.
 pub fn render(ladder: &Ladder, vhost: &str, broker: &str, rows: &[QueueStatus]) -> String {
     let mut out = format!(
-        "Ladder {:?} on vhost {vhost:?} (RabbitMQ {broker}); rates are per second\n",
+        "Ladder {:?} on vhost {vhost:?} ({broker}); rates are per second\n",
         ladder.prefix
     );
     out.push_str(&render_fleet(ladder, rows));

@@ -348,6 +348,7 @@ impl Worker {
             &Management::vhost_of(&config.amqp.url),
         ) {
             Ok(api) => {
+                let api_for_check = api.clone();
                 let poll = QueuePoll {
                     api,
                     ladder: self.dispatcher.ladder.clone(),
@@ -358,6 +359,12 @@ impl Worker {
                     interval: config.metrics.poll_interval,
                 };
                 helpers.push(tokio::spawn(poll.run(stop_helpers.clone())));
+                helpers.push(tokio::spawn(check_broker(
+                    api_for_check,
+                    self.dispatcher.ladder.clone(),
+                    crate::broker::compat::Needs::of(config),
+                    stop_helpers.clone(),
+                )));
             }
             Err(e) => warn!(error = %e, "No queue depth metrics"),
         }
@@ -660,5 +667,28 @@ async fn drain(tracker: &TaskTracker, deadline: Instant) {
             in_flight = tracker.len(),
             "Drain deadline passed; unfinished deliveries return to their lanes"
         );
+    }
+}
+
+/// How long after it starts a worker reads the broker's facts: by then its consumers are
+/// listed, with the timeouts the broker applies to them.
+const BROKER_CHECK_AFTER: Duration = Duration::from_secs(5);
+
+/// Reads the broker's facts once the worker consumes, and logs them with what they call for
+/// (`broker::compat`): a consumer timeout within the lease, messages over RabbitMQ 4's size
+/// limit, deprecated features in use.
+async fn check_broker(
+    api: Management,
+    ladder: Ladder,
+    needs: crate::broker::compat::Needs,
+    stop: CancellationToken,
+) {
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = tokio::time::sleep(BROKER_CHECK_AFTER) => {}
+    }
+    match crate::broker::compat::BrokerFacts::read(&api, &ladder).await {
+        Ok(facts) => facts.log(needs),
+        Err(e) => tracing::debug!(error = %e, "Cannot read the broker's version and settings"),
     }
 }
