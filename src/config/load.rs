@@ -122,12 +122,46 @@ fn env_slots(table: &toml::Table) -> BTreeMap<String, (Option<String>, String)> 
     slots
 }
 
+/// The variables references (`env:NAME`) name, in the configuration's strings and in the
+/// settings' variables (`HOOKRELAY_API_TOKENS="env:A,acme=env:B"`): a secret's variable may
+/// carry hookrelay's prefix without being a setting.
+fn referenced_variables(
+    table: &toml::Table,
+    env: &dyn Env,
+    slots: &BTreeMap<String, (Option<String>, String)>,
+) -> std::collections::HashSet<String> {
+    fn strings<'a>(value: &'a toml::Value, out: &mut Vec<&'a str>) {
+        match value {
+            toml::Value::String(s) => out.push(s),
+            toml::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            toml::Value::Table(t) => t.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    let mut texts: Vec<String> = Vec::new();
+    let mut found = Vec::new();
+    table.values().for_each(|v| strings(v, &mut found));
+    texts.extend(found.into_iter().map(str::to_owned));
+    texts.extend(slots.keys().filter_map(|var| env.var(var)));
+    texts
+        .iter()
+        .flat_map(|t| t.split([',', '=', ' ']))
+        .filter_map(
+            |part| match super::reference::SecretSource::parse(part.trim()) {
+                Ok(super::reference::SecretSource::Env(name)) => Some(name),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
 fn apply_env(table: &mut toml::Table, env: &dyn Env) -> Result<(), ConfigError> {
     let slots = env_slots(table);
+    let referenced = referenced_variables(table, env, &slots);
     let mut names = env.hookrelay_names();
     names.sort();
     for var in names {
-        if var == CONFIG_VAR {
+        if var == CONFIG_VAR || (referenced.contains(&var) && !slots.contains_key(&var)) {
             continue;
         }
         let Some((section, key)) = slots.get(&var) else {
@@ -240,6 +274,48 @@ mod tests {
         assert_eq!(config.worker.retry_share, 0.25);
         assert_eq!(config.amqp.url.expose(), "amqp://u:p@h:1/v");
         assert_eq!(config.ladder, PathBuf::from("x.toml"));
+    }
+
+    /// docs/api.md names `env:HOOKRELAY_ADMIN_TOKEN` and `env:HOOKRELAY_STORE_KEY`: a variable
+    /// a reference points at is the secret's, not a setting, whatever its name; one nothing
+    /// names is still a mistake.
+    #[test]
+    fn a_variable_a_reference_names_is_not_mistaken_for_a_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[api]\ntokens = [{ token = \"env:HOOKRELAY_ADMIN_TOKEN\" }]\n",
+        )
+        .unwrap();
+        let key = "HOOKRELAY_STORE_KEY";
+        let config = Config::load(
+            Some(&path),
+            &env(&[
+                ("HOOKRELAY_ADMIN_TOKEN", "an-admin-token-of-length"),
+                ("HOOKRELAY_STORE_KEYS", "env:HOOKRELAY_STORE_KEY"),
+                (key, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="),
+                (
+                    "HOOKRELAY_API_TOKENS",
+                    "env:HOOKRELAY_ADMIN_TOKEN,acme=env:HOOKRELAY_ACME",
+                ),
+                ("HOOKRELAY_ACME", "a-tenant-token-of-length"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.api.tokens.len(), 2);
+        let err = Config::load(
+            Some(&path),
+            &env(&[
+                ("HOOKRELAY_ADMIN_TOKEN", "an-admin-token-of-length"),
+                ("HOOKRELAY_WORKER_INFLIGHT", "9"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("HOOKRELAY_WORKER_INFLIGHT"),
+            "{err}"
+        );
     }
 
     #[test]
