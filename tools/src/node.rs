@@ -139,6 +139,38 @@ impl Install {
     }
 }
 
+/// `extra` for a node run from the folder `root`, which sees only the folder: every file of this
+/// machine a setting names (`ssl_options.certfile = /tmp/x/server.pem`) is copied into the
+/// node's directory `dir` (inside `root`) and named as the node sees it.
+fn files_into(
+    extra: &str,
+    dir: &std::path::Path,
+    root: &std::path::Path,
+) -> std::io::Result<String> {
+    let mut out = String::new();
+    for line in extra.lines() {
+        match line.split_once('=') {
+            Some((key, value))
+                if value.trim().starts_with('/')
+                    && std::path::Path::new(value.trim()).is_file() =>
+            {
+                let source = std::path::Path::new(value.trim());
+                let name = source.file_name().unwrap_or_default();
+                let copy = dir.join("files").join(name);
+                std::fs::create_dir_all(dir.join("files"))?;
+                std::fs::copy(source, &copy)?;
+                let inner = copy.strip_prefix(root).unwrap_or(&copy);
+                out.push_str(&format!("{key}= /{}\n", inner.display()));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A network namespace the node runs in, with its address there (see `tests/common/netns.rs`).
 /// The node is named for the address (long names) and listens on every address of the
 /// namespace, with the default ports: the namespace is its host.
@@ -207,7 +239,11 @@ impl Node {
                 )
                 .replace("loopback_users.guest = true", "loopback_users = none");
         }
-        let conf = conf + "\n" + extra;
+        let extra = match &install {
+            Install::Machine => extra.to_owned(),
+            Install::Root(root) => files_into(extra, dir.path(), root)?,
+        };
+        let conf = conf + "\n" + &extra;
         std::fs::write(dir.path().join("rabbitmq.conf"), conf)?;
         std::fs::write(dir.path().join("advanced.config"), ADVANCED)?;
         // Management and the consistent-hash exchange (sharded ladders), not prometheus: the
