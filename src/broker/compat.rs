@@ -16,8 +16,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::management::{Management, ManagementError};
 use crate::contract::ladder::{Ladder, QueueRole};
 use crate::units::fmt_duration;
@@ -26,7 +24,7 @@ use crate::units::fmt_duration;
 pub const MAX_MESSAGE_SIZE_4: usize = 16 * 1024 * 1024;
 
 /// A broker release, `major.minor.patch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Release(pub u32, pub u32, pub u32);
 
 impl Release {
@@ -48,25 +46,24 @@ impl fmt::Display for Release {
 }
 
 /// Where the broker keeps its metadata (queues, bindings, policies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetadataStore {
     Mnesia,
     Khepri,
 }
 
 /// What hookrelay reads of a broker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerFacts {
     /// As the broker reports it (`4.0.5`).
     pub version: String,
     pub release: Option<Release>,
-    pub store: MetadataStore,
+    /// `None`: the management user may not read the feature flags.
+    pub store: Option<MetadataStore>,
     /// The deprecated features in use (`None`: the broker cannot say, before 3.13).
     pub deprecated_used: Option<Vec<String>>,
     /// The consumer timeouts the broker applies to hookrelay's consumers on the ladder's lanes
     /// (empty: none consuming, or a broker before 3.12, which does not report them).
-    #[serde(skip)]
     pub consumer_timeouts: Vec<Duration>,
 }
 
@@ -169,17 +166,20 @@ pub fn notes(facts: &BrokerFacts, needs: Needs) -> Vec<Note> {
 
 impl BrokerFacts {
     /// Reads the facts through `api`; the consumers whose timeouts count are those of
-    /// `ladder`'s lanes.
+    /// `ladder`'s lanes. Only the version is needed: what a management user without the
+    /// monitoring or administrator tag may not read is left unknown.
     pub async fn read(api: &Management, ladder: &Ladder) -> Result<Self, ManagementError> {
         let version = api.broker_version().await?;
-        let store = match api.feature_flag("khepri_db").await? {
-            Some(state) if state == "enabled" => MetadataStore::Khepri,
-            _ => MetadataStore::Mnesia,
+        let store = match api.feature_flag("khepri_db").await {
+            Ok(Some(state)) if state == "enabled" => Some(MetadataStore::Khepri),
+            Ok(_) => Some(MetadataStore::Mnesia),
+            Err(_) => None,
         };
-        let deprecated_used = api.deprecated_features_used().await?;
+        let deprecated_used = api.deprecated_features_used().await.ok().flatten();
         let consumer_timeouts = api
             .consumers()
-            .await?
+            .await
+            .unwrap_or_default()
             .into_iter()
             .filter(|c| {
                 matches!(
@@ -209,11 +209,11 @@ impl BrokerFacts {
 
     /// One line: `RabbitMQ 4.0.5, metadata in Khepri`.
     pub fn summary(&self) -> String {
-        let store = match self.store {
-            MetadataStore::Mnesia => "Mnesia",
-            MetadataStore::Khepri => "Khepri",
-        };
-        format!("RabbitMQ {}, metadata in {store}", self.version)
+        match self.store {
+            Some(MetadataStore::Mnesia) => format!("RabbitMQ {}, metadata in Mnesia", self.version),
+            Some(MetadataStore::Khepri) => format!("RabbitMQ {}, metadata in Khepri", self.version),
+            None => format!("RabbitMQ {}", self.version),
+        }
     }
 }
 
@@ -225,7 +225,7 @@ mod tests {
         BrokerFacts {
             version: version.to_owned(),
             release: Release::parse(version),
-            store: MetadataStore::Mnesia,
+            store: Some(MetadataStore::Mnesia),
             deprecated_used: Some(Vec::new()),
             consumer_timeouts: Vec::new(),
         }

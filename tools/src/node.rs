@@ -171,7 +171,7 @@ fn files_into(
     Ok(out)
 }
 
-/// A network namespace the node runs in, with its address there (see `tests/common/netns.rs`).
+/// A network namespace the node runs in, with its address there (see `tests/faults/net.rs`).
 /// The node is named for the address (long names) and listens on every address of the
 /// namespace, with the default ports: the namespace is its host.
 #[derive(Debug, Clone)]
