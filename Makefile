@@ -1,7 +1,7 @@
 # The two commands README starts with. Both bring up a local RabbitMQ first if none answers;
 # the tests also a RabbitMQ 4 node of their own (rabbitmq/v4), a PostgreSQL, Debian's Chromium
 # with its ChromeDriver for the browser tests, and promtool for the alert rules.
-.PHONY: demo test broker broker4 database browser monitoring check
+.PHONY: demo test stack broker broker4 database browser monitoring check
 
 # The whole path end to end: ladder, endpoint, worker, 1000 events, a table.
 demo: broker
@@ -33,6 +33,11 @@ test: broker broker4 database browser monitoring check
 	$(ON4) cargo nextest run --test faults --no-fail-fast --no-capture
 	cargo nextest run --test faults --no-fail-fast --no-capture -E '$(BROKER_FAULTS)'
 	rabbitmq/v4 deprecated
+
+# The container stack end to end (compose.yaml, the image, foreign clients); its own target,
+# run at every change to Dockerfile, compose.yaml or deploy/: building the image takes minutes.
+stack:
+	deploy/smoke
 
 broker:
 	rabbitmq/up
