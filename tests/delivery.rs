@@ -438,12 +438,7 @@ async fn a_producers_own_x_death_counts_for_nothing() {
     use lapin::types::{AMQPValue, FieldTable};
     let t = TestLadder::apply("xdeath", &["300ms"], &["300ms"]).await;
     let s = secret();
-    let receiver = Receiver::start(std::slice::from_ref(&s.whsec), |req| match req.attempt {
-        1 => Reply::Status(503),
-        _ => Reply::Status(200),
-    })
-    .await
-    .unwrap();
+    let receiver = common::failing_first_attempts(&s).await;
     let worker = RunningWorker::start_for_receiver(&t, &receiver, &s).await;
     let tier = t.ladder.tier_queue(t.ladder.tier_at(0).unwrap());
     // The broker's shape: the ladder's own tier, dead-lettered seven times.

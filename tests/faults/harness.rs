@@ -17,6 +17,7 @@ use hookrelay::config::Config;
 use hookrelay::contract::envelope::NewEvent;
 use hookrelay::contract::ladder::{Ladder, QueueType};
 use hookrelay::subscriptions::Subscription;
+use hookrelay_tools::node::Install;
 use hookrelay_tools::receiver::{Receiver, Reply};
 use lapin::options::BasicGetOptions;
 
@@ -132,6 +133,21 @@ async fn publish_load(
     .await;
     publisher.close().await;
     Arc::try_unwrap(ids).unwrap().into_inner().unwrap()
+}
+
+/// The version of `install`, which `scenario` needs to be RabbitMQ 4 or later (its nodes come
+/// from `TEST_RABBITMQ_ROOT`, see `rabbitmq/v4`).
+pub fn rabbitmq_4(install: &Install, scenario: &str) -> String {
+    let version = install.version().unwrap_or_default();
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    assert!(
+        major >= Some(4),
+        "{scenario} needs RabbitMQ 4 nodes (TEST_RABBITMQ_ROOT from rabbitmq/v4), not {version:?}"
+    );
+    version
 }
 
 /// The broker a scenario ran on, for its `FAULT-TABLE` line: `RabbitMQ 4.0.5`.

@@ -7,21 +7,13 @@ use std::time::Duration;
 
 use crate::common::node::Node;
 use crate::common::{self, hookrelay, kit};
-use crate::harness::{N, Scenario};
+use crate::harness::{N, Scenario, rabbitmq_4};
+use hookrelay_tools::node::Install;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_khepri_the_ladder_applies_plans_holds_releases_and_survives_a_node_restart() {
+    rabbitmq_4(&Install::from_env(), "the Khepri scenario");
     let node = Node::start("khepri");
-    let version = node.version().unwrap_or_default();
-    assert!(
-        version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse::<u32>().ok())
-            >= Some(4),
-        "the Khepri scenario needs a RabbitMQ 4 node (TEST_RABBITMQ_ROOT from rabbitmq/v4), \
-         not {version:?}"
-    );
     // 4.0 asks for an explicit opt-in: Khepri was not yet the default there.
     node.ctl_ok(&["enable_feature_flag", "--opt-in", "khepri_db"]);
     let config = node.config();

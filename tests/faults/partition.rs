@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::node::Node;
 use crate::common::{self, Counters};
-use crate::harness::{N, SETTLE, Scenario};
+use crate::harness::{N, SETTLE, Scenario, rabbitmq_4};
 use crate::net::Net;
 use hookrelay::units::now_ms;
 use hookrelay_tools::node::{Install, cluster_on};
@@ -21,17 +21,7 @@ const CUT: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_of_the_workers_node_loses_nothing_and_delivery_resumes_after_healing() {
     let install = Install::from_env();
-    let version = install.version().unwrap_or_default();
-    assert!(
-        matches!(install, Install::Root(_))
-            && version
-                .split('.')
-                .next()
-                .and_then(|m| m.parse::<u32>().ok())
-                >= Some(4),
-        "the partition scenario runs on RabbitMQ 4 nodes (TEST_RABBITMQ_ROOT from rabbitmq/v4), \
-         not {version:?}"
-    );
+    let version = rabbitmq_4(&install, "the partition scenario");
     // Dropped last: the nodes stop before their namespaces go.
     let net = Net::new(3);
     // A node notices a lost peer after `net_ticktime` (60 s by default, longer than the cut):
