@@ -73,10 +73,13 @@ async fn the_worker_serves_metrics_health_and_readiness() {
         // moment after the endpoint answered.
         sample(&text, "hookrelay_broker_stats_up") == Some(1.0)
             && text.contains(&tier_gauge)
-            && text.contains(&format!(
-                "hookrelay_outcomes_total{{lane=\"{}\",outcome=\"delivered\"}}",
-                t.ladder.retry_lane()
-            ))
+            && sample(
+                &text,
+                &format!(
+                    "hookrelay_outcomes_total{{lane=\"{}\",outcome=\"delivered\"}}",
+                    t.ladder.retry_lane()
+                ),
+            ) == Some(1.0)
     })
     .await;
     assert_eq!(status, 200);
