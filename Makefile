@@ -15,9 +15,11 @@ CORE = binary(amqp) | binary(delivery) | binary(filters) | binary(fleet) | binar
 	| binary(refusals) | binary(resilience) | binary(seams) | binary(shards) | binary(streams) \
 	| binary(topology) | binary(traces)
 # The fault scenarios that disturb the broker itself, run on both; the others (endpoint faults,
-# hostile input, operator tools killed, bad configuration) and those that need RabbitMQ 4 nodes
-# (Khepri, the partition) run on RabbitMQ 4 only.
-BROKER_FAULTS = test(/^(alarms|broker|cluster|worker_kill)::/)
+# hostile input, operator tools killed, bad configuration), those that need RabbitMQ 4 nodes
+# (Khepri, the partition) and the cluster node loss run on RabbitMQ 4 only: on 3.10 the last
+# strands dead letters in a tier about one run in five (rabbitmq-server#7677), and its account
+# then waits out its whole three-minute settle, which CI cannot spare.
+BROKER_FAULTS = test(/^(alarms|broker|worker_kill)::/)
 # Points the tests at the RabbitMQ 4 node and its folder (rabbitmq/v4 env).
 ON4 = eval "$$(rabbitmq/v4 env)" &&
 
