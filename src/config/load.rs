@@ -130,18 +130,16 @@ fn referenced_variables(
     env: &dyn Env,
     slots: &BTreeMap<String, (Option<String>, String)>,
 ) -> std::collections::HashSet<String> {
-    fn strings<'a>(value: &'a toml::Value, out: &mut Vec<&'a str>) {
+    fn strings(value: &toml::Value, out: &mut Vec<String>) {
         match value {
-            toml::Value::String(s) => out.push(s),
+            toml::Value::String(s) => out.push(s.clone()),
             toml::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
             toml::Value::Table(t) => t.values().for_each(|v| strings(v, out)),
             _ => {}
         }
     }
-    let mut texts: Vec<String> = Vec::new();
-    let mut found = Vec::new();
-    table.values().for_each(|v| strings(v, &mut found));
-    texts.extend(found.into_iter().map(str::to_owned));
+    let mut texts = Vec::new();
+    table.values().for_each(|v| strings(v, &mut texts));
     texts.extend(slots.keys().filter_map(|var| env.var(var)));
     texts
         .iter()
